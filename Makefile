@@ -1,0 +1,40 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.cairn-installed
+
+.PHONY: demo test lint typecheck unit bench install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Reinstall when the package's metadata or the pins change.
+$(STAMP): pyproject.toml requirements/constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m cairn.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check cairn tests bench examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict cairn
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt 'ray[train]==2.60.0'
+	$(BIN)/python bench/run_all.py --write-results
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,70 @@
+"""Cairn: fault-tolerant training with checkpoints committed, verified and resumed on any
+storage. The public API follows Ray Train 2.x; see the README for the contract."""
+
+from __future__ import annotations
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.config import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+from cairn._src.errors import (
+    CairnError,
+    CheckpointCollisionError,
+    CheckpointNotFoundError,
+    ChecksumMismatchError,
+    CollectiveTimeoutError,
+    ConfigError,
+    ManifestError,
+    ReportError,
+    RunLeaseError,
+    StorageError,
+    TrainingFailedError,
+    UnknownSchemeError,
+    UnsafePathError,
+    WorkerGroupError,
+)
+from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.goodput.summary import GoodputSummary
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.train.api import get_checkpoint, get_context, report
+from cairn._src.train.context import TrainContext
+from cairn._src.train.result import Result
+from cairn._src.train.trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CairnError",
+    "Checkpoint",
+    "CheckpointCollisionError",
+    "CheckpointConfig",
+    "CheckpointNotFoundError",
+    "CheckpointUploadMode",
+    "ChecksumMismatchError",
+    "CollectiveTimeoutError",
+    "ConfigError",
+    "FailureConfig",
+    "GoodputSummary",
+    "ManifestError",
+    "ReportError",
+    "ReportHandle",
+    "Result",
+    "RetryPolicy",
+    "RunConfig",
+    "RunLeaseError",
+    "ScalingConfig",
+    "StorageError",
+    "TrainContext",
+    "Trainer",
+    "TrainingFailedError",
+    "UnknownSchemeError",
+    "UnsafePathError",
+    "WorkerGroupError",
+    "get_checkpoint",
+    "get_context",
+    "report",
+]

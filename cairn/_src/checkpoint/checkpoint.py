@@ -1,0 +1,261 @@
+"""``Checkpoint``: a directory of files on some storage, with Ray Train 2.x's API.
+
+A checkpoint is a reference (a storage location), not data: constructing one touches no
+storage. It is *committed* when it has a manifest (:mod:`.manifest`); committed
+checkpoints carry their metadata in the manifest and can be verified against it.
+Uncommitted ones (a local directory a training loop just wrote) keep metadata in a
+``.metadata.json`` file, as Ray Train does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cairn._src.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    check_json_value,
+    read_manifest,
+    write_manifest,
+)
+from cairn._src.errors import CheckpointNotFoundError, ManifestError, NotADirectoryCheckpointError
+from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
+from cairn._src.storage.location import StorageLocation, local_root, resolve
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import download_directory, verify_directory
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE_NAME = ".metadata.json"
+
+
+class Checkpoint:
+    """A checkpoint directory on local or remote storage.
+
+    ``path`` is a local path or a URI (see :func:`cairn.storage.resolve`); with
+    ``filesystem`` (a ``pyarrow.fs.FileSystem``, an fsspec filesystem, an ``ObjectStore``
+    or a zero-argument factory) it is a path inside that filesystem. Checkpoints pickle
+    (for workers) and compare equal when they name the same place. Not safe for
+    concurrent metadata updates from several processes: the last writer wins.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], filesystem: Any = None) -> None:
+        self._location = resolve(path, filesystem)
+        # The directory holding the manifest: the checkpoint's own, except for checkpoints
+        # registered by reference, whose manifest stays in the run directory.
+        self._manifest_location = self._location
+        self._retry = RetryPolicy()
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """A checkpoint of the local directory ``path`` (not copied)."""
+        return cls(os.path.abspath(os.fspath(path)))
+
+    @classmethod
+    def from_location(cls, location: StorageLocation) -> Checkpoint:
+        """A checkpoint at an already resolved :class:`StorageLocation`."""
+        checkpoint = cls.__new__(cls)
+        checkpoint.__setstate__({"location": location, "manifest_location": location})
+        return checkpoint
+
+    @classmethod
+    def _from_committed(
+        cls, data: StorageLocation, *, manifest_location: StorageLocation
+    ) -> Checkpoint:
+        """A committed checkpoint whose files are at ``data`` and manifest in
+        ``manifest_location`` (a directory; the same place unless registered by reference).
+        """
+        checkpoint = cls.__new__(cls)
+        checkpoint.__setstate__({"location": data, "manifest_location": manifest_location})
+        return checkpoint
+
+    @property
+    def path(self) -> str:
+        """The path of the directory inside :attr:`filesystem`."""
+        return self._location.path
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The ``pyarrow.fs.FileSystem`` holding the directory."""
+        return self._location.filesystem
+
+    @property
+    def location(self) -> StorageLocation:
+        """Where the checkpoint is, as a :class:`StorageLocation`."""
+        return self._location
+
+    @property
+    def uri(self) -> str | None:
+        """A string a new process can resolve to this checkpoint, or ``None`` if none can."""
+        return self._location.uri
+
+    def _local_path(self) -> str | None:
+        root = local_root(self.filesystem)
+        if root is None:
+            return None
+        return f"{root}/{self.path.lstrip('/')}" if root else self.path
+
+    def get_manifest(self) -> Manifest | None:
+        """The manifest if the checkpoint is committed, else ``None``.
+
+        Raises :class:`ManifestError` for a manifest that cannot be read.
+        """
+        return read_manifest(self._manifest_location, self._retry)
+
+    def verify(self) -> None:
+        """Check every file against the manifest's sizes and checksums.
+
+        Raises :class:`ManifestError` when there is no valid manifest,
+        :class:`CheckpointNotFoundError` or :class:`ChecksumMismatchError` naming the bad
+        files. Reads all the data.
+        """
+        manifest = self.get_manifest()
+        if manifest is None:
+            raise ManifestError(
+                f"{self._manifest_location.display()} has no manifest ({MANIFEST_NAME}): it "
+                "was never committed (or its upload was interrupted), so it cannot be verified."
+            )
+        verify_directory(self._location, manifest.files, retry=self._retry)
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Copy the checkpoint's files into the local directory ``path``; return it.
+
+        ``path`` defaults to a new temporary directory. A committed checkpoint is copied
+        as its manifest lists it and every file is verified; the manifest itself is not
+        copied, so the directory can be reported as a new checkpoint.
+        """
+        if path is None:
+            target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
+        else:
+            target = os.path.abspath(os.fspath(path))
+        manifest = self.get_manifest()
+        if manifest is None:
+            self._require_directory()
+            download_directory(self._location, target, retry=self._retry)
+        else:
+            download_directory(
+                self._location, target, files=manifest.files, verify=True, retry=self._retry
+            )
+        return target
+
+    def _require_directory(self) -> None:
+        kind = file_type(self._location, self._retry)
+        if kind == pafs.FileType.NotFound:
+            raise CheckpointNotFoundError(
+                f"Checkpoint directory {self._location.display()} does not exist; pass the "
+                "location of an existing checkpoint directory."
+            )
+        if kind == pafs.FileType.File:
+            raise NotADirectoryCheckpointError(
+                f"Checkpoint path {self._location.display()} is a file, not a directory; "
+                "a checkpoint is a directory of files."
+            )
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory with the checkpoint's files, for the ``with`` block.
+
+        A local checkpoint yields its own path (no copy: do not modify it). A remote one
+        is downloaded (and verified when committed) to a temporary directory that is
+        deleted when the block exits.
+        """
+        local = self._local_path()
+        if local is not None:
+            if not os.path.exists(local):
+                raise CheckpointNotFoundError(
+                    f"Checkpoint directory {local!r} does not exist."
+                )
+            if not os.path.isdir(local):
+                raise NotADirectoryCheckpointError(
+                    f"Checkpoint path {local!r} is a file, not a directory."
+                )
+            yield local
+            return
+        target = self.to_directory()
+        try:
+            yield target
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The user metadata: from the manifest when committed, else ``.metadata.json``."""
+        manifest = self.get_manifest()
+        if manifest is not None:
+            return dict(manifest.metadata)
+        try:
+            data = read_bytes(self._location.join(METADATA_FILE_NAME), self._retry)
+        except CheckpointNotFoundError:
+            return {}
+        try:
+            value = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ManifestError(
+                f"{self._location.join(METADATA_FILE_NAME).display()} is not valid JSON "
+                f"({exc}); rewrite it with set_metadata()."
+            ) from exc
+        if not isinstance(value, dict):
+            raise ManifestError(
+                f"{self._location.join(METADATA_FILE_NAME).display()} holds a JSON "
+                f"{type(value).__name__}, not an object; rewrite it with set_metadata()."
+            )
+        return value
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Replace the metadata. ``metadata`` must be a JSON-serializable dict.
+
+        On a committed checkpoint the manifest is rewritten atomically.
+        """
+        check_json_value(metadata, argument="metadata")
+        self._write_metadata(dict(metadata))
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata`` into the existing metadata (its keys win)."""
+        check_json_value(metadata, argument="metadata")
+        merged = self.get_metadata()
+        merged.update(metadata)
+        self._write_metadata(merged)
+
+    def _write_metadata(self, metadata: dict[str, Any]) -> None:
+        manifest = self.get_manifest()
+        if manifest is not None:
+            write_manifest(
+                self._manifest_location, replace(manifest, metadata=metadata), self._retry
+            )
+            return
+        self._require_directory()
+        data = json.dumps(metadata, sort_keys=True).encode("utf-8")
+        write_bytes_atomic(self._location.join(METADATA_FILE_NAME), data, self._retry)
+
+    def _key(self) -> tuple[str, str]:
+        if self.uri is not None:
+            return ("uri", self.uri)
+        return (self.filesystem.type_name, self.path)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Checkpoint):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self._location.display()!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self._location, "manifest_location": self._manifest_location}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location = state["location"]
+        self._manifest_location = state.get("manifest_location", self._location)
+        self._retry = RetryPolicy()

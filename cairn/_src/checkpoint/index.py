@@ -1,0 +1,192 @@
+"""The run index: the committed checkpoints of a run and its attempt history.
+
+The index is the run's source of truth for "which checkpoints exist". It is written
+atomically (write-then-rename on file systems, a single object write on object stores) and
+only ever after the manifest of a checkpoint it adds, so every checkpoint it names is
+committed. It can be rebuilt from the manifests alone (:func:`rebuild_index`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from cairn._src.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from cairn._src.errors import ManifestError
+from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES
+from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
+from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRecord:
+    """One committed checkpoint as the index knows it.
+
+    ``dir_name`` names the directory under the run that holds the manifest. ``target_uri``
+    is set for checkpoints registered by reference (NO_UPLOAD, ``checkpoint_upload_fn``)
+    whose data lives elsewhere; ``managed`` is True when the data lives inside the run
+    directory and so is Cairn's to delete.
+    """
+
+    dir_name: str
+    report_index: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    target_uri: str | None = None
+    managed: bool = True
+    attempt: int = 0
+    committed_at: float = 0.0
+    size_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
+        return cls(
+            dir_name=str(data["dir_name"]),
+            report_index=int(data["report_index"]),
+            metrics=dict(data.get("metrics") or {}),
+            target_uri=data.get("target_uri"),
+            managed=bool(data.get("managed", True)),
+            attempt=int(data.get("attempt", 0)),
+            committed_at=float(data.get("committed_at", 0.0)),
+            size_bytes=int(data.get("size_bytes", 0)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunIndex:
+    """An immutable snapshot of the index; every change makes a new one."""
+
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    next_report_index: int = 1
+    attempts: int = 0
+    failures: int = 0
+    resumed_from: str | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    version: int = INDEX_VERSION
+    layout_version: int = LAYOUT_VERSION
+
+    @property
+    def latest(self) -> CheckpointRecord | None:
+        """The committed checkpoint with the highest report index."""
+        if not self.checkpoints:
+            return None
+        return max(self.checkpoints, key=lambda r: r.report_index)
+
+    def find(self, dir_name: str) -> CheckpointRecord | None:
+        for record in self.checkpoints:
+            if record.dir_name == dir_name:
+                return record
+        return None
+
+    def with_changes(self, **changes: Any) -> RunIndex:
+        return replace(self, updated_at=time.time(), **changes)
+
+    def to_json(self) -> bytes:
+        body = {
+            "version": self.version,
+            "layout_version": self.layout_version,
+            "next_report_index": self.next_report_index,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "resumed_from": self.resumed_from,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "checkpoints": [r.to_json() for r in self.checkpoints],
+        }
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> RunIndex:
+        try:
+            body = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ManifestError(
+                f"The run index {where} is not valid JSON ({exc}). Rebuild it from the "
+                "checkpoint manifests with `cairn inspect --rebuild-index`."
+            ) from exc
+        version = body.get("version") if isinstance(body, dict) else None
+        if version != INDEX_VERSION:
+            raise ManifestError(
+                f"The run index {where} has version {version!r}; this Cairn reads version "
+                f"{INDEX_VERSION}. Upgrade Cairn, or rebuild the index from the manifests."
+            )
+        return cls(
+            checkpoints=tuple(CheckpointRecord.from_json(r) for r in body["checkpoints"]),
+            next_report_index=int(body.get("next_report_index", 1)),
+            attempts=int(body.get("attempts", 0)),
+            failures=int(body.get("failures", 0)),
+            resumed_from=body.get("resumed_from"),
+            created_at=float(body.get("created_at", time.time())),
+            updated_at=float(body.get("updated_at", time.time())),
+            version=version,
+            layout_version=int(body.get("layout_version", LAYOUT_VERSION)),
+        )
+
+
+def read_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex | None:
+    """The run's index, or None for a new run."""
+    location = run.join(INDEX_NAME)
+    try:
+        data = read_bytes(location, retry)
+    except FileNotFoundError:
+        return None
+    return RunIndex.from_json(data, where=location.display())
+
+
+def write_index(run: StorageLocation, index: RunIndex, retry: RetryPolicy) -> None:
+    write_bytes_atomic(run.join(INDEX_NAME), index.to_json(), retry)
+
+
+def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
+    """Rebuild the index from the manifests found under the run directory.
+
+    Directories without a valid manifest are not checkpoints and are left out. Attempt and
+    failure counts come from the previous index when one can still be read.
+    """
+    try:
+        previous = read_index(run, retry)
+    except ManifestError:
+        previous = None
+    records = []
+    for name in list_dir_names(run, retry):
+        if name in RESERVED_NAMES:
+            continue
+        try:
+            manifest = read_manifest(run.join(name), retry)
+        except ManifestError as exc:
+            logger.warning("Skipping %s while rebuilding the index: %s", name, exc)
+            continue
+        if manifest is None or manifest.report_index is None:
+            continue
+        target = manifest.target_uri
+        records.append(
+            CheckpointRecord(
+                dir_name=name,
+                report_index=manifest.report_index,
+                metrics=dict(manifest.metrics),
+                target_uri=target,
+                managed=target is None,
+                committed_at=manifest.created_at,
+                size_bytes=sum(f.size for f in manifest.files.values()),
+            )
+        )
+    records.sort(key=lambda r: r.report_index)
+    base = previous or RunIndex()
+    next_index = max([base.next_report_index] + [r.report_index + 1 for r in records])
+    logger.info("Rebuilt the index of %s from %d manifests", run.display(), len(records))
+    return base.with_changes(checkpoints=tuple(records), next_report_index=next_index)
+
+
+__all__ = ["MANIFEST_NAME", "CheckpointRecord", "RunIndex", "read_index", "rebuild_index",
+           "write_index"]

@@ -1,0 +1,245 @@
+"""The checkpoint manager: commits checkpoints, keeps the index, applies retention.
+
+Ordering is the whole point (contract item 4):
+
+1. the data is on storage (workers uploaded it, or it was there already for a reference);
+2. the manifest is written: from here on the checkpoint exists;
+3. the metrics history up to it is flushed;
+4. the index is written with the new checkpoint and without the ones retention drops;
+5. only then are dropped checkpoints deleted.
+
+A crash between any two steps leaves the run consistent: a directory without a manifest
+is cleaned up at the next start; a manifest the index does not name yet is adopted.
+Runs on the controller's commit thread; not thread-safe otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
+from cairn._src.checkpoint.manifest import Manifest, read_manifest, write_manifest
+from cairn._src.checkpoint.retention import decide_retention, make_policy
+from cairn._src.config import CheckpointConfig
+from cairn._src.errors import CairnError
+from cairn._src.execution.messages import CheckpointView
+from cairn._src.execution.reports import ReadyCheckpoint
+from cairn._src.run.layout import RESERVED_NAMES, is_default_checkpoint_dir_name
+from cairn._src.run.segment_log import SegmentLog
+from cairn._src.storage.fileio import delete_dir, list_dir_names, list_files
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import compute_entries, verify_directory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    view: CheckpointView
+    deleted: tuple[str, ...]
+    seconds: float
+
+
+def is_inside(location: StorageLocation, directory: StorageLocation) -> bool:
+    """Whether ``location`` lies strictly inside ``directory`` on the same storage."""
+    if location.uri is not None and directory.uri is not None:
+        return location.uri.startswith(directory.uri.rstrip("/") + "/")
+    return location.filesystem.equals(directory.filesystem) and location.path.startswith(
+        directory.path.rstrip("/") + "/"
+    )
+
+
+def checkpoint_view(run: StorageLocation, record: CheckpointRecord) -> CheckpointView:
+    """Where a committed checkpoint's data and manifest are."""
+    manifest_at = run.join(record.dir_name)
+    data = resolve(record.target_uri) if record.target_uri is not None else manifest_at
+    return CheckpointView(
+        dir_name=record.dir_name,
+        report_index=record.report_index,
+        data=data,
+        manifest_at=manifest_at,
+        metrics=record.metrics,
+    )
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        run: StorageLocation,
+        config: CheckpointConfig,
+        retry: RetryPolicy,
+        index: RunIndex,
+        history: SegmentLog,
+    ) -> None:
+        self.run = run
+        self.config = config
+        self.retry = retry
+        self.index = index
+        self.history = history
+        self.policy = make_policy(
+            config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order
+        )
+
+    # --- views of committed checkpoints ----------------------------------------------------
+
+    def view(self, record: CheckpointRecord) -> CheckpointView:
+        return checkpoint_view(self.run, record)
+
+    def latest_view(self) -> CheckpointView | None:
+        latest = self.index.latest
+        return self.view(latest) if latest is not None else None
+
+    # --- commit ------------------------------------------------------------------------------
+
+    def commit(self, ready: ReadyCheckpoint, *, attempt: int) -> CommitOutcome:
+        started = time.perf_counter()
+        manifest_at = self.run.join(ready.dir_name)
+        entries = ready.entries
+        target_uri: str | None = None
+        managed = True
+        data = manifest_at
+        if ready.reference is not None and ready.reference != manifest_at:
+            data = ready.reference
+            # A reference is checksummed here, on the commit thread, so that restoring it
+            # later can be verified like any managed checkpoint.
+            names = list(list_files(data, self.retry))
+            entries = compute_entries(data, names, retry=self.retry)
+            target_uri = data.uri
+            managed = is_inside(data, self.run)
+        elif ready.reference is not None:
+            entries = compute_entries(data, list(list_files(data, self.retry)), retry=self.retry)
+        manifest = Manifest(
+            files=entries,
+            metadata=dict(ready.metadata),
+            report_index=ready.index,
+            metrics=dict(ready.metrics),
+            ranks=ready.ranks,
+            target_uri=target_uri,
+        )
+        write_manifest(manifest_at, manifest, self.retry)
+        self.history.flush()
+        record = CheckpointRecord(
+            dir_name=ready.dir_name,
+            report_index=ready.index,
+            metrics=dict(ready.metrics),
+            target_uri=target_uri,
+            managed=managed,
+            attempt=attempt,
+            committed_at=time.time(),
+            size_bytes=sum(entry.size for entry in entries.values()),
+        )
+        records = [*self.index.checkpoints, record]
+        keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
+        kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
+        dropped = [r for r, k in zip(records, keep, strict=True) if not k]
+        self.index = self.index.with_changes(
+            checkpoints=kept,
+            next_report_index=max(self.index.next_report_index, ready.index + 1),
+        )
+        write_index(self.run, self.index, self.retry)
+        for old in dropped:
+            self._delete(old)
+        seconds = time.perf_counter() - started
+        logger.info("Committed %s (report %d) in %.3fs; retention dropped %s", ready.dir_name,
+                    ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
+        return CommitOutcome(self.view(record), tuple(r.dir_name for r in dropped), seconds)
+
+    def _delete(self, record: CheckpointRecord) -> None:
+        try:
+            if record.target_uri is not None and (
+                record.managed or self.config.delete_unmanaged_checkpoints
+            ):
+                delete_dir(resolve(record.target_uri), self.retry)
+            delete_dir(self.run.join(record.dir_name), self.retry)
+        except Exception:
+            # The index no longer names it: a leftover costs space, never correctness.
+            logger.warning("Could not delete dropped checkpoint %s", record.dir_name,
+                           exc_info=True)
+
+    def save_index(self, **changes: object) -> None:
+        self.index = self.index.with_changes(**changes)
+        write_index(self.run, self.index, self.retry)
+
+    # --- start-up and recovery ---------------------------------------------------------------
+
+    def delete_uncommitted(self, dir_names: list[str]) -> None:
+        """Delete directories of reports that never committed (a failed attempt's)."""
+        for name in dir_names:
+            if self.index.find(name) is not None:
+                continue
+            location = self.run.join(name)
+            try:
+                if read_manifest(location, self.retry) is None:
+                    delete_dir(location, self.retry)
+                    logger.info("Deleted uncommitted checkpoint directory %s", name)
+            except CairnError as exc:
+                logger.warning("Leaving %s in place: %s", name, exc)
+
+    def reconcile(self) -> None:
+        """Adopt manifests the index misses; delete partial default-named directories.
+
+        A driver killed between writing a manifest and the index leaves a committed
+        checkpoint the index does not name; one killed mid-upload leaves a directory without
+        a manifest. Both are settled here before the run goes on.
+        """
+        known = {r.dir_name for r in self.index.checkpoints}
+        adopted: list[CheckpointRecord] = []
+        for name in list_dir_names(self.run, self.retry):
+            if name in RESERVED_NAMES or name in known:
+                continue
+            location = self.run.join(name)
+            try:
+                manifest = read_manifest(location, self.retry)
+            except CairnError as exc:
+                logger.warning("Ignoring %s: %s", name, exc)
+                continue
+            if manifest is None:
+                if is_default_checkpoint_dir_name(name):
+                    delete_dir(location, self.retry)
+                    logger.info("Deleted partial checkpoint directory %s", name)
+                continue
+            if manifest.report_index is None:
+                continue
+            adopted.append(CheckpointRecord(
+                dir_name=name,
+                report_index=manifest.report_index,
+                metrics=dict(manifest.metrics),
+                target_uri=manifest.target_uri,
+                managed=manifest.target_uri is None,
+                committed_at=manifest.created_at,
+                size_bytes=sum(f.size for f in manifest.files.values()),
+            ))
+        if adopted:
+            logger.warning("Adopting %d committed checkpoints the index did not name: %s",
+                           len(adopted), [r.dir_name for r in adopted])
+            records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
+            next_index = max(self.index.next_report_index, records[-1].report_index + 1)
+            self.save_index(checkpoints=tuple(records), next_report_index=next_index)
+
+    def choose_resume(self) -> CheckpointView | None:
+        """The latest committed checkpoint that verifies; corrupt ones are skipped.
+
+        Every file is checked against its manifest (size and checksum). A checkpoint that
+        fails is dropped from the index with a warning and the previous one is tried.
+        """
+        records = sorted(self.index.checkpoints, key=lambda r: r.report_index, reverse=True)
+        for record in records:
+            view = self.view(record)
+            try:
+                manifest = read_manifest(view.manifest_at, self.retry)
+                if manifest is None:
+                    raise CairnError(f"{view.manifest_at.display()} has no manifest")
+                verify_directory(view.data, manifest.files, retry=self.retry)
+            except (CairnError, OSError) as exc:
+                logger.warning(
+                    "Not resuming from %s (report %d): %s. Falling back to the previous "
+                    "committed checkpoint.", record.dir_name, record.report_index, exc,
+                )
+                remaining = tuple(r for r in self.index.checkpoints if r is not record)
+                self.save_index(checkpoints=remaining)
+                continue
+            return view
+        return None

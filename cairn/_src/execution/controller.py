@@ -1,0 +1,562 @@
+"""The controller: runs attempts of a worker group until the run finishes or fails.
+
+It lives in the driver process. One thread (the caller of ``fit()``) runs an event loop
+that waits, without polling, on the workers' connections, on their exit notifications and
+on a wake-up pipe fed by two helper threads: the acceptor (authenticated connections of
+new workers) and the committer (checkpoint commits, in report order, off the loop so
+storage latency never delays another rank's message).
+
+Policies decide (retention, failures), the controller acts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection, Listener, wait
+from typing import Any
+
+import cloudpickle
+
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.config import RunConfig, ScalingConfig
+from cairn._src.errors import CollectiveTimeoutError, ReportError, WorkerGroupError
+from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
+from cairn._src.execution.local_backend import Bootstrap, LocalBackend, WorkerProcess
+from cairn._src.execution.messages import (
+    CheckpointView,
+    CommittedMessage,
+    DoneMessage,
+    ErrorMessage,
+    ProceedMessage,
+    RejectMessage,
+    ReportMessage,
+    SetupMessage,
+    TimingMessage,
+    UploadedMessage,
+    UploadFailedMessage,
+)
+from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker
+from cairn._src.execution.state import ControllerState, StateMachine
+from cairn._src.execution.worker_errors import WorkerFailure, group_failures
+from cairn._src.run.segment_log import SegmentLog
+from cairn._src.storage.registry import export_registrations
+
+logger = logging.getLogger(__name__)
+
+# How long to wait, after the first failure of an attempt, for other ranks' errors to
+# arrive so they are reported together.
+_FAILURE_GRACE_S = 0.2
+_HISTORY_FLUSH_S = 1.0
+
+
+@dataclass
+class TrainSpec:
+    train_fn: Callable[..., Any]
+    config: Any
+    pass_config: bool
+    setup_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+
+
+@dataclass
+class RunOutcome:
+    return_value: Any = None
+    error: BaseException | None = None
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Attempt:
+    number: int
+    tracker: ReportTracker
+    resume: CheckpointView | None
+    first_report_index: int
+    started_at: float
+    workers: list[WorkerProcess] = field(default_factory=list)
+    connections: dict[int, Connection] = field(default_factory=dict)
+    connected: set[int] = field(default_factory=set)
+    done: dict[int, DoneMessage] = field(default_factory=dict)
+    failures: list[WorkerFailure] = field(default_factory=list)
+    fatal: bool = False
+    commits_in_flight: int = 0
+    first_report_seen: bool = False
+    last_commit_t: float | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        spec: TrainSpec,
+        scaling: ScalingConfig,
+        run_config: RunConfig,
+        manager: CheckpointManager,
+        history: SegmentLog,
+        events: SegmentLog,
+        *,
+        experiment_name: str,
+        next_report_index: int,
+    ) -> None:
+        self._spec = spec
+        self._scaling = scaling
+        self._run_config = run_config
+        self._manager = manager
+        self._history = history
+        self._events = events
+        self._experiment_name = experiment_name
+        self._next_report_index = next_report_index
+        self._policy = FailurePolicy(run_config.failure_config.max_failures)
+        self._machine = StateMachine()
+        self._authkey = secrets.token_bytes(32)
+        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey)
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
+        self._closing = False
+        self._last_metrics: dict[str, Any] = {}
+        self._payload = (
+            cloudpickle.dumps(spec.train_fn),
+            cloudpickle.dumps(spec.config),
+            cloudpickle.dumps(export_registrations()),
+            cloudpickle.dumps(run_config.storage_retry),
+            cloudpickle.dumps(spec.setup_hooks),
+        )
+        self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
+                                          daemon=True)
+        self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
+                                           daemon=True)
+        self._backend = LocalBackend(
+            forward_output=run_config.log_to_driver, env=run_config.worker_env
+        )
+
+    @property
+    def state(self) -> ControllerState:
+        return self._machine.state
+
+    # --- helper threads ------------------------------------------------------------------
+
+    def _post(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                connection = self._listener.accept()
+                hello = connection.recv()
+            except Exception:
+                if self._closing:
+                    return
+                # A peer without the run's secret, or one that hung up mid-handshake.
+                logger.warning("Refused a connection to the controller", exc_info=True)
+                continue
+            self._post("connection", (connection, hello))
+
+    def _commit_loop(self) -> None:
+        while True:
+            item = self._commits.get()
+            if item is None:
+                return
+            ready, attempt = item
+            try:
+                outcome = self._manager.commit(ready, attempt=attempt)
+                self._post("committed", (ready, outcome, None))
+            except BaseException as exc:
+                logger.error("Commit of report %d failed: %s", ready.index, exc)
+                self._post("committed", (ready, None, exc))
+
+    # --- the run -------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        self._acceptor.start()
+        self._committer.start()
+        self._events.append({"type": "session_start", "t": time.time()})
+        try:
+            return self._run_attempts()
+        finally:
+            self._close()
+
+    def _run_attempts(self) -> RunOutcome:
+        while True:
+            self._machine.transition(ControllerState.STARTING, "starting a worker group")
+            attempt = self._start_attempt()
+            failure = self._loop(attempt)
+            if failure is None:
+                self._machine.transition(ControllerState.FINISHING, "all workers finished")
+                outcome = self._finish(attempt)
+                self._machine.transition(ControllerState.FINISHED, "run complete")
+                return outcome
+            error = self._end_failed_attempt(attempt, failure)
+            failures = self._manager.index.failures
+            decision = self._policy.decide(failure, failures - 1)
+            logger.warning("Attempt %d failed (%s); failure %d of %s allowed: %s", attempt.number,
+                           failure.reason.splitlines()[0], failures,
+                           "unlimited" if self._policy.max_failures == -1
+                           else self._policy.max_failures, decision.value)
+            if decision is FailureDecision.RAISE:
+                self._machine.transition(ControllerState.ERRORED, "failure budget spent"
+                                         if not failure.fatal else "fatal error")
+                return RunOutcome(error=error, last_metrics=self._last_metrics)
+            self._machine.transition(ControllerState.RESTARTING, failure.reason.splitlines()[0])
+
+    def _start_attempt(self) -> _Attempt:
+        index = self._manager.index
+        number = index.attempts
+        resume = self._manager.choose_resume()
+        self._manager.save_index(
+            attempts=number + 1,
+            resumed_from=resume.dir_name if resume else None,
+            next_report_index=self._next_report_index,
+        )
+        used = {r.dir_name for r in self._manager.index.checkpoints}
+        attempt = _Attempt(
+            number=number,
+            tracker=ReportTracker(self._scaling.num_workers, used_dir_names=used),
+            resume=resume,
+            first_report_index=self._next_report_index,
+            started_at=time.time(),
+        )
+        self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
+                             "resume": resume.dir_name if resume else None})
+        logger.info("Attempt %d: %d workers, resuming from %s", number,
+                    self._scaling.num_workers, resume.dir_name if resume else "scratch")
+        address = self._listener.address
+        attempt.workers = self._backend.start(
+            self._scaling.num_workers, Bootstrap((address[0], address[1]), self._authkey, number)
+        )
+        return attempt
+
+    def _setup_message(self, attempt: _Attempt, rank: int) -> SetupMessage:
+        train_fn, config, registrations, retry, hooks = self._payload
+        checkpoint_config = self._run_config.checkpoint_config
+        return SetupMessage(
+            rank=rank,
+            world_size=self._scaling.num_workers,
+            local_rank=rank,
+            local_world_size=self._scaling.num_workers,
+            node_rank=0,
+            attempt=attempt.number,
+            experiment_name=self._experiment_name,
+            run=self._manager.run,
+            train_fn=train_fn,
+            config=config,
+            pass_config=self._spec.pass_config,
+            registrations=registrations,
+            resume=attempt.resume,
+            first_report_index=attempt.first_report_index,
+            score_attribute=checkpoint_config.checkpoint_score_attribute,
+            max_pending_uploads=checkpoint_config.max_pending_uploads,
+            upload_failure_policy=checkpoint_config.upload_failure_policy,
+            retry=retry,
+            setup_hooks=hooks,
+        )
+
+    # --- the event loop ------------------------------------------------------------------
+
+    def _loop(self, attempt: _Attempt) -> AttemptFailure | None:
+        timeout_s = self._run_config.failure_config.collective_timeout_s
+        exited: set[int] = set()
+        failure_deadline: float | None = None
+        next_flush = time.monotonic() + _HISTORY_FLUSH_S
+        while True:
+            watchers = {w.exit_watcher: w for w in attempt.workers if w.rank not in exited}
+            connections = {c: r for r, c in attempt.connections.items()}
+            now = time.monotonic()
+            deadline = min(d for d in (failure_deadline, next_flush, now + 1.0) if d is not None)
+            ready = wait([self._wake_r, *connections, *watchers], max(0.0, deadline - now))
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            self._drain_inbox(attempt)
+            for item in ready:
+                if item in connections:
+                    self._read_connection(attempt, connections[item], item)
+            for item in ready:
+                worker = watchers.get(item)  # type: ignore[call-overload]
+                if worker is None:
+                    continue
+                exited.add(worker.rank)
+                # Messages sent just before the exit are already in the socket: read them
+                # first, so a Done or an error is never mistaken for a crash.
+                connection = attempt.connections.get(worker.rank)
+                if connection is not None:
+                    self._read_connection(attempt, worker.rank, connection)
+                if worker.rank not in attempt.done and not any(
+                    f.rank == worker.rank for f in attempt.failures
+                ):
+                    attempt.failures.append(WorkerFailure(
+                        rank=worker.rank,
+                        summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
+                        f"{worker.describe_exit()}",
+                        traceback="",
+                    ))
+            if time.monotonic() >= next_flush:
+                if self._history.dirty:
+                    self._history.flush()
+                if self._events.dirty:
+                    self._events.flush()
+                next_flush = time.monotonic() + _HISTORY_FLUSH_S
+            if not attempt.failures:
+                self._check_progress(attempt, timeout_s)
+            if attempt.failures:
+                if failure_deadline is None:
+                    failure_deadline = time.monotonic() + _FAILURE_GRACE_S
+                if time.monotonic() >= failure_deadline or len(exited) == len(attempt.workers):
+                    return AttemptFailure(
+                        ranks=tuple(sorted({f.rank for f in attempt.failures})),
+                        reason=group_failures(attempt.failures),
+                        fatal=attempt.fatal,
+                    )
+                continue
+            if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
+                return None
+
+    def _check_progress(self, attempt: _Attempt, timeout_s: float) -> None:
+        tracker = attempt.tracker
+        overdue = tracker.overdue(timeout_s)
+        if overdue is not None:
+            index, missing = overdue
+            arrived = sorted(set(range(tracker.world_size)) - set(missing))
+            attempt.failures.append(WorkerFailure(
+                rank=missing[0],
+                summary=str(CollectiveTimeoutError(
+                    f"{tracker.describe_ranks(missing)} did not reach report {index} within "
+                    f"{timeout_s:g}s of {tracker.describe_ranks(arrived)}: every rank must call "
+                    "report() the same number of times (FailureConfig.collective_timeout_s)."
+                )),
+                traceback="",
+            ))
+            return
+        for rank in attempt.done:
+            index = tracker.waiting_on(rank)
+            if index is not None:
+                self._diverged(attempt, f"rank {rank} finished after "
+                               f"{tracker.report_counts[rank]} reports without reaching "
+                               f"checkpoint report {index}, which other ranks reported")
+                return
+        if len(attempt.done) == len(attempt.workers):
+            counts = tracker.report_counts
+            if len(set(counts.values())) > 1:
+                detail = ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
+                self._diverged(attempt, f"ranks reported different numbers of times ({detail})")
+
+    def _diverged(self, attempt: _Attempt, detail: str) -> None:
+        attempt.fatal = True
+        attempt.failures.append(WorkerFailure(
+            rank=min(attempt.done), traceback="",
+            summary=str(ReportError(f"Report counts diverge: {detail}. Every rank must call "
+                                    "report() the same number of times.")),
+        ))
+
+    def _drain_inbox(self, attempt: _Attempt) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "connection":
+                connection, hello = payload
+                _, rank, _pid, number = hello
+                if number != attempt.number or rank in attempt.connected:
+                    connection.close()  # a straggler of a previous attempt
+                    continue
+                attempt.connections[rank] = connection
+                attempt.connected.add(rank)
+                connection.send(self._setup_message(attempt, rank))
+                if len(attempt.connected) == len(attempt.workers):
+                    self._machine.transition(ControllerState.RUNNING, "all workers connected")
+                    self._events.append({"type": "workers_ready", "attempt": attempt.number,
+                                         "t": time.time()})
+            elif kind == "committed":
+                self._on_committed(attempt, *payload)
+
+    def _read_connection(self, attempt: _Attempt, rank: int, connection: Connection) -> None:
+        try:
+            while connection.poll():
+                self._handle(attempt, connection.recv())
+        except (EOFError, OSError):
+            attempt.connections.pop(rank, None)
+            connection.close()
+            if rank not in attempt.done and not any(f.rank == rank for f in attempt.failures):
+                attempt.failures.append(WorkerFailure(
+                    rank=rank, summary=f"Worker rank {rank} lost its connection", traceback=""))
+
+    def _handle(self, attempt: _Attempt, message: object) -> None:
+        if isinstance(message, ReportMessage):
+            self._on_report(attempt, message)
+        elif isinstance(message, UploadedMessage):
+            attempt.tracker.on_uploaded(message)
+            self._enqueue_ready(attempt)
+        elif isinstance(message, TimingMessage):
+            self._events.append({"type": "blocked", "rank": message.rank, "kind": message.kind,
+                                 "seconds": message.seconds, "t": message.at,
+                                 "index": message.index})
+        elif isinstance(message, UploadFailedMessage):
+            self._on_upload_failed(attempt, message)
+        elif isinstance(message, DoneMessage):
+            attempt.done[message.rank] = message
+        elif isinstance(message, ErrorMessage):
+            attempt.fatal = attempt.fatal or message.fatal
+            attempt.failures.append(WorkerFailure(
+                rank=message.rank, summary=f"{message.error_type}: {message.message}",
+                traceback=message.traceback, exception=message.exception,
+            ))
+
+    def _on_report(self, attempt: _Attempt, message: ReportMessage) -> None:
+        self._next_report_index = max(self._next_report_index, message.index + 1)
+        if not attempt.first_report_seen:
+            attempt.first_report_seen = True
+            self._events.append({"type": "first_report", "attempt": attempt.number,
+                                 "t": time.time()})
+        if message.rank == 0:
+            self._last_metrics = message.metrics
+            record: dict[str, Any] = {"report_index": message.index, "attempt": attempt.number,
+                                      "time": message.sent_at, "metrics": message.metrics}
+            if message.checkpoint is not None:
+                record["checkpoint_dir_name"] = message.checkpoint.dir_name
+            self._history.append(record)
+            for callback in self._run_config.callbacks:
+                hook = getattr(callback, "on_report", None)
+                if hook is not None:
+                    hook(message.index, message.metrics)
+        for verdict in attempt.tracker.on_report(message):
+            connection = attempt.connections.get(verdict.rank)
+            if connection is None:
+                continue
+            if verdict.error is None:
+                connection.send(ProceedMessage(verdict.index))
+            else:
+                connection.send(RejectMessage(verdict.index, verdict.error))
+        self._enqueue_ready(attempt)
+
+    def _enqueue_ready(self, attempt: _Attempt) -> None:
+        try:
+            ready_list = attempt.tracker.take_ready()
+        except ReportError as exc:
+            attempt.fatal = True
+            attempt.failures.append(WorkerFailure(rank=0, summary=str(exc), traceback=""))
+            return
+        for ready in ready_list:
+            attempt.commits_in_flight += 1
+            self._commits.put((ready, attempt.number))
+
+    def _on_committed(self, attempt: _Attempt, ready: ReadyCheckpoint, outcome: Any,
+                      error: BaseException | None) -> None:
+        attempt.commits_in_flight -= 1
+        if error is not None:
+            attempt.failures.append(WorkerFailure(
+                rank=min(ready.ranks), traceback="",
+                summary=f"Commit of checkpoint {ready.dir_name} failed: {error}"))
+            message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
+        else:
+            attempt.last_commit_t = time.time()
+            self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
+                                 "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
+            message = CommittedMessage(ready.index, outcome.view)
+            for callback in self._run_config.callbacks:
+                hook = getattr(callback, "on_checkpoint", None)
+                if hook is not None:
+                    hook(outcome.view.dir_name, ready.metrics)
+        for connection in list(attempt.connections.values()):
+            try:
+                connection.send(message)
+            except OSError:
+                pass
+
+    def _on_upload_failed(self, attempt: _Attempt, message: UploadFailedMessage) -> None:
+        if self._run_config.checkpoint_config.upload_failure_policy != "skip":
+            return  # the worker raises; its error fails the attempt
+        pending = attempt.tracker.drop(message.index)
+        logger.warning("Skipping the checkpoint of report %d: rank %d could not upload it (%s)",
+                       message.index, message.rank, message.error)
+        if pending is not None and pending.dir_name is not None:
+            self._manager.delete_uncommitted([pending.dir_name])
+        skipped = CommittedMessage(message.index, None,
+                                   error=f"skipped: rank {message.rank}: {message.error}")
+        for connection in list(attempt.connections.values()):
+            try:
+                connection.send(skipped)
+            except OSError:
+                pass
+
+    # --- ends of attempts ----------------------------------------------------------------
+
+    def _wait_for_commits(self, attempt: _Attempt) -> None:
+        while attempt.commits_in_flight > 0:
+            wait([self._wake_r], 1.0)
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+            while True:
+                try:
+                    kind, payload = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "committed":
+                    self._on_committed(attempt, *payload)
+                elif kind == "connection":
+                    payload[0].close()
+
+    def _end_failed_attempt(self, attempt: _Attempt, failure: AttemptFailure) -> BaseException:
+        self._backend.kill()
+        for connection in attempt.connections.values():
+            connection.close()
+        attempt.connections.clear()
+        self._wait_for_commits(attempt)
+        self._manager.delete_uncommitted(attempt.tracker.pending_dir_names())
+        failures = self._manager.index.failures + 1
+        self._manager.save_index(failures=failures, next_report_index=self._next_report_index)
+        now = time.time()
+        self._events.append({
+            "type": "failure", "attempt": attempt.number, "t": now,
+            "ranks": list(failure.ranks), "reason": failure.reason.splitlines()[0],
+            "last_commit_t": attempt.last_commit_t or attempt.started_at,
+        })
+        self._events.flush()
+        self._history.flush()
+        error = WorkerGroupError(failure.reason)
+        for callback in self._run_config.callbacks:
+            hook = getattr(callback, "on_failure", None)
+            if hook is not None:
+                hook(error)
+        return error
+
+    def _finish(self, attempt: _Attempt) -> RunOutcome:
+        self._backend.shutdown(grace_s=5.0)
+        for connection in attempt.connections.values():
+            connection.close()
+        self._manager.save_index(next_report_index=self._next_report_index)
+        rank0 = attempt.done.get(0)
+        value = cloudpickle.loads(rank0.return_value) if rank0 and rank0.return_value else None
+        return RunOutcome(return_value=value, last_metrics=self._last_metrics)
+
+    def _close(self) -> None:
+        self._closing = True
+        try:
+            # accept() does not return when the listener closes under it: knock once.
+            Client(self._listener.address, authkey=self._authkey).close()
+        except OSError:
+            pass
+        self._acceptor.join(5.0)
+        self._commits.put(None)
+        self._committer.join()
+        try:
+            self._backend.kill()
+        finally:
+            self._listener.close()
+            self._events.append({"type": "session_end", "t": time.time()})
+            for log in (self._history, self._events):
+                try:
+                    log.flush()
+                except Exception:
+                    logger.warning("Could not flush a run log", exc_info=True)
+            os.close(self._wake_r)
+            os.close(self._wake_w)

@@ -1,0 +1,200 @@
+"""The local backend: worker processes on this machine.
+
+A backend only starts worker processes and tells the controller when one dies. Each worker
+is a fresh Python interpreter (``python -m cairn._src.execution.worker_main``), so nothing
+of the driver's state leaks in; it reads its bootstrap (controller address, per-run secret,
+rank) from stdin, never from argv or the environment where other users could see it.
+
+Death is noticed through a pidfd (Linux) that becomes readable the moment the process
+exits, waited on together with the workers' connections: no polling interval.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    address: tuple[str, int]
+    authkey: bytes
+    attempt: int
+
+    def for_rank(self, rank: int) -> bytes:
+        body = {"address": list(self.address), "authkey": self.authkey.hex(), "rank": rank,
+                "attempt": self.attempt}
+        return json.dumps(body).encode() + b"\n"
+
+
+class _ExitWatcher:
+    """Something ``multiprocessing.connection.wait`` can wait on that fires at exit."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._fd: int | None = None
+        self._read_fd: int | None = None
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is not None:
+            try:
+                self._fd = pidfd_open(process.pid)
+            except OSError:
+                self._fd = None
+        if self._fd is None:
+            # No pidfd (old kernel, not Linux): a thread blocks in wait() and writes to a
+            # pipe when the process exits.
+            self._read_fd, write_fd = os.pipe()
+
+            def wait_then_signal() -> None:
+                process.wait()
+                os.write(write_fd, b"x")
+                os.close(write_fd)
+
+            threading.Thread(target=wait_then_signal, name=f"cairn-exit-{process.pid}",
+                             daemon=True).start()
+
+    def fileno(self) -> int:
+        fd = self._fd if self._fd is not None else self._read_fd
+        assert fd is not None
+        return fd
+
+    def close(self) -> None:
+        for fd in (self._fd, self._read_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = self._read_fd = None
+
+
+class WorkerProcess:
+    """One worker process of the local backend."""
+
+    def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool) -> None:
+        self.rank = rank
+        self.process = process
+        self.exit_watcher = _ExitWatcher(process)
+        self._forwarder: threading.Thread | None = None
+        if forward_output and process.stdout is not None:
+            self._forwarder = threading.Thread(
+                target=_forward_output, args=(rank, process.stdout),
+                name=f"cairn-output-{rank}", daemon=True,
+            )
+            self._forwarder.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def describe_exit(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "is still running"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            hint = " (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            return f"was killed by {name}{hint}"
+        return f"exited with code {code}"
+
+    def flush_output(self, timeout: float = 2.0) -> None:
+        if self._forwarder is not None:
+            self._forwarder.join(timeout)
+
+
+def _forward_output(rank: int, stream: IO[bytes]) -> None:
+    prefix = f"(rank {rank}) ".encode()
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    for line in iter(stream.readline, b""):
+        try:
+            if out is not None:
+                out.write(prefix + line)
+                out.flush()
+            else:
+                sys.stdout.write((prefix + line).decode(errors="replace"))
+        except (OSError, ValueError):
+            pass
+    stream.close()
+
+
+class LocalBackend:
+    """Starts workers as child processes of the driver."""
+
+    name = "local"
+
+    def __init__(self, *, forward_output: bool = True, env: dict[str, str] | None = None) -> None:
+        self._forward_output = forward_output
+        self._env = env or {}
+        self.workers: list[WorkerProcess] = []
+
+    def start(self, num_workers: int, bootstrap: Bootstrap) -> list[WorkerProcess]:
+        # Workers import what the driver can import: the train function may be pickled by
+        # reference to a module that is only on the driver's sys.path (a script's folder,
+        # a test directory).
+        path = os.pathsep.join(p for p in sys.path if p)
+        inherited = os.environ.get("PYTHONPATH")
+        env = {**os.environ, **self._env, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
+        env.setdefault("CAIRN_WORKER", "1")
+        self.workers = []
+        for rank in range(num_workers):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "cairn._src.execution.worker_main"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if self._forward_output else None,
+                stderr=subprocess.STDOUT if self._forward_output else None,
+                env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers)},
+                start_new_session=True,
+            )
+            assert process.stdin is not None
+            process.stdin.write(bootstrap.for_rank(rank))
+            process.stdin.close()
+            self.workers.append(WorkerProcess(rank, process, self._forward_output))
+        logger.info("Started %d local workers (pids %s)", num_workers,
+                    ", ".join(str(w.pid) for w in self.workers))
+        return self.workers
+
+    def shutdown(self, *, grace_s: float = 5.0) -> None:
+        """Stop every worker: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""
+        alive = [w for w in self.workers if w.exit_code() is None]
+        for worker in alive:
+            _signal_group(worker.process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for worker in alive:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                worker.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                _signal_group(worker.process, signal.SIGKILL)
+                worker.process.wait()
+        for worker in self.workers:
+            # Children the worker started (data loaders, its own helpers) go too.
+            _signal_group(worker.process, signal.SIGKILL)
+            worker.flush_output()
+            worker.exit_watcher.close()
+
+    def kill(self) -> None:
+        self.shutdown(grace_s=0.0)
+
+
+def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

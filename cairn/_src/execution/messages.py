@@ -1,0 +1,154 @@
+"""Messages between workers and the controller.
+
+They travel pickled over an authenticated ``multiprocessing.connection`` (HMAC challenge
+with the per-run secret). Worker -> controller messages carry the sender's rank; the
+controller answers checkpoint reports by report index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.transfer import FileEntry
+
+# --- worker -> controller ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointIntent:
+    """What a rank will contribute to the checkpoint of one report.
+
+    For an upload: the relative paths and sizes it will write under ``dir_name``. For a
+    reference (NO_UPLOAD, or ``checkpoint_upload_fn``), ``reference`` is where the data is.
+    """
+
+    dir_name: str
+    mode: str
+    files: dict[str, int] = field(default_factory=dict)
+    reference: StorageLocation | None = None
+    explicit_dir_name: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReportMessage:
+    rank: int
+    index: int
+    metrics: dict[str, Any]
+    checkpoint: CheckpointIntent | None
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class UploadedMessage:
+    """A rank finished writing its files (or registering its reference) for a report."""
+
+    rank: int
+    index: int
+    entries: dict[str, FileEntry]
+    reference: StorageLocation | None
+    bytes_written: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class UploadFailedMessage:
+    rank: int
+    index: int
+    error: str
+
+
+@dataclass(frozen=True)
+class TimingMessage:
+    """Time a rank spent blocked (``kind``: report, checkpoint_stall, restore ...)."""
+
+    rank: int
+    kind: str
+    seconds: float
+    at: float
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class DoneMessage:
+    rank: int
+    report_count: int
+    return_value: bytes | None
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    rank: int
+    error_type: str
+    message: str
+    traceback: str
+    exception: bytes | None
+    fatal: bool
+
+
+# --- controller -> worker ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupMessage:
+    """Everything a worker needs to run its share of an attempt."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    attempt: int
+    experiment_name: str
+    run: StorageLocation
+    train_fn: bytes
+    config: bytes
+    pass_config: bool
+    registrations: bytes
+    resume: CheckpointView | None
+    first_report_index: int
+    score_attribute: str | None
+    max_pending_uploads: int
+    upload_failure_policy: str
+    retry: bytes
+    setup_hooks: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A committed checkpoint, as sent to workers."""
+
+    dir_name: str
+    report_index: int
+    data: StorageLocation
+    manifest_at: StorageLocation
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProceedMessage:
+    """The controller accepted a rank's checkpoint intent: upload now."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class RejectMessage:
+    """The controller refused a checkpoint report; ``error`` is raised in the worker."""
+
+    index: int
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class CommittedMessage:
+    index: int
+    checkpoint: CheckpointView | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StopMessage:
+    reason: str

@@ -1,0 +1,431 @@
+"""The worker side of a run: ``report()``, ``get_checkpoint()`` and ``get_context()``.
+
+The user's function runs on the worker's main thread. Around it:
+
+* a receiver thread reads the controller's answers and resolves waiters; when the
+  controller's connection drops (the driver died), the worker exits at once;
+* an uploader thread runs ASYNC uploads one report after another (each with parallel file
+  transfers), at most ``max_pending_uploads`` queued, beyond which ``report()`` waits.
+
+Metric-only reports are one message on the socket: they never wait for other ranks or for
+the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.config import CheckpointUploadMode
+from cairn._src.errors import CairnError, ReportError
+from cairn._src.execution.messages import (
+    CheckpointIntent,
+    CheckpointView,
+    CommittedMessage,
+    ProceedMessage,
+    RejectMessage,
+    ReportMessage,
+    SetupMessage,
+    StopMessage,
+    TimingMessage,
+    UploadedMessage,
+    UploadFailedMessage,
+)
+from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.execution.views import checkpoint_from_view
+from cairn._src.execution.validation import check_dir_name, check_score_attribute, validate_metrics
+from cairn._src.run.layout import default_checkpoint_dir_name
+from cairn._src.storage.fileio import is_dir
+from cairn._src.storage.paths import list_local_files
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import upload_directory
+from cairn._src.train.context import RunStorage, TrainContext
+
+logger = logging.getLogger(__name__)
+
+UploadFn = Callable[[Checkpoint, str], Checkpoint]
+
+
+class _Waiter:
+    """One pending answer from the controller for a report index."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: object = None
+
+    def set(self, value: object) -> None:
+        self.value = value
+        self.event.set()
+
+    def get(self) -> object:
+        self.event.wait()
+        return self.value
+
+
+@dataclass
+class _UploadJob:
+    index: int
+    dir_name: str
+    checkpoint: Checkpoint
+    files: dict[str, int]
+    upload_fn: UploadFn | None
+    delete_local: bool
+    handle: ReportHandle
+
+
+_STOP = object()
+
+
+class WorkerSession:
+    """State of one worker process for one attempt. Created by ``worker_main``."""
+
+    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy) -> None:
+        self._connection = connection
+        self._setup = setup
+        self._retry = retry
+        self.rank = setup.rank
+        self.context = TrainContext(
+            world_rank=setup.rank,
+            world_size=setup.world_size,
+            local_rank=setup.local_rank,
+            local_world_size=setup.local_world_size,
+            node_rank=setup.node_rank,
+            experiment_name=setup.experiment_name,
+            attempt=setup.attempt,
+            storage=RunStorage(setup.run),
+        )
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._next_index = setup.first_report_index
+        self._latest: CheckpointView | None = setup.resume
+        self._proceed: dict[int, _Waiter] = {}
+        self._handles: dict[int, ReportHandle] = {}
+        self._async_error: BaseException | None = None
+        self._uploads: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(setup.max_pending_uploads)
+        self._stopping = False
+        self._receiver = threading.Thread(target=self._receive, name="cairn-receiver", daemon=True)
+        self._receiver.start()
+        self._uploader = threading.Thread(target=self._upload_loop, name="cairn-uploader",
+                                          daemon=True)
+        self._uploader.start()
+
+    # --- the public API ----------------------------------------------------------------------
+
+    def get_checkpoint(self) -> Checkpoint | None:
+        with self._state_lock:
+            view = self._latest
+        return checkpoint_from_view(view) if view is not None else None
+
+    def report(
+        self,
+        metrics: object,
+        checkpoint: Checkpoint | None = None,
+        *,
+        checkpoint_dir_name: str | None = None,
+        checkpoint_upload_mode: object = CheckpointUploadMode.SYNC,
+        delete_local_checkpoint_after_upload: bool | None = None,
+        checkpoint_upload_fn: UploadFn | None = None,
+    ) -> ReportHandle:
+        self._raise_async_error()
+        clean = validate_metrics(metrics)
+        mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
+        if checkpoint is None:
+            if checkpoint_dir_name is not None:
+                raise ReportError(
+                    f"report(checkpoint_dir_name={checkpoint_dir_name!r}) was given without a "
+                    "checkpoint; pass checkpoint=... or drop checkpoint_dir_name."
+                )
+            index = self._take_index()
+            self.send(ReportMessage(self.rank, index, clean, None, time.time()))
+            return ReportHandle(index, has_checkpoint=False)
+        return self._report_checkpoint(
+            clean, checkpoint, checkpoint_dir_name, mode,
+            delete_local_checkpoint_after_upload, checkpoint_upload_fn,
+        )
+
+    # --- checkpoint reports ----------------------------------------------------------------
+
+    def _report_checkpoint(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint,
+        dir_name: str | None,
+        mode: CheckpointUploadMode,
+        delete_local: bool | None,
+        upload_fn: UploadFn | None,
+    ) -> ReportHandle:
+        if not isinstance(checkpoint, Checkpoint):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}) must be a cairn.Checkpoint or None, not "
+                f"{type(checkpoint).__name__}. Wrap a directory with "
+                "Checkpoint.from_directory(path)."
+            )
+        check_score_attribute(metrics, self._setup.score_attribute)
+        if dir_name is not None:
+            check_dir_name(dir_name)
+        if upload_fn is not None and not callable(upload_fn):
+            raise ReportError(
+                f"report(checkpoint_upload_fn={upload_fn!r}) must be a callable "
+                "(checkpoint, checkpoint_dir_name) -> Checkpoint."
+            )
+        if delete_local is not None and not isinstance(delete_local, bool):
+            raise ReportError(
+                f"report(delete_local_checkpoint_after_upload={delete_local!r}) must be True, "
+                "False or None."
+            )
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            return self._register_reference(metrics, checkpoint, dir_name)
+        files: dict[str, int] = {}
+        if upload_fn is None:
+            files = self._local_files(checkpoint)
+        index = self._take_index()
+        name = dir_name or default_checkpoint_dir_name(index)
+        handle = ReportHandle(index, has_checkpoint=True)
+        job = _UploadJob(
+            index=index,
+            dir_name=name,
+            checkpoint=checkpoint,
+            files=files,
+            upload_fn=upload_fn,
+            delete_local=(mode is CheckpointUploadMode.ASYNC) if delete_local is None
+            else delete_local,
+            handle=handle,
+        )
+        started = time.perf_counter()
+        if mode is CheckpointUploadMode.ASYNC:
+            # Back-pressure: a free slot first, then the report goes out in order.
+            self._slots.acquire()
+            stall = time.perf_counter() - started
+            self._announce(job, metrics, mode)
+            self._uploads.put(job)
+            self._timing("checkpoint_stall", stall, index)
+            return handle
+        self._announce(job, metrics, mode)
+        self._run_upload(job)
+        self._timing("checkpoint_stall", time.perf_counter() - started, index)
+        handle.wait()
+        return handle
+
+    def _local_files(self, checkpoint: Checkpoint) -> dict[str, int]:
+        if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
+                "ASYNC upload a local directory. For a checkpoint already on storage use "
+                "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
+            )
+        try:
+            return list_local_files(checkpoint.path)
+        except CairnError as exc:
+            raise ReportError(f"report(checkpoint=...): {exc}") from exc
+
+    def _register_reference(
+        self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None
+    ) -> ReportHandle:
+        location = checkpoint.location
+        if not location.reachable_from_new_process:
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD) uses a "
+                "filesystem object that a new process cannot reach again, so Cairn could not "
+                "resume from it after a driver restart. Give the checkpoint as a URI: register "
+                "the store with cairn.storage.register_scheme('xyz', factory) (or the "
+                "'cairn.storage' entry point) and pass Checkpoint('xyz://...'), or put it on "
+                "the run's storage."
+            )
+        if not is_dir(location, self._retry):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): "
+                f"{location.display()} does not exist or is not a directory. Finish writing the "
+                "checkpoint before reporting it."
+            )
+        index = self._take_index()
+        name = dir_name or default_checkpoint_dir_name(index)
+        handle = ReportHandle(index, has_checkpoint=True)
+        with self._state_lock:
+            self._handles[index] = handle
+        intent = CheckpointIntent(name, CheckpointUploadMode.NO_UPLOAD.value, reference=location,
+                                  explicit_dir_name=dir_name is not None)
+        self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
+        return handle
+
+    def _announce(self, job: _UploadJob, metrics: dict[str, Any],
+                  mode: CheckpointUploadMode) -> None:
+        waiter = _Waiter()
+        with self._state_lock:
+            self._proceed[job.index] = waiter
+            self._handles[job.index] = job.handle
+        intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
+                                  explicit_dir_name=job.dir_name
+                                  != default_checkpoint_dir_name(job.index))
+        self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
+
+    def _run_upload(self, job: _UploadJob) -> None:
+        """Wait for the go-ahead, upload, announce; the commit resolves ``job.handle``."""
+        with self._state_lock:
+            waiter = self._proceed[job.index]
+        answer = waiter.get()
+        with self._state_lock:
+            self._proceed.pop(job.index, None)
+        if isinstance(answer, RejectMessage):
+            self._fail_handle(job.index, answer.error)
+            raise answer.error
+        destination = self._setup.run.join(job.dir_name)
+        started = time.perf_counter()
+        try:
+            if job.upload_fn is not None:
+                uploaded = job.upload_fn(job.checkpoint, job.dir_name)
+                if not isinstance(uploaded, Checkpoint):
+                    raise ReportError(
+                        f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
+                        "cairn.Checkpoint it uploaded."
+                    )
+                message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
+                                          time.perf_counter() - started)
+            else:
+                entries = upload_directory(job.checkpoint.path, destination,
+                                           files=list(job.files), retry=self._retry)
+                size = sum(entry.size for entry in entries.values())
+                message = UploadedMessage(self.rank, job.index, entries, None, size,
+                                          time.perf_counter() - started)
+        except BaseException as exc:
+            self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
+            self._fail_handle(job.index, exc)
+            raise
+        self.send(message)
+        if job.delete_local:
+            threading.Thread(target=self._delete_after_commit, args=(job,), daemon=True,
+                             name="cairn-delete-local").start()
+
+    def _delete_after_commit(self, job: _UploadJob) -> None:
+        try:
+            job.handle.wait()
+        except BaseException:
+            return
+        shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+
+    def _upload_loop(self) -> None:
+        while True:
+            job = self._uploads.get()
+            if job is _STOP:
+                return
+            try:
+                self._run_upload(job)
+                job.handle.wait()
+            except BaseException as exc:
+                with self._state_lock:
+                    if self._async_error is None:
+                        self._async_error = exc
+                logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
+            finally:
+                self._slots.release()
+
+    def _fail_handle(self, index: int, error: BaseException) -> None:
+        with self._state_lock:
+            handle = self._handles.pop(index, None)
+        if handle is not None:
+            handle._resolve(None, error)
+
+    def _raise_async_error(self) -> None:
+        with self._state_lock:
+            error, self._async_error = self._async_error, None
+        if error is not None:
+            raise error
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _take_index(self) -> int:
+        with self._state_lock:
+            index = self._next_index
+            self._next_index += 1
+        return index
+
+    @property
+    def report_count(self) -> int:
+        return self._next_index - self._setup.first_report_index
+
+    def send(self, message: object) -> None:
+        with self._send_lock:
+            self._connection.send(message)
+
+    def _timing(self, kind: str, seconds: float, index: int | None = None) -> None:
+        self.send(TimingMessage(self.rank, kind, seconds, time.time(), index))
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                if not self._stopping:
+                    # The controller is gone (driver killed): nobody will commit or answer;
+                    # leave now rather than train on unobserved.
+                    os._exit(70)
+                return
+            if isinstance(message, ProceedMessage | RejectMessage):
+                with self._state_lock:
+                    waiter = self._proceed.get(message.index)
+                if waiter is not None:
+                    waiter.set(message)
+                if isinstance(message, RejectMessage):
+                    self._fail_handle(message.index, message.error)
+            elif isinstance(message, CommittedMessage):
+                self._on_committed(message)
+            elif isinstance(message, StopMessage):
+                self._stopping = True
+                os._exit(0)
+
+    def _on_committed(self, message: CommittedMessage) -> None:
+        with self._state_lock:
+            if message.checkpoint is not None and (
+                self._latest is None or message.checkpoint.report_index
+                > self._latest.report_index
+            ):
+                self._latest = message.checkpoint
+            handle = self._handles.pop(message.index, None)
+        if handle is None:
+            return
+        if message.error is not None:
+            handle._resolve(None, CairnError(message.error))
+        else:
+            view = message.checkpoint
+            handle._resolve(checkpoint_from_view(view) if view else None, None)
+
+    def finish(self) -> None:
+        """Wait until every ASYNC upload of this worker has committed, then stop threads."""
+        self._uploads.put(_STOP)
+        self._uploader.join()
+        with self._state_lock:
+            pending = list(self._handles.values())
+        for handle in pending:
+            handle.wait()
+        self._raise_async_error()
+
+    def close(self) -> None:
+        self._stopping = True
+
+
+_session: WorkerSession | None = None
+
+
+def set_session(session: WorkerSession | None) -> None:
+    global _session
+    _session = session
+
+
+def get_session(function: str) -> WorkerSession:
+    if _session is None:
+        raise ReportError(
+            f"cairn.{function}() was called outside a Cairn worker. Call it inside the "
+            "train_loop_per_worker function that Trainer(...).fit() runs."
+        )
+    return _session

@@ -1,0 +1,94 @@
+"""Entry point of a worker process: ``python -m cairn._src.execution.worker_main``.
+
+Reads its bootstrap line from stdin, connects to the controller with the per-run secret,
+receives its setup, runs the user's function on the main thread, waits for its pending
+uploads to commit, and reports the return value or the error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing.connection import Client, Connection
+
+import cloudpickle
+
+from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
+from cairn._src.execution.messages import DoneMessage, ErrorMessage, SetupMessage
+from cairn._src.execution.session import WorkerSession, set_session
+from cairn._src.storage.registry import import_registrations
+
+logger = logging.getLogger(__name__)
+
+# Mistakes in the training code that a restart would only repeat.
+FATAL_ERRORS = (ReportError, ConfigError, CheckpointCollisionError)
+
+
+def _pickle_exception(exc: BaseException) -> bytes | None:
+    try:
+        data = cloudpickle.dumps(exc)
+        pickle.loads(data)
+        return bytes(data)
+    except Exception:
+        return None
+
+
+def run_worker(connection: Connection, rank: int, attempt: int) -> int:
+    connection.send(("hello", rank, os.getpid(), attempt))
+    setup = connection.recv()
+    assert isinstance(setup, SetupMessage)
+    import_registrations(cloudpickle.loads(setup.registrations))
+    session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
+    set_session(session)
+    try:
+        for hook in cloudpickle.loads(setup.setup_hooks):
+            hook(session.context)
+        train_fn = cloudpickle.loads(setup.train_fn)
+        config = cloudpickle.loads(setup.config)
+        value = train_fn(config) if setup.pass_config else train_fn()
+        session.finish()
+    except BaseException as exc:
+        fatal = isinstance(exc, FATAL_ERRORS)
+        message = ErrorMessage(
+            rank=rank,
+            error_type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+            exception=_pickle_exception(exc),
+            fatal=fatal,
+        )
+        session.close()
+        session.send(message)
+        return 1
+    returned: bytes | None = None
+    if rank == 0:
+        try:
+            returned = cloudpickle.dumps(value)
+        except Exception:
+            logger.warning("The return value of rank 0 cannot be pickled; Result.return_value "
+                           "will be None")
+    session.close()
+    # The controller reads a worker's connection before acting on its exit, so the Done
+    # message is seen even though the process exits right after sending it.
+    session.send(DoneMessage(rank, session.report_count, returned))
+    return 0
+
+
+def main() -> None:
+    boot = json.loads(sys.stdin.buffer.readline())
+    rank = int(boot["rank"])
+    address = (boot["address"][0], int(boot["address"][1]))
+    connection = Client(address, authkey=bytes.fromhex(boot["authkey"]))
+    code = run_worker(connection, rank, int(boot["attempt"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

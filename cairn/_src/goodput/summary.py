@@ -1,0 +1,131 @@
+"""Goodput: the productive fraction of a run's wall time, and where the rest went.
+
+Computed from the run's event log alone, so ``Result`` and ``cairn goodput`` agree and a
+run resumed by a new driver is summarized whole. Event types (all with ``t``, a Unix time):
+
+* ``session_start`` / ``session_end``: a driver started or finished working on the run;
+* ``attempt_start`` (``attempt``), ``workers_ready`` (``attempt``): a worker group was
+  started and every worker connected;
+* ``first_report`` (``attempt``): the first report of the attempt arrived;
+* ``blocked`` (``rank``, ``kind``, ``seconds``): a rank was blocked in ``report()``;
+* ``commit`` (``index``, ``seconds``, ``bytes``);
+* ``failure`` (``attempt``, ``ranks``, ``reason``, ``last_commit_t``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GoodputSummary:
+    """Seconds of wall time by category; ``productive`` is what is left for training."""
+
+    wall_s: float
+    startup_s: float
+    checkpoint_blocked_s: float
+    recovery_s: float
+    lost_work_s: float
+    attempts: int
+    failures: int
+    uploaded_bytes: int
+
+    @property
+    def productive_s(self) -> float:
+        lost = self.startup_s + self.checkpoint_blocked_s + self.recovery_s + self.lost_work_s
+        return max(0.0, self.wall_s - lost)
+
+    @property
+    def goodput(self) -> float:
+        """Productive fraction of wall time (0..1)."""
+        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "goodput": self.goodput,
+            "wall_s": self.wall_s,
+            "productive_s": self.productive_s,
+            "startup_s": self.startup_s,
+            "checkpoint_blocked_s": self.checkpoint_blocked_s,
+            "recovery_s": self.recovery_s,
+            "lost_work_s": self.lost_work_s,
+            "attempts": float(self.attempts),
+            "failures": float(self.failures),
+            "uploaded_bytes": float(self.uploaded_bytes),
+        }
+
+    def format(self) -> str:
+        def share(seconds: float) -> str:
+            return f"{seconds:8.2f}s {100 * seconds / self.wall_s:5.1f}%" if self.wall_s else "-"
+
+        lines = [
+            f"goodput            {100 * self.goodput:5.1f}%  ({self.attempts} attempts, "
+            f"{self.failures} failures)",
+            f"wall time          {self.wall_s:8.2f}s",
+            f"  productive       {share(self.productive_s)}",
+            f"  start-up         {share(self.startup_s)}",
+            f"  checkpoint stall {share(self.checkpoint_blocked_s)}",
+            f"  recovery         {share(self.recovery_s)}",
+            f"  lost work        {share(self.lost_work_s)}",
+            f"uploaded           {self.uploaded_bytes / 2**20:.1f} MiB",
+        ]
+        return "\n".join(lines)
+
+
+def summarize(events: Iterable[dict[str, Any]]) -> GoodputSummary:
+    ordered = sorted(events, key=lambda e: float(e.get("t", 0.0)))
+    wall = startup = recovery = lost = 0.0
+    blocked: dict[int, float] = defaultdict(float)
+    attempts = failures = uploaded = 0
+    session_start: float | None = None
+    last_t: float | None = None
+    attempt_start: float | None = None
+    failed_at: float | None = None
+    for event in ordered:
+        kind = event.get("type")
+        t = float(event.get("t", 0.0))
+        if kind == "session_start":
+            if session_start is not None and last_t is not None:
+                # The previous driver died without a session_end: count up to its last event.
+                wall += last_t - session_start
+            session_start = t
+            failed_at = None
+        elif kind == "attempt_start":
+            attempts += 1
+            attempt_start = t
+        elif kind == "first_report" and attempt_start is not None:
+            if failed_at is not None:
+                recovery += t - failed_at
+                failed_at = None
+            else:
+                startup += t - attempt_start
+            attempt_start = None
+        elif kind == "blocked":
+            blocked[int(event.get("rank", 0))] += float(event.get("seconds", 0.0))
+        elif kind == "commit":
+            uploaded += int(event.get("bytes", 0))
+        elif kind == "failure":
+            failures += 1
+            failed_at = t
+            since = event.get("last_commit_t") or event.get("attempt_t") or t
+            lost += max(0.0, t - float(since))
+        elif kind == "session_end" and session_start is not None:
+            wall += t - session_start
+            session_start = None
+        last_t = t
+    if session_start is not None and last_t is not None:
+        wall += last_t - session_start
+    mean_blocked = sum(blocked.values()) / len(blocked) if blocked else 0.0
+    return GoodputSummary(
+        wall_s=wall,
+        startup_s=startup,
+        checkpoint_blocked_s=mean_blocked,
+        recovery_s=recovery,
+        lost_work_s=lost,
+        attempts=attempts,
+        failures=failures,
+        uploaded_bytes=uploaded,
+    )

@@ -1,0 +1,195 @@
+"""Small-file operations on a :class:`StorageLocation`, each retried on transient errors.
+
+These are for indexes, manifests, metadata and listings: whole-file reads and writes of a
+few kilobytes to megabytes. Bulk data goes through :mod:`cairn._src.storage.transfer`.
+
+Errors: a missing path raises :class:`CheckpointNotFoundError`; any other failure that
+outlives its retries (or is permanent) raises :class:`StorageError` naming the location,
+with the backend's exception chained.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import pyarrow.fs as pafs
+
+from cairn._src.errors import CairnError, CheckpointNotFoundError, StorageError
+from cairn._src.storage.location import StorageLocation, supports_atomic_rename
+from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_OBJECT_STORE_TYPES = frozenset({"s3", "gcs", "abfs"})
+
+
+def storage_call(fn: Callable[[], T], loc: StorageLocation, retry: RetryPolicy, what: str) -> T:
+    """Run ``fn`` with retries; convert what escapes to Cairn's storage errors.
+
+    ``what`` is a verb phrase for messages ("read", "list"); the location is added.
+    """
+    try:
+        return call_with_retry(fn, retry, what=f"{what} {loc.display()}")
+    except CairnError:
+        raise
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(f"{loc.display()} does not exist ({what}).") from exc
+    except PermissionError as exc:
+        raise StorageError(
+            f"Permission denied to {what} {loc.display()}: {exc}. Check the credentials "
+            "and access rights for this location."
+        ) from exc
+    except OSError as exc:
+        raise StorageError(f"Could not {what} {loc.display()}: {exc}") from exc
+
+
+def needs_directories(fs: pafs.FileSystem) -> bool:
+    """Whether parent directories must exist before a file is written.
+
+    True for file systems; object stores have no directories and creating markers there
+    only costs requests.
+    """
+    return fs.type_name not in _OBJECT_STORE_TYPES and not fs.type_name.startswith(
+        "py::cairn-object-store"
+    )
+
+
+def parent_path(path: str) -> str:
+    """The ``/``-separated parent of ``path`` (``""`` at the top of a bucket)."""
+    head, _, _ = path.rpartition("/")
+    return head if head or not path.startswith("/") else "/"
+
+
+def read_bytes(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bytes:
+    """The whole content of the file at ``loc``."""
+
+    def read() -> bytes:
+        with loc.filesystem.open_input_stream(loc.path) as stream:
+            return bytes(stream.read())
+
+    return storage_call(read, loc, retry, "read")
+
+
+def write_bytes_atomic(
+    loc: StorageLocation, data: bytes, retry: RetryPolicy = DEFAULT_RETRY
+) -> None:
+    """Replace the file at ``loc`` with ``data`` so that readers never see a partial file.
+
+    On file systems that rename atomically: write a temporary sibling, then rename it over
+    ``loc``. Elsewhere: one single object write, which object stores make atomic.
+    """
+    fs = loc.filesystem
+    atomic_rename = supports_atomic_rename(fs)
+
+    def write() -> None:
+        if needs_directories(fs):
+            fs.create_dir(parent_path(loc.path), recursive=True)
+        if not atomic_rename:
+            with fs.open_output_stream(loc.path) as out:
+                out.write(data)
+            return
+        temporary = f"{loc.path}.cairn-tmp-{uuid.uuid4().hex}"
+        try:
+            with fs.open_output_stream(temporary) as out:
+                out.write(data)
+            fs.move(temporary, loc.path)
+        except BaseException:
+            _remove_quietly(fs, temporary)
+            raise
+
+    storage_call(write, loc, retry, "write")
+
+
+def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass  # Nothing was written, or cleanup failed too: the original error matters more.
+
+
+def _file_info(loc: StorageLocation, retry: RetryPolicy) -> pafs.FileInfo:
+    return storage_call(lambda: loc.filesystem.get_file_info(loc.path), loc, retry, "stat")
+
+
+def file_type(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> pafs.FileType:
+    """``pyarrow.fs.FileType`` of ``loc``: ``File``, ``Directory`` or ``NotFound``."""
+    return _file_info(loc, retry).type
+
+
+def exists(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """Whether a file or directory exists at ``loc``."""
+    return bool(_file_info(loc, retry).type != pafs.FileType.NotFound)
+
+
+def is_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """Whether ``loc`` is a directory (on object stores: a prefix with objects under it)."""
+    return bool(_file_info(loc, retry).type == pafs.FileType.Directory)
+
+
+def is_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """Whether ``loc`` is a file."""
+    return bool(_file_info(loc, retry).type == pafs.FileType.File)
+
+
+def _select(loc: StorageLocation, recursive: bool, retry: RetryPolicy) -> list[pafs.FileInfo]:
+    selector = pafs.FileSelector(loc.path, allow_not_found=True, recursive=recursive)
+    try:
+        return storage_call(
+            lambda: loc.filesystem.get_file_info(selector), loc, retry, "list"
+        )
+    except CheckpointNotFoundError:
+        # Some adapters ignore allow_not_found; a missing directory lists as empty.
+        return []
+
+
+def _relative(base: str, path: str) -> str:
+    base = base.rstrip("/")
+    if base and path.startswith(base + "/"):
+        return path[len(base) + 1:]
+    return path.lstrip("/") if not base else path
+
+
+def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, int]:
+    """Every file under ``loc``, recursively: relative ``/``-path -> size. ``{}`` if missing."""
+    base = loc.filesystem.normalize_path(loc.path) if loc.path else loc.path
+    return {
+        _relative(base, info.path): int(info.size or 0)
+        for info in _select(loc, True, retry)
+        if info.type == pafs.FileType.File
+    }
+
+
+def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
+    """Sorted names of the immediate children (files and directories) of ``loc``."""
+    return sorted(info.base_name for info in _select(loc, False, retry))
+
+
+def delete_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    """Delete ``loc`` and everything under it; a missing directory is fine."""
+
+    def delete() -> None:
+        info = loc.filesystem.get_file_info(loc.path)
+        if info.type == pafs.FileType.NotFound:
+            return
+        if info.type == pafs.FileType.File:
+            loc.filesystem.delete_file(loc.path)
+            return
+        loc.filesystem.delete_dir(loc.path)
+
+    try:
+        storage_call(delete, loc, retry, "delete")
+    except CheckpointNotFoundError:
+        pass  # Deleted concurrently, or by an earlier attempt whose reply was lost.
+
+
+def delete_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    """Delete the file at ``loc``; a missing file is fine."""
+    try:
+        storage_call(lambda: loc.filesystem.delete_file(loc.path), loc, retry, "delete")
+    except CheckpointNotFoundError:
+        pass

@@ -1,0 +1,60 @@
+"""The functions a training function calls: ``report``, ``get_checkpoint``, ``get_context``.
+
+Thin: they find the worker's session and hand off to it. Called outside a worker they
+raise :class:`ReportError` saying where to call them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.config import CheckpointUploadMode
+from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.execution.session import get_session
+from cairn._src.train.context import TrainContext
+
+
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    *,
+    checkpoint_dir_name: str | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+) -> ReportHandle:
+    """Report metrics, and optionally a checkpoint, from every rank.
+
+    The n-th call of every rank is report n. Metric-only reports return at once. With a
+    checkpoint: ``SYNC`` returns once it is committed; ``ASYNC`` returns a handle at once
+    (``handle.wait()`` for the commit; ``report()`` waits only when
+    ``CheckpointConfig.max_pending_uploads`` uploads are already pending); ``NO_UPLOAD``
+    registers a checkpoint already on storage, by reference. Ranks' checkpoints of one
+    report merge into one directory; ``checkpoint_upload_fn(checkpoint, dir_name)``
+    replaces the built-in upload and returns the uploaded :class:`Checkpoint`.
+    ``delete_local_checkpoint_after_upload`` defaults to True for ASYNC, False otherwise.
+    """
+    return get_session("report").report(
+        metrics,
+        checkpoint,
+        checkpoint_dir_name=checkpoint_dir_name,
+        checkpoint_upload_mode=checkpoint_upload_mode,
+        delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
+        checkpoint_upload_fn=checkpoint_upload_fn,
+    )
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The latest committed checkpoint: at the start of an attempt, the one it resumes from.
+
+    Every rank gets the same answer at the start of an attempt and after a SYNC checkpoint
+    report returns. None when the run has no committed checkpoint yet.
+    """
+    return get_session("get_checkpoint").get_checkpoint()
+
+
+def get_context() -> TrainContext:
+    """This worker's rank, world size, run name, attempt number and storage."""
+    return get_session("get_context").context

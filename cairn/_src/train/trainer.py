@@ -1,0 +1,150 @@
+"""``Trainer``: runs a training function on N workers with checkpoints and restarts."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
+from cairn._src.errors import ConfigError, ManifestError, TrainingFailedError
+from cairn._src.execution.controller import Controller, TrainSpec
+from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
+from cairn._src.run.lease import RunLease
+from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.train.result import Result, build_result
+
+logger = logging.getLogger(__name__)
+
+
+def _takes_config(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return True
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) > 1:
+        raise ConfigError(
+            f"train_loop_per_worker={getattr(fn, '__name__', fn)!r} takes {len(required)} "
+            "required arguments; it must take no argument or one (the train_loop_config)."
+        )
+    return bool(positional)
+
+
+class Trainer:
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` processes.
+
+    ``fit()`` blocks until the run finishes and returns its :class:`Result`. A worker that
+    fails restarts the whole group (up to ``FailureConfig.max_failures``) from the latest
+    committed checkpoint. Calling ``fit()`` again with the same ``RunConfig.name`` and
+    ``storage_path`` continues the run. When the run fails for good, ``fit()`` raises
+    :class:`TrainingFailedError`; ``Result.from_path`` still reads what was committed.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise ConfigError(
+                f"train_loop_per_worker={train_loop_per_worker!r} must be a function."
+            )
+        self._pass_config = _takes_config(train_loop_per_worker)
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise ConfigError(
+                f"train_loop_config={train_loop_config!r} must be a dict or None."
+            )
+        if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
+            raise ConfigError(f"scaling_config={scaling_config!r} must be a ScalingConfig.")
+        if run_config is not None and not isinstance(run_config, RunConfig):
+            raise ConfigError(f"run_config={run_config!r} must be a RunConfig.")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self._setup_hooks: list[Callable[[Any], None]] = []
+        self._run_name = self.run_config.name or time.strftime("cairn_%Y-%m-%d_%H-%M-%S")
+
+    def _run_location(self) -> StorageLocation:
+        base = resolve(self.run_config.storage_path or default_storage_path(),
+                       self.run_config.storage_filesystem)
+        if not base.reachable_from_new_process or (base.uri or "").startswith("memory://"):
+            raise ConfigError(
+                f"RunConfig(storage_path={base.display()!r}) is storage that worker processes "
+                "cannot reach (an in-process store or an unpicklable filesystem object). Use a "
+                "path or URI, or pass storage_filesystem as a zero-argument factory."
+            )
+        return base.join(self._run_name)
+
+    def fit(self) -> Result:
+        if self.scaling_config.backend != "local":
+            raise ConfigError(
+                f"ScalingConfig.backend={self.scaling_config.backend!r}: this build of Cairn "
+                "runs the 'local' backend only."
+            )
+        run = self._run_location()
+        retry = self.run_config.storage_retry
+        lease = RunLease(run, retry)
+        lease.acquire()
+        try:
+            manager = self._open_run(run, retry)
+            history = manager.history
+            events = SegmentLog(run.join(EVENTS_DIR), retry)
+            next_index = max(manager.index.next_report_index,
+                             _next_from_history(run.join(METRICS_DIR), retry))
+            spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
+                             self._pass_config, list(self._setup_hooks))
+            controller = Controller(spec, self.scaling_config, self.run_config, manager,
+                                    history, events, experiment_name=self._run_name,
+                                    next_report_index=next_index)
+            outcome = controller.run()
+        finally:
+            lease.release()
+        result = build_result(run, manager.index, self.run_config.checkpoint_config,
+                              metrics=outcome.last_metrics or None, error=outcome.error,
+                              return_value=outcome.return_value, retry=retry)
+        for callback in self.run_config.callbacks:
+            hook = getattr(callback, "on_run_end", None)
+            if hook is not None:
+                hook(result)
+        if outcome.error is not None:
+            raise TrainingFailedError(
+                f"Training failed: {outcome.error}\nThe run's committed checkpoints and metrics "
+                f"stay at {run.display()} (Result.from_path)."
+            ) from outcome.error
+        return result
+
+    def _open_run(self, run: StorageLocation, retry: RetryPolicy) -> CheckpointManager:
+        try:
+            index = read_index(run, retry)
+        except ManifestError as exc:
+            logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
+            index = rebuild_index(run, retry)
+        if index is not None:
+            logger.info("Continuing run %s: %d committed checkpoints, %d attempts so far",
+                        run.display(), len(index.checkpoints), index.attempts)
+        history = SegmentLog(run.join(METRICS_DIR), retry)
+        manager = CheckpointManager(run, self.run_config.checkpoint_config, retry,
+                                    index or RunIndex(), history)
+        if index is not None:
+            manager.reconcile()
+        return manager
+
+
+def _next_from_history(metrics: StorageLocation, retry: RetryPolicy) -> int:
+    records = read_log(metrics, retry)
+    indices = [int(r["report_index"]) for r in records if "report_index" in r]
+    return max(indices) + 1 if indices else 1

@@ -1,0 +1,162 @@
+"""Shared fixtures: storage backends every test suite can run against.
+
+* ``s3_uri_factory``: a real S3-protocol server (moto) on 127.0.0.1, started once per
+  session; ``s3_uri_factory("prefix")`` returns a fresh ``s3://`` URI on it.
+* ``storage_uri``: a fresh, empty base URI, parametrized over ``local``, ``memory``
+  (fsspec, in-process), ``s3`` (moto) and ``dictstore`` (a custom ``ObjectStore`` over a
+  dict, registered under the ``dictstore://`` scheme, in-process).
+
+``memory`` and ``dictstore`` live in the test process only: worker processes see empty
+stores there.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from cairn.storage import ObjectInfo, register_scheme
+
+S3_BUCKET = "cairn-test"
+DICTSTORE_SCHEME = "dictstore"
+_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+class DictStore:
+    """An ``ObjectStore`` keeping objects in a dict; thread-safe. Counts calls per method."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _count(self, method: str) -> None:
+        with self._lock:
+            self.calls[method] = self.calls.get(method, 0) + 1
+
+    def open_read(self, key: str) -> BinaryIO:
+        self._count("open_read")
+        with self._lock:
+            data = self.objects.get(key)
+        if data is None:
+            raise FileNotFoundError(f"no object {key!r}")
+        return io.BytesIO(data)
+
+    def write(self, key: str, stream: BinaryIO) -> None:
+        self._count("write")
+        data = stream.read()
+        with self._lock:
+            self.objects[key] = bytes(data)
+
+    def list(self, prefix: str) -> Iterable[ObjectInfo]:
+        self._count("list")
+        with self._lock:
+            items = sorted(self.objects.items())
+        return [ObjectInfo(key, len(data)) for key, data in items if key.startswith(prefix)]
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        with self._lock:
+            self.objects.pop(key, None)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        self._count("stat")
+        with self._lock:
+            data = self.objects.get(key)
+        return None if data is None else ObjectInfo(key, len(data))
+
+
+DICT_STORE = DictStore()
+
+
+def dictstore_factory(uri: str) -> DictStore:
+    """``dictstore://a/b`` -> key prefix ``a/b`` of the one process-wide :data:`DICT_STORE`."""
+    return DICT_STORE
+
+
+@pytest.fixture(scope="session")
+def dict_store() -> DictStore:
+    """The store behind ``dictstore://`` URIs (registered for the session)."""
+    register_scheme(DICTSTORE_SCHEME, dictstore_factory, overwrite=True)
+    return DICT_STORE
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """``host:port`` of a moto S3 server on loopback, with bucket ``cairn-test``."""
+    moto_server = pytest.importorskip("moto.server")
+    saved = {name: os.environ.get(name) for name in _AWS_ENV}
+    os.environ.update(_AWS_ENV)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"{host}:{port}"
+    import boto3
+
+    boto3.client(
+        "s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1"
+    ).create_bucket(Bucket=S3_BUCKET)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def s3_uri_factory(s3_endpoint: str) -> Callable[[str], str]:
+    """``make(prefix)`` -> a fresh ``s3://cairn-test/<prefix>-<random>?...`` URI on moto."""
+
+    def make(prefix: str) -> str:
+        name = f"{prefix.strip('/')}-{uuid.uuid4().hex[:10]}"
+        return (
+            f"s3://{S3_BUCKET}/{name}?endpoint_override={s3_endpoint}&scheme=http"
+            "&region=us-east-1"
+        )
+
+    return make
+
+
+STORAGE_KINDS = ("local", "memory", "s3", "dictstore")
+
+
+@pytest.fixture(params=STORAGE_KINDS)
+def storage_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty base URI on each kind of storage (see the module docstring)."""
+    return make_storage_uri(request, str(request.param), tmp_path)
+
+
+def make_storage_uri(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> str:
+    """A fresh base URI of ``kind`` (one of :data:`STORAGE_KINDS`)."""
+    unique = uuid.uuid4().hex[:10]
+    if kind == "local":
+        return str(tmp_path / f"storage-{unique}")
+    if kind == "memory":
+        return f"memory://cairn-tests/{unique}"
+    if kind == "s3":
+        factory: Callable[[str], str] = request.getfixturevalue("s3_uri_factory")
+        return factory("storage")
+    if kind == "dictstore":
+        request.getfixturevalue("dict_store")
+        return f"{DICTSTORE_SCHEME}://bucket/{unique}"
+    raise ValueError(f"kind={kind!r} is not one of {STORAGE_KINDS}")

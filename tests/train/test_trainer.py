@@ -1,0 +1,150 @@
+"""Trainer runs with real worker processes: contract items 1-7."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import pytest
+import workloads
+from conftest import run_dir
+
+import cairn
+from cairn import CheckpointConfig, ScalingConfig, Trainer
+
+RunConfigFactory = Callable[..., cairn.RunConfig]
+
+
+@pytest.mark.parametrize("num_workers", [2, 4])
+def test_fit_runs_every_rank_and_fills_the_result(
+    num_workers: int, run_config: RunConfigFactory, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = run_config()
+    result = Trainer(
+        workloads.counting,
+        train_loop_config={"steps": 5},
+        scaling_config=ScalingConfig(num_workers=num_workers),
+        run_config=config,
+    ).fit()
+    assert result.return_value == f"done by 0 of {num_workers}"
+    assert result.metrics == {"step": 4, "rank": 0}
+    assert result.error is None
+    assert result.checkpoint is None and result.best_checkpoints == []
+    assert result.path == run_dir(config)
+    frame = result.metrics_dataframe
+    assert list(frame["step"]) == [0, 1, 2, 3, 4]
+    assert list(frame["report_index"]) == [1, 2, 3, 4, 5]
+    out = capfd.readouterr().out
+    for rank in range(num_workers):
+        assert f"(rank {rank}) hello from rank {rank}" in out
+
+
+def test_train_function_without_arguments_and_closures(run_config: RunConfigFactory) -> None:
+    captured = {"answer": 42}
+
+    def train() -> int:
+        cairn.report({"x": 1})
+        return captured["answer"]
+
+    result = Trainer(train, run_config=run_config()).fit()
+    assert result.return_value == 42
+
+
+def test_metric_only_reports_never_wait_for_other_ranks(
+    run_config: RunConfigFactory, scratch: str
+) -> None:
+    # Rank 1 is parked until rank 0 has made all of its reports: if a metric-only report
+    # waited for rank 1 the run would deadlock (and fail on the pytest timeout).
+    result = Trainer(
+        workloads.metric_reports_do_not_wait,
+        train_loop_config={"scratch": scratch},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config(),
+    ).fit()
+    assert len(result.metrics_dataframe) == 200
+
+
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+def test_checkpoint_reports_merge_ranks_and_number_directories(
+    mode: str, run_config: RunConfigFactory
+) -> None:
+    config = run_config()
+    result = Trainer(
+        workloads.checkpoint_every_step,
+        train_loop_config={"steps": 3, "mode": mode},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=config,
+    ).fit()
+    assert result.checkpoint is not None
+    assert result.checkpoint.path == os.path.join(run_dir(config), "checkpoint_000003")
+    assert sorted(os.listdir(run_dir(config))) == [
+        "cairn_run.json", "checkpoint_000001", "checkpoint_000002", "checkpoint_000003",
+        "events", "metrics",
+    ]
+    manifest = result.checkpoint.get_manifest()
+    assert manifest is not None
+    assert set(manifest.files) == {"rank_0.json", "rank_1.json"}
+    assert manifest.ranks == (0, 1)
+    assert manifest.report_index == 3
+    assert manifest.metrics == {"step": 2, "score": 2}
+    result.checkpoint.verify()
+    with result.checkpoint.as_directory() as d, open(os.path.join(d, "rank_1.json")) as f:
+        assert json.load(f) == {"step": 2, "rank": 1}
+
+
+def test_sync_report_returns_after_commit_and_every_rank_sees_it(
+    run_config: RunConfigFactory, scratch: str
+) -> None:
+    config = run_config()
+    Trainer(
+        workloads.checkpoint_every_step,
+        train_loop_config={"steps": 3, "scratch": scratch},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=config,
+    ).fit()
+    for step in range(3):
+        seen = {open(os.path.join(scratch, f"latest_{rank}_{step}")).read() for rank in (0, 1)}
+        assert seen == {os.path.join(run_dir(config), f"checkpoint_{step + 1:06d}")}
+
+
+def test_retention_keeps_the_best_and_the_latest(run_config: RunConfigFactory) -> None:
+    config = run_config(checkpoint_config=CheckpointConfig(
+        num_to_keep=2, checkpoint_score_attribute="score", checkpoint_score_order="max"))
+    scores = {"0": 5, "1": 9, "2": 1, "3": 7, "4": 0}
+    result = Trainer(
+        workloads.checkpoint_every_step,
+        train_loop_config={"steps": 5, "scores": scores},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=config,
+    ).fit()
+    kept = sorted(n for n in os.listdir(run_dir(config)) if n.startswith("checkpoint_"))
+    # Best two by score: steps 1 (9) and 3 (7); plus the latest, step 4.
+    assert kept == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
+    assert [m["score"] for _, m in result.best_checkpoints] == [9, 7, 0]
+    assert result.checkpoint is not None
+    assert result.checkpoint.path.endswith("checkpoint_000005")
+
+
+def test_result_from_path_matches_fit(run_config: RunConfigFactory) -> None:
+    config = run_config()
+    result = Trainer(
+        workloads.checkpoint_every_step,
+        train_loop_config={"steps": 2},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=config,
+    ).fit()
+    loaded = cairn.Result.from_path(run_dir(config))
+    assert loaded.checkpoint == result.checkpoint
+    assert loaded.metrics == result.metrics
+    assert loaded.metrics_dataframe.equals(result.metrics_dataframe)
+    assert loaded.goodput.attempts == 1
+
+
+def test_second_fit_continues_numbering_and_history(run_config: RunConfigFactory) -> None:
+    config = run_config()
+    trainer = Trainer(workloads.counting, train_loop_config={"steps": 3}, run_config=config)
+    trainer.fit()
+    result = Trainer(workloads.counting, train_loop_config={"steps": 2}, run_config=config).fit()
+    assert list(result.metrics_dataframe["report_index"]) == [1, 2, 3, 4, 5]
+    assert list(result.metrics_dataframe["attempt"]) == [0, 0, 0, 1, 1]

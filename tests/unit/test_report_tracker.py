@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cairn._src.errors import CheckpointCollisionError, ReportError
+from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
+from cairn._src.execution.reports import ReportTracker
+from cairn._src.storage.transfer import FileEntry
+
+
+def report(rank: int, index: int, files: dict[str, int] | None = None, *,
+           dir_name: str | None = None, metrics: dict[str, float] | None = None) -> ReportMessage:
+    intent = None
+    if files is not None:
+        intent = CheckpointIntent(dir_name or f"checkpoint_{index:06d}", "SYNC", files=files)
+    return ReportMessage(rank, index, metrics or {"rank": rank}, intent, time.time())
+
+
+def uploaded(rank: int, index: int, files: dict[str, int]) -> UploadedMessage:
+    entries = {path: FileEntry(size, f"sum-{rank}-{path}") for path, size in files.items()}
+    return UploadedMessage(rank, index, entries, None, sum(files.values()), 0.1)
+
+
+def test_metric_only_reports_need_no_verdict_and_are_forgotten() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    assert tracker.on_report(report(0, 1)) == []
+    assert tracker.on_report(report(1, 1)) == []
+    assert tracker.take_ready() == []
+    assert tracker.report_counts == {0: 1, 1: 1}
+
+
+def test_checkpoint_commits_once_every_rank_arrived_and_uploaded() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    [verdict] = tracker.on_report(report(0, 1, {"model.pt": 4}))
+    assert verdict.error is None
+    tracker.on_uploaded(uploaded(0, 1, {"model.pt": 4}))
+    assert tracker.take_ready() == []  # rank 1 has not reached report 1
+    assert tracker.on_report(report(1, 1)) == []  # rank 1 passes None
+    [ready] = tracker.take_ready()
+    assert ready.dir_name == "checkpoint_000001"
+    assert ready.ranks == (0,)
+    assert ready.metrics == {"rank": 0}
+    assert set(ready.entries) == {"model.pt"}
+
+
+def test_ranks_merge_their_files() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"a": 1}))
+    tracker.on_report(report(1, 1, {"b": 1}))
+    tracker.on_uploaded(uploaded(1, 1, {"b": 1}))
+    assert tracker.take_ready() == []
+    tracker.on_uploaded(uploaded(0, 1, {"a": 1}))
+    [ready] = tracker.take_ready()
+    assert set(ready.entries) == {"a", "b"}
+    assert ready.ranks == (0, 1)
+
+
+def test_two_ranks_writing_one_path_is_refused_before_the_second_writes() -> None:
+    tracker = ReportTracker(3, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"shared/model.pt": 1}))
+    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 1}))
+    assert {v.rank for v in verdicts} == {0, 2}
+    error = verdicts[0].error
+    assert isinstance(error, CheckpointCollisionError)
+    assert "Ranks 0 and 2" in str(error) and "'shared/model.pt'" in str(error)
+
+
+def test_ranks_disagreeing_on_dir_name() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"a": 1}, dir_name="epoch_1"))
+    verdicts = tracker.on_report(report(1, 1, {"b": 1}, dir_name="epoch_one"))
+    with pytest.raises(ReportError, match="rank 0 gave 'epoch_1', rank 1 gave 'epoch_one'"):
+        raise verdicts[0].error  # type: ignore[misc]
+
+
+def test_reused_dir_name_is_refused() -> None:
+    tracker = ReportTracker(1, used_dir_names={"best"})
+    [verdict] = tracker.on_report(report(0, 1, {"a": 1}, dir_name="best"))
+    assert isinstance(verdict.error, ReportError)
+    assert "already used" in str(verdict.error)
+
+
+def test_overdue_names_missing_ranks_and_waiting_on() -> None:
+    tracker = ReportTracker(3, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"a": 1}))
+    tracker.on_report(report(1, 1))
+    assert tracker.overdue(10.0) is None
+    assert tracker.overdue(10.0, now=time.monotonic() + 11) == (1, [2])
+    assert tracker.waiting_on(2) == 1
+    assert tracker.waiting_on(1) is None
