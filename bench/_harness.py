@@ -170,10 +170,13 @@ def format_table(rows: Iterable[Row | Mapping[str, Any]]) -> str:
         ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join(
-        ("-" * (w + 1) + ":") if i in numeric else ("-" * (w + 2))
-        for i, w in enumerate(widths)
-    ) + "|"
+    rule = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if i in numeric else ("-" * (w + 2)) for i, w in enumerate(widths)
+        )
+        + "|"
+    )
     return "\n".join([line(TABLE_HEADER), rule, *(line(cells) for cells in body)])
 
 
@@ -232,11 +235,19 @@ def source_revision() -> str:
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -266,9 +266,7 @@ REFERENCE_GROUPS = ("report", "startup", "transfer", "recovery", "goodput", "sna
 """The benchmarks :func:`reference_rows` has Ray figures for, in the order it runs them."""
 
 
-def reference_rows(
-    quick: bool = False, groups: Sequence[str] | None = None
-) -> list[_harness.Row]:
+def reference_rows(quick: bool = False, groups: Sequence[str] | None = None) -> list[_harness.Row]:
     """Ray reference figures as rows (reference column only), for ``run_all``.
 
     ``groups`` selects benchmarks from :data:`REFERENCE_GROUPS` (default: all).
@@ -279,15 +277,11 @@ def reference_rows(
     selected = REFERENCE_GROUPS if groups is None else tuple(groups)
     unknown = sorted(set(selected) - set(REFERENCE_GROUPS))
     if unknown:
-        raise ValueError(
-            f"unknown reference group(s) {unknown}; known: {list(REFERENCE_GROUPS)}"
-        )
+        raise ValueError(f"unknown reference group(s) {unknown}; known: {list(REFERENCE_GROUPS)}")
     rows: list[_harness.Row] = []
 
     def ref(benchmark: str, metric: str, value: float | None, unit: str, note: str) -> None:
-        rows.append(
-            Row(benchmark=benchmark, metric=metric, reference=value, unit=unit, note=note)
-        )
+        rows.append(Row(benchmark=benchmark, metric=metric, reference=value, unit=unit, note=note))
 
     def attempt(benchmark: str, fn: Callable[[], None]) -> None:
         try:
@@ -301,40 +295,85 @@ def reference_rows(
     def report_latency() -> None:
         r = ray_metric_report_latency(num_reports, fast_poll_num_reports=fast_reports)
         n, nf = int(r["num_samples"]), int(r["fast_poll_num_samples"])
-        ref("report", METRIC_REPORT_MEDIAN, r["median_s"], "s",
-            f"{n} samples ({num_reports} back-to-back reports x 2 ranks), default 2 s poll")
+        ref(
+            "report",
+            METRIC_REPORT_MEDIAN,
+            r["median_s"],
+            "s",
+            f"{n} samples ({num_reports} back-to-back reports x 2 ranks), default 2 s poll",
+        )
         ref("report", METRIC_REPORT_P99, r["p99_s"], "s", f"{n} samples, default 2 s poll")
-        ref("report", METRIC_REPORT_FAST_MEDIAN, r["fast_poll_median_s"], "s",
-            f"{nf} samples, {POLL_INTERVAL_ENV}=0.01")
-        ref("report", METRIC_REPORT_FAST_P99, r["fast_poll_p99_s"], "s",
-            f"{nf} samples, {POLL_INTERVAL_ENV}=0.01")
+        ref(
+            "report",
+            METRIC_REPORT_FAST_MEDIAN,
+            r["fast_poll_median_s"],
+            "s",
+            f"{nf} samples, {POLL_INTERVAL_ENV}=0.01",
+        )
+        ref(
+            "report",
+            METRIC_REPORT_FAST_P99,
+            r["fast_poll_p99_s"],
+            "s",
+            f"{nf} samples, {POLL_INTERVAL_ENV}=0.01",
+        )
 
     def startup() -> None:
         r = ray_fit_to_first_line(trainer="torch")
-        ref("startup", METRIC_FIT_TO_FIRST_LINE, r["fit_to_first_line_s"], "s",
-            "TorchTrainer, last rank's first line; fresh Ray session")
+        ref(
+            "startup",
+            METRIC_FIT_TO_FIRST_LINE,
+            r["fit_to_first_line_s"],
+            "s",
+            "TorchTrainer, last rank's first line; fresh Ray session",
+        )
         ref("startup", METRIC_RAY_INIT, r["ray_init_s"], "s", "ray.init(num_cpus=2), not in fit()")
         if not quick:
             plain = ray_fit_to_first_line(trainer="data_parallel")
-            ref("startup", METRIC_FIT_TO_FIRST_LINE_PLAIN, plain["fit_to_first_line_s"], "s",
-                "v2 DataParallelTrainer (no torch.distributed)")
+            ref(
+                "startup",
+                METRIC_FIT_TO_FIRST_LINE_PLAIN,
+                plain["fit_to_first_line_s"],
+                "s",
+                "v2 DataParallelTrainer (no torch.distributed)",
+            )
 
     repeats = 1 if quick else 3
 
     def checkpoint_report() -> None:
         r = ray_checkpoint_report_modes(256, ("sync", "async"), repeats=repeats)
-        ref("transfer", METRIC_SYNC_REPORT, r["sync"], "s",
-            f"8 files, local storage, median of {repeats}; default upload")
-        ref("transfer", METRIC_ASYNC_REPORT, r["async"], "s",
-            f"CheckpointUploadMode.ASYNC, median of {repeats}")
+        ref(
+            "transfer",
+            METRIC_SYNC_REPORT,
+            r["sync"],
+            "s",
+            f"8 files, local storage, median of {repeats}; default upload",
+        )
+        ref(
+            "transfer",
+            METRIC_ASYNC_REPORT,
+            r["async"],
+            "s",
+            f"CheckpointUploadMode.ASYNC, median of {repeats}",
+        )
 
     def recovery() -> None:
         r = ray_recovery()
-        ref("recovery", METRIC_RECOVERY, r["crash_to_first_step_s"], "s",
-            "os._exit(1) on rank 0 right after a SYNC checkpoint report returned")
-        ref("recovery", METRIC_RECOVERY_BEHIND, r["checkpoints_behind"], "ckpts",
+        ref(
+            "recovery",
+            METRIC_RECOVERY,
+            r["crash_to_first_step_s"],
+            "s",
+            "os._exit(1) on rank 0 right after a SYNC checkpoint report returned",
+        )
+        ref(
+            "recovery",
+            METRIC_RECOVERY_BEHIND,
+            r["checkpoints_behind"],
+            "ckpts",
             f"last reported step {int(r['last_reported_step'])}, "
-            f"resumed from step {int(r['resumed_from_step'])}")
+            f"resumed from step {int(r['resumed_from_step'])}",
+        )
 
     def goodput() -> None:
         job = _harness.goodput_job(quick)
@@ -349,8 +388,13 @@ def reference_rows(
 
     def snapshot() -> None:
         r = ray_snapshot_async_torch_save_detail(500, repeats=1 if quick else 2)
-        ref("snapshot", METRIC_SNAPSHOT, r["blocking_s"], "s",
-            f"torch.save {r['save_s']:.2f} s + report {r['report_s']:.3f} s (medians)")
+        ref(
+            "snapshot",
+            METRIC_SNAPSHOT,
+            r["blocking_s"],
+            "s",
+            f"torch.save {r['save_s']:.2f} s + report {r['report_s']:.3f} s (medians)",
+        )
 
     measurements = {
         "report": report_latency,
@@ -414,7 +458,10 @@ def _measure(kind: str, *, timeout_s: float = 600.0, **kwargs: Any) -> dict[str,
             # A session of its own, so that on timeout the child and every Ray process
             # it started are killed together, and nothing else.
             proc = subprocess.Popen(
-                command, env=_child_env(), stdout=log, stderr=subprocess.STDOUT,
+                command,
+                env=_child_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
             try:
@@ -429,8 +476,8 @@ def _measure(kind: str, *, timeout_s: float = 600.0, **kwargs: Any) -> dict[str,
                 _kill_group(proc, only_leftovers=True)
         if returncode != 0 or not result_path.exists():
             raise RayReferenceError(
-                f"Ray reference {kind!r} failed (exit status {returncode}); "
-                f"last lines of its log:\n{_tail(log_path)}"
+                f"Ray reference {kind!r} failed (exit status {returncode}): "
+                f"{_tail(log_path, 1)}\nlast lines of its log:\n{_tail(log_path)}"
             )
         result = json.loads(result_path.read_text(encoding="utf-8"))
     logger.info("Ray reference %s took %.1f s: %s", kind, time.perf_counter() - started, result)
@@ -450,11 +497,12 @@ def _kill_group(proc: subprocess.Popen[bytes], *, only_leftovers: bool = False) 
 
 
 def _tail(path: Path, lines: int = 40) -> str:
+    """The last non-blank lines of a log (the exception, when the child raised)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
 
 
 # --------------------------------------------------------------------------------------

@@ -123,8 +123,13 @@ def run_module(name: str, args: argparse.Namespace) -> list[Row]:
         module = import_benchmark(name)
         if module is None:
             return [
-                Row(benchmark=name, metric="skipped", unit="", reference_name="",
-                    note=f"bench/{name}.py does not exist yet")
+                Row(
+                    benchmark=name,
+                    metric="skipped",
+                    unit="",
+                    reference_name="",
+                    note=f"bench/{name}.py does not exist yet",
+                )
             ]
         run = getattr(module, "run", None)
         if not callable(run):
@@ -170,12 +175,20 @@ def collect_rows(args: argparse.Namespace) -> list[Row]:
     if groups:
         if _ray_reference.ray_version() is None:
             rows.append(
-                Row(benchmark="ray-reference", metric="skipped", unit="", reference_name="",
-                    note="Ray is not installed: pip install 'ray[train]==2.60.0'")
+                Row(
+                    benchmark="ray-reference",
+                    metric="skipped",
+                    unit="",
+                    reference_name="",
+                    note="Ray is not installed: pip install 'ray[train]==2.60.0'",
+                )
             )
         else:
-            print(f"[bench] measuring Ray Train reference: {', '.join(groups)} ...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[bench] measuring Ray Train reference: {', '.join(groups)} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             started = time.perf_counter()
             reference = _ray_reference.reference_rows(quick=args.quick, groups=groups)
             logger.info("Ray reference: %.1f s", time.perf_counter() - started)

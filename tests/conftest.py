@@ -97,6 +97,12 @@ def dict_store() -> DictStore:
 
 
 @pytest.fixture(scope="session")
+def new_dict_store() -> Callable[[], DictStore]:
+    """Makes fresh, unregistered :class:`DictStore` instances (tests need not import it)."""
+    return DictStore
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """``host:port`` of a moto S3 server on loopback, with bucket ``cairn-test``."""
     moto_server = pytest.importorskip("moto.server")

@@ -51,8 +51,9 @@ def test_coerce_names_unknown_keys() -> None:
 def test_table_has_header_values_and_ratio() -> None:
     table = _harness.format_table(
         [
-            Row(benchmark="transfer", metric="SYNC 256 MiB", cairn=0.1, reference=0.5,
-                note="a | b"),
+            Row(
+                benchmark="transfer", metric="SYNC 256 MiB", cairn=0.1, reference=0.5, note="a | b"
+            ),
             {"benchmark": "report", "metric": "median", "cairn": 0.0008, "reference": None},
         ]
     )
@@ -62,7 +63,14 @@ def test_table_has_header_values_and_ratio() -> None:
     assert all(len(line) == len(lines[0]) for line in lines)
     first = [cell.strip() for cell in lines[2].split("|")[1:-1]]
     assert first == [
-        "transfer", "SYNC 256 MiB", "0.1", "0.5", "Ray Train 2.60", "s", "0.2x", "a / b"
+        "transfer",
+        "SYNC 256 MiB",
+        "0.1",
+        "0.5",
+        "Ray Train 2.60",
+        "s",
+        "0.2x",
+        "a / b",
     ]
     second = [cell.strip() for cell in lines[3].split("|")[1:-1]]
     assert second[2:5] == ["0.0008", "-", "-"]
@@ -71,8 +79,14 @@ def test_table_has_header_values_and_ratio() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, "-"), (0, "0"), (15.5, "15.5"), (0.0123456, "0.0123"), (1234.5, "1,234"),
-     (0.00001234, "1.23e-05")],
+    [
+        (None, "-"),
+        (0, "0"),
+        (15.5, "15.5"),
+        (0.0123456, "0.0123"),
+        (1234.5, "1,234"),
+        (0.00001234, "1.23e-05"),
+    ],
 )
 def test_format_value(value: float | None, text: str) -> None:
     assert _harness.format_value(value) == text
@@ -97,13 +111,26 @@ def test_percentile_rejects_empty_and_out_of_range() -> None:
 
 def test_write_results_creates_page_then_appends(tmp_path: Path) -> None:
     page = tmp_path / "docs" / "benchmarks.md"
-    machine = {"date": "2026-12-02 10:00 UTC", "cores": 2, "memory_gib": 23.4, "cpu": "Xeon",
-               "os": "Linux", "python": "3.11", "pyarrow": "26", "torch": "2.13",
-               "ray": "2.60.0", "cairn": "0.1.0"}
+    machine = {
+        "date": "2026-12-02 10:00 UTC",
+        "cores": 2,
+        "memory_gib": 23.4,
+        "cpu": "Xeon",
+        "os": "Linux",
+        "python": "3.11",
+        "pyarrow": "26",
+        "torch": "2.13",
+        "ray": "2.60.0",
+        "cairn": "0.1.0",
+    }
     rows = [Row(benchmark="report", metric="median", cairn=0.001, reference=2.0)]
     _harness.write_results(rows, page, command="python bench/run_all.py", machine=machine)
-    _harness.write_results(rows, page, command="python bench/run_all.py --quick",
-                           machine={**machine, "date": "2026-12-03 10:00 UTC"})
+    _harness.write_results(
+        rows,
+        page,
+        command="python bench/run_all.py --quick",
+        machine={**machine, "date": "2026-12-03 10:00 UTC"},
+    )
     text = page.read_text()
     assert text.startswith("# Benchmark results")
     assert text.count("## 2026-12-0") == 2
@@ -184,7 +211,9 @@ def test_merge_fills_reference_and_keeps_the_rest() -> None:
     ]
     merged = run_all.merge_reference(rows, reference)
     assert [(r.benchmark, r.metric) for r in merged] == [
-        ("transfer", "SYNC"), ("report", "median"), ("startup", "fit")
+        ("transfer", "SYNC"),
+        ("report", "median"),
+        ("startup", "fit"),
     ]
     assert merged[0].ratio == pytest.approx(0.2)
     assert merged[0].note == "ref: 8 files"

@@ -120,3 +120,90 @@ def metric_reports_do_not_wait(config: dict[str, Any]) -> None:
         wait_for_file(signal)
         for step in range(200):
             cairn.report({"step": step})
+
+
+def async_backpressure(config: dict[str, Any]) -> None:
+    """ASYNC reports with max_pending_uploads=1: at most one pending per worker."""
+    handles = []
+    for step in range(4):
+        d = tempfile.mkdtemp()
+        rank = cairn.get_context().get_world_rank()
+        checkpoint = write_checkpoint(d, {f"blob_{rank}.bin": os.urandom(1 << 20)})
+        handle = cairn.report({"step": step}, checkpoint=checkpoint,
+                              checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+        # With one slot, the previous report must be committed before this one was queued.
+        if handles:
+            assert handles[-1][0].done(), "report() did not wait for a free upload slot"
+        handles.append((handle, d))
+    last, _ = handles[-1]
+    committed = last.wait(timeout=60)
+    assert committed is not None and committed.path.endswith("checkpoint_000004")
+    for _, directory in handles:
+        assert not os.path.exists(directory), "ASYNC deletes the local copy by default"
+
+
+def async_then_return(config: dict[str, Any]) -> None:
+    """The last report is ASYNC and the function returns at once: fit() must wait for it."""
+    d = tempfile.mkdtemp()
+    rank = cairn.get_context().get_world_rank()
+    checkpoint = write_checkpoint(d, {f"big_{rank}.bin": os.urandom(8 << 20)})
+    cairn.report({"step": 0}, checkpoint=checkpoint,
+                 checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                 delete_local_checkpoint_after_upload=False)
+
+
+def sync_keeps_local_copy(config: dict[str, Any]) -> None:
+    d = os.path.join(config["scratch"], f"local_{cairn.get_context().get_world_rank()}")
+    os.makedirs(d)
+    cairn.report({"step": 0}, checkpoint=write_checkpoint(d, {"a.bin": b"a"}))
+    assert os.path.exists(os.path.join(d, "a.bin")), "SYNC keeps the local copy by default"
+    d2 = os.path.join(config["scratch"], f"deleted_{cairn.get_context().get_world_rank()}")
+    os.makedirs(d2)
+    cairn.report({"step": 1}, checkpoint=write_checkpoint(d2, {"b.bin": b"b"}),
+                 delete_local_checkpoint_after_upload=True)
+    assert not os.path.exists(d2)
+
+
+def no_upload_reference(config: dict[str, Any]) -> None:
+    """The user writes checkpoints with their own code, then reports them by reference."""
+    rank = cairn.get_context().get_world_rank()
+    start = 0
+    resumed = cairn.get_checkpoint()
+    if resumed is not None:
+        start = resumed.get_metadata()["step"] + 1
+        with resumed.as_directory() as d:
+            assert open(os.path.join(d, "rank_1.bin"), "rb").read() == b"step%d" % (start - 1)
+    for step in range(start, config["steps"]):
+        target = f"{config['target']}/step_{step}"
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, f"rank_{rank}.bin"), "wb") as f:
+            f.write(b"step%d" % step)
+        marker = os.path.join(config["target"], f"written_{step}_{rank}")
+        open(marker, "w").close()
+        # Every rank's shard is in one directory before it is reported.
+        for other in range(cairn.get_context().get_world_size()):
+            wait_for_file(os.path.join(config["target"], f"written_{step}_{other}"))
+        checkpoint = Checkpoint(target)
+        if rank == 0:
+            # Metadata of a by-reference checkpoint goes in its manifest.
+            pass
+        handle = cairn.report({"step": step}, checkpoint=checkpoint,
+                              checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        committed = handle.wait(timeout=60)
+        assert committed is not None
+        committed.set_metadata({"step": step})
+        if config.get("crash_at") == step and cairn.get_context().get_attempt() == 0:
+            os._exit(3)
+
+
+def upload_fn_run(config: dict[str, Any]) -> None:
+    import shutil
+
+    def my_upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+        destination = os.path.join(config["target"], dir_name)
+        shutil.copytree(checkpoint.path, destination, dirs_exist_ok=True)
+        return Checkpoint(destination)
+
+    d = tempfile.mkdtemp()
+    checkpoint = write_checkpoint(d, {f"rank_{cairn.get_context().get_world_rank()}.bin": b"z"})
+    cairn.report({"step": 0}, checkpoint=checkpoint, checkpoint_upload_fn=my_upload)

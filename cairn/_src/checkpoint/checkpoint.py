@@ -134,18 +134,25 @@ class Checkpoint:
         as its manifest lists it and every file is verified; the manifest itself is not
         copied, so the directory can be reported as a new checkpoint.
         """
+        manifest = self.get_manifest()
+        if manifest is None:
+            self._require_directory()
         if path is None:
             target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
         else:
             target = os.path.abspath(os.fspath(path))
-        manifest = self.get_manifest()
-        if manifest is None:
-            self._require_directory()
-            download_directory(self._location, target, retry=self._retry)
-        else:
+        try:
             download_directory(
-                self._location, target, files=manifest.files, verify=True, retry=self._retry
+                self._location,
+                target,
+                files=None if manifest is None else manifest.files,
+                verify=True,
+                retry=self._retry,
             )
+        except BaseException:
+            if path is None:
+                shutil.rmtree(target, ignore_errors=True)
+            raise
         return target
 
     def _require_directory(self) -> None:

@@ -98,6 +98,9 @@ class ReportTracker:
             others = [r for r in pending.intents if r != rank]
             return [Verdict(r, index, error) for r in [rank, *others]]
         pending.intents[rank] = intent
+        if intent.mode == "NO_UPLOAD":
+            # The data is already where it will stay: nothing to wait for from this rank.
+            pending.uploaded[rank] = UploadedMessage(rank, index, {}, intent.reference, 0, 0.0)
         for path in intent.files:
             pending.claimed[path] = rank
         if pending.dir_name is None:
@@ -143,7 +146,7 @@ class ReportTracker:
             owner = pending.claimed.get(path)
             if owner is not None and owner != rank:
                 return CheckpointCollisionError(
-                    f"Ranks {owner} and {rank} both wrote {path!r} into the checkpoint of "
+                    f"Ranks {min(owner, rank)} and {max(owner, rank)} both wrote {path!r} into the checkpoint of "
                     f"report {pending.index}; ranks must write distinct files (for example "
                     "prefix them with the rank) or pass checkpoint=None on all but one rank."
                 )

@@ -302,17 +302,10 @@ class WorkerSession:
             self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
             self._fail_handle(job.index, exc)
             raise
-        self.send(message)
         if job.delete_local:
-            threading.Thread(target=self._delete_after_commit, args=(job,), daemon=True,
-                             name="cairn-delete-local").start()
-
-    def _delete_after_commit(self, job: _UploadJob) -> None:
-        try:
-            job.handle.wait()
-        except BaseException:
-            return
-        shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            # The data is on storage now; the local copy is not needed for the commit.
+            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        self.send(message)
 
     def _upload_loop(self) -> None:
         while True:

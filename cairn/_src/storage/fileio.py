@@ -37,7 +37,8 @@ def storage_call(fn: Callable[[], T], loc: StorageLocation, retry: RetryPolicy, 
         return call_with_retry(fn, retry, what=f"{what} {loc.display()}")
     except CairnError:
         raise
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        # NotADirectoryError: a parent of the path is a file, so the path cannot exist.
         raise CheckpointNotFoundError(f"{loc.display()} does not exist ({what}).") from exc
     except PermissionError as exc:
         raise StorageError(
@@ -148,17 +149,19 @@ def _select(loc: StorageLocation, recursive: bool, retry: RetryPolicy) -> list[p
 
 
 def _relative(base: str, path: str) -> str:
-    base = base.rstrip("/")
+    # Backends disagree on a leading '/' (fsspec's memory filesystem adds one), so compare
+    # without it.
+    base = base.strip("/")
+    path = path.lstrip("/")
     if base and path.startswith(base + "/"):
         return path[len(base) + 1:]
-    return path.lstrip("/") if not base else path
+    return path
 
 
 def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, int]:
     """Every file under ``loc``, recursively: relative ``/``-path -> size. ``{}`` if missing."""
-    base = loc.filesystem.normalize_path(loc.path) if loc.path else loc.path
     return {
-        _relative(base, info.path): int(info.size or 0)
+        _relative(loc.path, info.path): int(info.size or 0)
         for info in _select(loc, True, retry)
         if info.type == pafs.FileType.File
     }

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,100 +28,26 @@ from cairn._src.errors import ConfigError, StorageError, UnknownSchemeError
 from cairn._src.storage import registry
 from cairn._src.storage.object_store import is_object_store, object_store_filesystem
 from cairn._src.storage.paths import check_relative_path
+from cairn._src.storage.uris import (
+    fsspec_filesystem,
+    join_path,
+    local_root,
+    normalize_path,
+    normalize_uri,
+    redact,
+    scheme_of,
+    scrub,
+    strip_uri,
+    supports_atomic_rename,
+)
+
+__all__ = ["StorageLocation", "local_root", "redact", "resolve", "supports_atomic_rename"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})
-# Query parameters whose values are credentials. Matched as substrings of the lower-cased
-# name, so 'aws_secret_access_key' and 'x-amz-security-token' are caught too.
-_SECRET_WORDS = (
-    "secret", "password", "passwd", "token", "access_key", "key_id", "credential",
-    "signature", "sas", "sig", "auth", "private",
-)
 # fsspec protocols that hold data in this process only.
 _IN_PROCESS_PROTOCOLS = frozenset({"memory"})
-
-
-def redact(uri: str) -> str:
-    """``uri`` with its password (``user:password@``) and secret query values hidden.
-
-    Plain paths come back unchanged. Meant for logs and error messages.
-    """
-    match = _SCHEME_RE.match(uri)
-    if match is None:
-        return uri
-    head = match.group(0)
-    rest = uri[len(head):]
-    rest, _, query = rest.partition("?")
-    authority, slash, tail = rest.partition("/")
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
-        user = userinfo.partition(":")[0]
-        authority = f"{user}:***@{host}" if user else f"***@{host}"
-    out = f"{head}{authority}{slash}{tail}"
-    if query:
-        params = []
-        for item in query.split("&"):
-            name, eq, _value = item.partition("=")
-            lowered = name.lower()
-            if eq and any(word in lowered for word in _SECRET_WORDS):
-                params.append(f"{name}=***")
-            else:
-                params.append(item)
-        out = f"{out}?{'&'.join(params)}"
-    return out
-
-
-def _fsspec_filesystem(fs: pafs.FileSystem) -> Any:
-    if isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, FSSpecHandler):
-        return fs.handler.fs
-    return None
-
-
-def local_root(fs: pafs.FileSystem) -> str | None:
-    """The OS path that path ``""`` of ``fs`` maps to when ``fs`` is the local disk.
-
-    ``"/"``-rooted for ``LocalFileSystem`` and fsspec's local filesystem, the base path
-    of a ``SubTreeFileSystem`` over either; ``None`` for anything that is not local.
-    """
-    if isinstance(fs, pafs.LocalFileSystem):
-        return ""
-    if isinstance(fs, pafs.SubTreeFileSystem):
-        base = local_root(fs.base_fs)
-        if base is None:
-            return None
-        return base + str(fs.base_path).rstrip("/")
-    inner = _fsspec_filesystem(fs)
-    if inner is not None and "file" in _protocols(inner):
-        return ""
-    return None
-
-
-def _protocols(fsspec_fs: Any) -> tuple[str, ...]:
-    protocol = fsspec_fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def supports_atomic_rename(fs: pafs.FileSystem) -> bool:
-    """Whether ``fs.move`` replaces a file atomically (local disks, HDFS).
-
-    Object stores, fsspec's memory filesystem and custom stores rename by copying, so
-    atomic writes there use a single object write instead.
-    """
-    if local_root(fs) is not None:
-        return True
-    if isinstance(fs, pafs.SubTreeFileSystem):
-        return supports_atomic_rename(fs.base_fs)
-    return bool(fs.type_name == "hdfs")
-
-
-def _join_path(path: str, rel: str) -> str:
-    if not rel:
-        return path
-    if path == "":
-        return rel
-    return f"{path.rstrip('/')}/{rel}"
 
 
 @dataclass(frozen=True)
@@ -156,16 +81,17 @@ class StorageLocation:
         rel = check_relative_path(joined, argument="parts")
         uri = None
         if self.uri is not None:
-            scheme = _scheme_of(self.uri)
+            scheme = scheme_of(self.uri)
             if scheme is None:
-                uri = _join_path(self.uri, rel)
+                uri = join_path(self.uri, rel)
             else:
                 base, question, query = self.uri.partition("?")
                 # pyarrow percent-decodes URI paths; fsspec and custom schemes do not.
+                quoted = rel
                 if scheme in _PERCENT_DECODED_SCHEMES:
-                    rel = urllib.parse.quote(rel, safe="/")
-                uri = f"{base.rstrip('/')}/{rel}{question}{query}"
-        path = _join_path(self.path, check_relative_path(joined, argument="parts"))
+                    quoted = urllib.parse.quote(rel, safe="/")
+                uri = f"{base.rstrip('/')}/{quoted}{question}{query}"
+        path = join_path(self.path, rel)
         return StorageLocation(self.filesystem, path, uri, self._source)
 
     def display(self) -> str:
@@ -182,7 +108,7 @@ class StorageLocation:
         """
         if self.uri is None:
             return False
-        return _scheme_of(self.uri) not in _IN_PROCESS_PROTOCOLS
+        return scheme_of(self.uri) not in _IN_PROCESS_PROTOCOLS
 
     def __reduce__(self) -> tuple[Callable[..., StorageLocation], tuple[Any, ...]]:
         kind, payload = self._source
@@ -193,26 +119,27 @@ class StorageLocation:
     def __str__(self) -> str:
         return self.display()
 
+    def __hash__(self) -> int:
+        # pyarrow filesystems are unhashable; equal locations have equal paths and URIs.
+        return hash((self.path, self.uri))
+
 
 _PERCENT_DECODED_SCHEMES = frozenset({"file"}) | _PYARROW_SCHEMES
-
-
-def _scheme_of(uri: str) -> str | None:
-    match = _SCHEME_RE.match(uri)
-    return match.group(1).lower() if match else None
 
 
 def _restore(kind: str, payload: Any, path: str, uri: str | None) -> StorageLocation:
     if kind == "uri":
         filesystem = resolve(payload).filesystem
     elif kind == "factory":
-        filesystem = _as_pyarrow(payload(), what="filesystem factory result")
+        made = payload()
+        filesystem = _as_pyarrow(made, what=f"The filesystem factory returned {made!r}, which")
     else:
         filesystem = payload
     return StorageLocation(filesystem, path, uri, (kind, payload))
 
 
 def _as_pyarrow(obj: Any, *, what: str) -> pafs.FileSystem:
+    """``obj`` as a pyarrow FileSystem; ``what`` is the subject of the error sentence."""
     if isinstance(obj, pafs.FileSystem):
         return obj
     if isinstance(obj, fsspec.AbstractFileSystem):
@@ -220,7 +147,7 @@ def _as_pyarrow(obj: Any, *, what: str) -> pafs.FileSystem:
     if is_object_store(obj):
         return object_store_filesystem(obj)
     raise ConfigError(
-        f"{what}={obj!r} is not storage Cairn can use; accepted: a pyarrow.fs.FileSystem, "
+        f"{what} is not storage Cairn can use; accepted: a pyarrow.fs.FileSystem, "
         "an fsspec filesystem, or an object with the ObjectStore methods (open_read, "
         "write, list, delete, stat)."
     )
@@ -265,7 +192,7 @@ def resolve(location: str | os.PathLike[str], filesystem: Any = None) -> Storage
     text = _location_string(location)
     if filesystem is not None:
         return _resolve_in_filesystem(text, filesystem)
-    scheme = _scheme_of(text)
+    scheme = scheme_of(text)
     if scheme is None:
         return _local(text)
     if scheme == "file":
@@ -281,17 +208,6 @@ def resolve(location: str | os.PathLike[str], filesystem: Any = None) -> Storage
     return _resolve_fsspec(text, scheme)
 
 
-def _strip_uri(text: str) -> str:
-    """The part of a URI after ``scheme://`` and before ``?`` or ``#``."""
-    rest = text[len(_SCHEME_RE.match(text).group(0)):]  # type: ignore[union-attr]
-    return re.split(r"[?#]", rest, maxsplit=1)[0]
-
-
-def _normalize(path: str) -> str:
-    stripped = path.rstrip("/")
-    return stripped if stripped or not path.startswith("/") else "/"
-
-
 def _resolve_custom(text: str, scheme: str, factory: registry.Factory) -> StorageLocation:
     try:
         made = factory(text)
@@ -300,17 +216,12 @@ def _resolve_custom(text: str, scheme: str, factory: registry.Factory) -> Storag
             f"The storage factory registered for scheme {scheme!r} failed for "
             f"{redact(text)!r}: {exc}"
         ) from exc
-    fs = _as_pyarrow(made, what=f"the result of the factory for scheme {scheme!r}")
-    path = _strip_uri(text)
-    path = path.strip("/") if is_object_store(made) else _normalize(path)
-    return StorageLocation(fs, path, _normalize_uri(text), ("uri", _normalize_uri(text)))
-
-
-def _normalize_uri(text: str) -> str:
-    base, question, query = text.partition("?")
-    head = _SCHEME_RE.match(base).group(0)  # type: ignore[union-attr]
-    body = base[len(head):].rstrip("/")
-    return f"{head}{body}{question}{query}"
+    fs = _as_pyarrow(
+        made, what=f"The factory registered for scheme {scheme!r} returned {made!r}, which"
+    )
+    path = strip_uri(text)
+    path = path.strip("/") if is_object_store(made) else normalize_path(path)
+    return StorageLocation(fs, path, normalize_uri(text), ("uri", normalize_uri(text)))
 
 
 def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
@@ -322,16 +233,17 @@ def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
         return None
     except pa.ArrowInvalid as exc:
         raise ConfigError(
-            f"location={redact(text)!r} is not a valid {scheme}:// URI: {exc}. See "
+            f"location={redact(text)!r} is not a valid {scheme}:// URI: "
+            f"{scrub(str(exc), text)}. See "
             "pyarrow.fs.FileSystem.from_uri for the accepted query parameters."
         ) from exc
     except OSError as exc:
         hint = " Add '?region=<bucket region>' to the URI." if scheme == "s3" else ""
         raise StorageError(
-            f"Could not set up storage for {redact(text)!r}: {exc}.{hint}"
+            f"Could not set up storage for {redact(text)!r}: {scrub(str(exc), text)}.{hint}"
         ) from exc
-    uri = _normalize_uri(text)
-    return StorageLocation(fs, _normalize(path), uri, ("uri", uri))
+    uri = normalize_uri(text)
+    return StorageLocation(fs, normalize_path(path), uri, ("uri", uri))
 
 
 def _known_schemes() -> list[str]:
@@ -344,9 +256,10 @@ def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:
     try:
         fs_class = fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
+        package = _package_hint(scheme)
+        hint = f" Install it with 'pip install {package}'." if package else ""
         raise UnknownSchemeError(
-            f"location={redact(text)!r} needs a package that is not installed: {exc} "
-            f"(for example 'pip install {_package_hint(scheme)}')."
+            f"location={redact(text)!r} needs a package that is not installed: {exc}.{hint}"
         ) from exc
     except ValueError as exc:
         raise UnknownSchemeError(
@@ -364,18 +277,19 @@ def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:
     except (ValueError, TypeError) as exc:
         raise ConfigError(
             f"location={redact(text)!r} is not a valid {scheme}:// URI for "
-            f"{fs_class.__name__}: {exc}"
+            f"{fs_class.__name__}: {scrub(str(exc), text)}"
         ) from exc
-    uri = _normalize_uri(text)
+    uri = normalize_uri(text)
     return StorageLocation(
-        pafs.PyFileSystem(FSSpecHandler(fs)), _normalize(path), uri, ("uri", uri)
+        pafs.PyFileSystem(FSSpecHandler(fs)), normalize_path(path), uri, ("uri", uri)
     )
 
 
-def _package_hint(scheme: str) -> str:
+def _package_hint(scheme: str) -> str | None:
+    """The pip package providing fsspec protocol ``scheme``, when it is a separate one."""
     spec = known_implementations.get(scheme, {})
-    module = str(spec.get("class", scheme)).split(".")[0]
-    return module
+    package = str(spec.get("class", "")).split(".")[0]
+    return package if package and package != "fsspec" else None
 
 
 def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
@@ -394,19 +308,23 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
     else:
         made = filesystem
         source = ("fs", None)
-    fs = _as_pyarrow(made, what="filesystem")
+    if source[0] == "factory":
+        what = f"The filesystem factory {filesystem!r} returned {made!r}, which"
+    else:
+        what = f"filesystem={made!r}"
+    fs = _as_pyarrow(made, what=what)
     if source[0] == "fs":
         source = ("fs", fs)
-    if _scheme_of(text) is not None:
-        inner = _fsspec_filesystem(fs)
-        text = inner._strip_protocol(text) if inner is not None else _strip_uri(text)
+    if scheme_of(text) is not None:
+        inner = fsspec_filesystem(fs)
+        text = inner._strip_protocol(text) if inner is not None else strip_uri(text)
     root = local_root(fs)
     if root is not None:
         if root == "":
             text = os.path.abspath(os.path.expanduser(text))
-        path = _normalize(text)
+        path = normalize_path(text)
         # A local directory is reachable by its OS path from any process on this machine.
-        os_path = _join_path(root, path.lstrip("/")) if root else path
+        os_path = join_path(root, path.lstrip("/")) if root else path
         return StorageLocation(fs, path, os_path, source)
-    path = text.strip("/") if is_object_store(made) else _normalize(text)
+    path = text.strip("/") if is_object_store(made) else normalize_path(text)
     return StorageLocation(fs, path, None, source)

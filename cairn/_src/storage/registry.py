@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ _SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.\-]*$")
 _lock = threading.Lock()
 _registered: dict[str, Factory] = {}
 _loaded_entry_points: dict[str, Factory] = {}
+_entry_point_cache: tuple[tuple[str, ...], dict[str, importlib.metadata.EntryPoint]] | None = None
 
 
 def _check_scheme(scheme: object) -> str:
@@ -92,7 +94,16 @@ def unregister_scheme(scheme: str) -> None:
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    """The group's entry points, scanned once per ``sys.path`` (a scan takes milliseconds,
+    and every URI resolution of an unregistered scheme asks)."""
+    global _entry_point_cache
+    key = tuple(sys.path)
+    cached = _entry_point_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    _entry_point_cache = (key, found)
+    return found
 
 
 def registered_schemes() -> list[str]:

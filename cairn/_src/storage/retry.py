@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,9 +59,18 @@ _TRANSIENT_WORDS = (
     "internalerror",
     "request limit",
     "curl error",
-    "503",
-    "500",
+    "couldn't connect",
+    # pyarrow's S3 client names AWS error codes in upper snake case.
+    "slow_down",
+    "throttling",
+    "network_connection",
+    "service_unavailable",
+    "internal_failure",
+    "request_timeout",
 )
+# HTTP statuses that pass, as whole numbers: a path such as 'checkpoint_000500' must not
+# make a permanent error look transient.
+_TRANSIENT_STATUS_RE = re.compile(r"(?<![\w.])(500|502|503|504|429)(?![\w.])")
 
 
 class TransientStorageError(OSError):
@@ -82,7 +92,9 @@ def is_transient(exc: BaseException) -> bool:
         if exc.errno is not None:
             return exc.errno in _TRANSIENT_ERRNOS
         text = str(exc).lower()
-        return any(word in text for word in _TRANSIENT_WORDS)
+        return any(word in text for word in _TRANSIENT_WORDS) or bool(
+            _TRANSIENT_STATUS_RE.search(text)
+        )
     return False
 
 

@@ -1,0 +1,140 @@
+"""The manifest: its JSON format, validation, and reading damaged ones."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cairn._src.checkpoint.manifest import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    Manifest,
+    read_manifest,
+    write_manifest,
+)
+from cairn._src.errors import ConfigError, ManifestError, UnsafePathError
+from cairn._src.storage import fileio
+from cairn._src.storage.location import resolve
+from cairn._src.storage.transfer import CHECKSUM_ALGORITHM, FileEntry
+
+ENTRY = FileEntry(size=3, checksum="ab" * 16)
+
+
+def make(**overrides: object) -> Manifest:
+    fields: dict[str, object] = {
+        "files": {"model/weights.pt": ENTRY, "empty": FileEntry(0, "cd" * 16)},
+        "metadata": {"epoch": 3, "tags": ["a", "b"]},
+        "report_index": 7,
+        "metrics": {"loss": 0.25, "nan_loss": math.nan},
+        "ranks": (0, 1),
+        "created_at": 1700000000.5,
+    }
+    fields.update(overrides)
+    return Manifest(**fields)  # type: ignore[arg-type]
+
+
+def test_round_trip() -> None:
+    manifest = make(target_uri="s3://other/bucket")
+    again = Manifest.from_json(manifest.to_json(), where="test")
+    assert again.files == manifest.files and again.ranks == (0, 1)
+    assert again.metadata == manifest.metadata and again.report_index == 7
+    assert math.isnan(again.metrics["nan_loss"])
+    assert again.target_uri == "s3://other/bucket"
+    assert again.version == MANIFEST_VERSION and again.checksum_algorithm == CHECKSUM_ALGORITHM
+    assert manifest.total_bytes == 3
+
+
+def test_json_is_versioned_and_stable() -> None:
+    document = json.loads(make().to_json())
+    assert document["version"] == 1 and document["checksum_algorithm"] == "xxh3_128"
+    assert document["files"]["empty"] == {"size": 0, "checksum": "cd" * 16}
+    assert make().to_json() == make().to_json()
+
+
+def test_defaults() -> None:
+    manifest = Manifest(files={})
+    assert manifest.metadata == {} and manifest.metrics == {} and manifest.ranks == ()
+    assert manifest.report_index is None and manifest.target_uri is None
+    assert manifest.created_at > 1.6e9
+
+
+def test_not_json() -> None:
+    with pytest.raises(ManifestError, match=r"The manifest here is not valid JSON"):
+        Manifest.from_json(b"{not json", where="here")
+    with pytest.raises(ManifestError, match="is not valid JSON"):
+        Manifest.from_json(b"\xff\xfe", where="here")
+
+
+def test_unknown_version() -> None:
+    data = json.dumps({**json.loads(make().to_json()), "version": 7}).encode()
+    with pytest.raises(ManifestError, match=r"has version 7; this Cairn reads versions 1"):
+        Manifest.from_json(data, where="x")
+    with pytest.raises(ManifestError, match="has version None"):
+        Manifest.from_json(b"{}", where="x")
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(ManifestError, match="holds a JSON list, not an object"):
+        Manifest.from_json(b"[1, 2]", where="x")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"files": {"a": {"size": -1, "checksum": "x"}}}, r"files\['a'\]"),
+        ({"files": {"a": {"size": "3", "checksum": "x"}}}, r"files\['a'\]"),
+        ({"files": {"../../x": {"size": 1, "checksum": "x"}}}, r"'\.\.' component"),
+        ({"files": []}, "field 'files'"),
+        ({"report_index": "3"}, "field 'report_index'"),
+        ({"report_index": True}, "field 'report_index'"),
+        ({"created_at": None}, "field 'created_at'"),
+        ({"ranks": [0, "1"]}, "Manifest.ranks"),
+    ],
+)
+def test_invalid_fields(change: dict[str, object], match: str) -> None:
+    document = {**json.loads(make().to_json()), **change}
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_json(json.dumps(document).encode(), where="x")
+
+
+def test_missing_field() -> None:
+    document = json.loads(make().to_json())
+    del document["files"]
+    with pytest.raises(ManifestError, match="field 'files' is missing"):
+        Manifest.from_json(json.dumps(document).encode(), where="x")
+
+
+def test_construction_validates() -> None:
+    with pytest.raises(ConfigError, match=r"Manifest.metadata must be JSON-serializable"):
+        make(metadata={"path": Path("/x")})
+    with pytest.raises(ConfigError, match=r"Manifest.metrics=.* must be a dict with str keys"):
+        make(metrics={1: 2})
+    with pytest.raises(ConfigError, match=r"Manifest.report_index=-1 must be None or an int"):
+        make(report_index=-1)
+    with pytest.raises(ConfigError, match=r"Manifest.files\['a'\]=3 must be a FileEntry"):
+        make(files={"a": 3})
+    with pytest.raises(UnsafePathError, match="is not in normal form; use 'a/b'"):
+        make(files={"a//b": ENTRY})
+    with pytest.raises(ConfigError, match="must not list the manifest itself"):
+        make(files={MANIFEST_NAME: ENTRY})
+    with pytest.raises(ConfigError, match=r"Manifest.ranks=\[0\] must be a tuple"):
+        make(ranks=[0])
+
+
+def test_read_and_write_on_storage(tmp_path: Path) -> None:
+    ckpt = resolve(str(tmp_path / "checkpoint_000007"))
+    assert read_manifest(ckpt) is None  # Absent: not committed.
+    write_manifest(ckpt, make())
+    assert fileio.list_files(ckpt) == {MANIFEST_NAME: len(make().to_json())}
+    manifest = read_manifest(ckpt)
+    assert manifest is not None and manifest.report_index == 7
+
+
+def test_read_damaged_manifest_names_its_location(tmp_path: Path) -> None:
+    ckpt = resolve(str(tmp_path / "ck"))
+    fileio.write_bytes_atomic(ckpt.join(MANIFEST_NAME), b"truncated{")
+    with pytest.raises(ManifestError, match=rf"manifest .*ck/{MANIFEST_NAME} is not valid JSON"):
+        read_manifest(ckpt)

@@ -1,0 +1,120 @@
+"""Relative-path checks and local directory listings: the bad input they refuse."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cairn._src.errors import (
+    CheckpointNotFoundError,
+    NotADirectoryCheckpointError,
+    StorageError,
+    UnsafePathError,
+)
+from cairn._src.storage.paths import check_relative_path, list_local_files
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("a", "a"), ("a/b/c.pt", "a/b/c.pt"), ("./a//b/", "a/b"), ("a/./b", "a/b"),
+     ("name with spaces", "name with spaces"), ("..hidden", "..hidden")],
+)
+def test_check_relative_path_normalizes(given: str, expected: str) -> None:
+    assert check_relative_path(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ("../escape", r"'\.\.' component"),
+        ("a/../../b", r"'\.\.' component"),
+        ("/etc/passwd", "is an absolute path"),
+        ("", "names no file"),
+        ("./", "names no file"),
+        ("a\\b", "backslash or NUL"),
+        ("a\x00b", "backslash or NUL"),
+    ],
+)
+def test_check_relative_path_refuses(given: str, match: str) -> None:
+    with pytest.raises(UnsafePathError, match=match):
+        check_relative_path(given, argument="checkpoint_dir_name")
+
+
+def test_check_relative_path_names_the_argument() -> None:
+    with pytest.raises(UnsafePathError, match=r"^checkpoint_dir_name='\.\./x'"):
+        check_relative_path("../x", argument="checkpoint_dir_name")
+    with pytest.raises(UnsafePathError, match="must be a str, got int"):
+        check_relative_path(3)  # type: ignore[arg-type]
+
+
+def test_list_local_files(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x").write_bytes(b"123")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "emptydir").mkdir()
+    assert list_local_files(str(tmp_path)) == {"a/b/x": 3, "empty": 0}
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointNotFoundError, match=r"'.*/nope' does not exist"):
+        list_local_files(str(tmp_path / "nope"))
+
+
+def test_file_where_a_directory_is_expected(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(NotADirectoryCheckpointError, match="is a file, not a directory"):
+        list_local_files(str(tmp_path / "f"))
+
+
+def test_symlink_inside_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "real.bin").write_bytes(b"abcd")
+    (tmp_path / "sub").mkdir()
+    os.symlink(tmp_path / "real.bin", tmp_path / "link.bin")
+    os.symlink(tmp_path / "sub", tmp_path / "sublink")
+    (tmp_path / "sub" / "y").write_bytes(b"y")
+    assert list_local_files(str(tmp_path)) == {
+        "real.bin": 4, "link.bin": 4, "sub/y": 1, "sublink/y": 1,
+    }
+
+
+def test_symlink_escaping_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"s")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    os.symlink(tmp_path / "secret", ckpt / "innocent")
+    with pytest.raises(UnsafePathError, match=r"symbolic link to .*secret', outside"):
+        list_local_files(str(ckpt))
+
+
+def test_symlink_loop_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    os.symlink(tmp_path, tmp_path / "d" / "up")
+    with pytest.raises(UnsafePathError, match="loops back"):
+        list_local_files(str(tmp_path))
+
+
+def test_broken_symlink(tmp_path: Path) -> None:
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    with pytest.raises(StorageError, match="broken symbolic link"):
+        list_local_files(str(tmp_path))
+
+
+def test_unreadable_special_file_is_refused(tmp_path: Path) -> None:
+    # Tests run as root, for whom chmod 000 changes nothing; a FIFO cannot be read either
+    # (a read would block forever), so it stands in for an unreadable file.
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(StorageError, match=r"pipe' in the checkpoint is not a regular file"):
+        list_local_files(str(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "locked").write_bytes(b"x")
+    os.chmod(tmp_path / "locked", 0)
+    try:
+        with pytest.raises(StorageError, match=r"locked' in the checkpoint cannot be read"):
+            list_local_files(str(tmp_path))
+    finally:
+        os.chmod(tmp_path / "locked", 0o600)
