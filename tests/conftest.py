@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 import pytest
 
+import cairn
 from cairn.storage import ObjectInfo, register_scheme
 
 S3_BUCKET = "cairn-test"
@@ -166,3 +167,26 @@ def make_storage_uri(request: pytest.FixtureRequest, kind: str, tmp_path: Path) 
         request.getfixturevalue("dict_store")
         return f"{DICTSTORE_SCHEME}://bucket/{unique}"
     raise ValueError(f"kind={kind!r} is not one of {STORAGE_KINDS}")
+
+
+# --- training runs ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_config(tmp_path: Path) -> Callable[..., cairn.RunConfig]:
+    """A RunConfig on a fresh local storage path; keyword arguments override fields."""
+
+    def make(**overrides: object) -> cairn.RunConfig:
+        fields: dict[str, object] = {"name": "run", "storage_path": str(tmp_path / "storage")}
+        fields.update(overrides)
+        return cairn.RunConfig(**fields)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> str:
+    """A directory workers can use to leave files for the test to inspect."""
+    path = tmp_path / "scratch"
+    path.mkdir()
+    return str(path)

@@ -30,7 +30,9 @@ class CheckpointUploadMode(enum.Enum):
     NO_UPLOAD = "NO_UPLOAD"
 
     @classmethod
-    def parse(cls, value: object, *, argument: str = "checkpoint_upload_mode") -> CheckpointUploadMode:
+    def parse(
+        cls, value: object, *, argument: str = "checkpoint_upload_mode"
+    ) -> CheckpointUploadMode:
         if isinstance(value, cls):
             return value
         if isinstance(value, str) and value.upper() in cls.__members__:
@@ -193,7 +195,8 @@ class RunConfig:
             )
         if not isinstance(self.checkpoint_config, CheckpointConfig):
             raise ConfigError(
-                f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig."
+                f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a "
+                "CheckpointConfig."
             )
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import workloads
-from conftest import run_dir
+from workloads import run_dir
 
 import cairn
 from cairn import CheckpointConfig, ScalingConfig, Trainer, TrainingFailedError

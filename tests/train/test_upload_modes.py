@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 
 import workloads
-from conftest import run_dir
+from workloads import run_dir
 
 import cairn
 from cairn import CheckpointConfig, FailureConfig, ScalingConfig, Trainer

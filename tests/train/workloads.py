@@ -207,3 +207,8 @@ def upload_fn_run(config: dict[str, Any]) -> None:
     d = tempfile.mkdtemp()
     checkpoint = write_checkpoint(d, {f"rank_{cairn.get_context().get_world_rank()}.bin": b"z"})
     cairn.report({"step": 0}, checkpoint=checkpoint, checkpoint_upload_fn=my_upload)
+
+
+def run_dir(config: cairn.RunConfig) -> str:
+    assert config.storage_path is not None and config.name is not None
+    return os.path.join(os.fspath(config.storage_path), config.name)

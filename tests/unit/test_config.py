@@ -24,7 +24,8 @@ def test_num_to_keep_zero() -> None:
 
 
 def test_score_order() -> None:
-    with pytest.raises(ConfigError, match=r"checkpoint_score_order='up' is not one of 'max', 'min'"):
+    with pytest.raises(ConfigError,
+                       match=r"checkpoint_score_order='up' is not one of 'max', 'min'"):
         CheckpointConfig(checkpoint_score_order="up")  # type: ignore[arg-type]
 
 
@@ -35,7 +36,8 @@ def test_upload_mode_unknown() -> None:
 
 
 def test_max_failures() -> None:
-    with pytest.raises(ConfigError, match=r"FailureConfig.max_failures=-2 must be an integer >= 0 or -1"):
+    with pytest.raises(ConfigError,
+                       match=r"FailureConfig.max_failures=-2 must be an integer >= 0 or -1"):
         FailureConfig(max_failures=-2)
     FailureConfig(max_failures=-1)
 
@@ -46,7 +48,8 @@ def test_run_name_must_be_one_component() -> None:
 
 
 def test_backend_unknown() -> None:
-    with pytest.raises(ConfigError, match=r"ScalingConfig.backend='k8s' is not one of 'local', 'ray'"):
+    with pytest.raises(ConfigError,
+                       match=r"ScalingConfig.backend='k8s' is not one of 'local', 'ray'"):
         ScalingConfig(backend="k8s")
 
 

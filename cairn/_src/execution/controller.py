@@ -267,7 +267,7 @@ class Controller:
         failure_deadline: float | None = None
         next_flush = time.monotonic() + _HISTORY_FLUSH_S
         while True:
-            watchers = {w.exit_watcher: w for w in attempt.workers if w.rank not in exited}
+            watchers = {w.exit_watcher.fileno(): w for w in attempt.workers if w.rank not in exited}
             connections = {c: r for r, c in attempt.connections.items()}
             now = time.monotonic()
             deadline = min(d for d in (failure_deadline, next_flush, now + 1.0) if d is not None)
@@ -279,7 +279,7 @@ class Controller:
                 if item in connections:
                     self._read_connection(attempt, connections[item], item)
             for item in ready:
-                worker = watchers.get(item)  # type: ignore[call-overload]
+                worker = watchers.get(item) if isinstance(item, int) else None
                 if worker is None:
                     continue
                 exited.add(worker.rank)
@@ -335,11 +335,11 @@ class Controller:
             ))
             return
         for rank in attempt.done:
-            index = tracker.waiting_on(rank)
-            if index is not None:
+            waiting = tracker.waiting_on(rank)
+            if waiting is not None:
                 self._diverged(attempt, f"rank {rank} finished after "
                                f"{tracker.report_counts[rank]} reports without reaching "
-                               f"checkpoint report {index}, which other ranks reported")
+                               f"checkpoint report {waiting}, which other ranks reported")
                 return
         if len(attempt.done) == len(attempt.workers):
             counts = tracker.report_counts

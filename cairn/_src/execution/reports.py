@@ -146,9 +146,9 @@ class ReportTracker:
             owner = pending.claimed.get(path)
             if owner is not None and owner != rank:
                 return CheckpointCollisionError(
-                    f"Ranks {min(owner, rank)} and {max(owner, rank)} both wrote {path!r} into the checkpoint of "
-                    f"report {pending.index}; ranks must write distinct files (for example "
-                    "prefix them with the rank) or pass checkpoint=None on all but one rank."
+                    f"Ranks {min(owner, rank)} and {max(owner, rank)} both wrote {path!r} into "
+                    f"the checkpoint of report {pending.index}; ranks must write distinct files "
+                    "(for example prefix them with the rank) or pass checkpoint=None on all but one rank."
                 )
         return None
 
@@ -196,8 +196,9 @@ class ReportTracker:
                 distinct.append(location)
         if len(distinct) > 1:
             raise ReportError(
-                f"Report {pending.index}: ranks registered different checkpoint locations "
-                f"({', '.join(f'rank {r}: {loc.display()}' for r, loc in references.items())}); "
+                f"Report {pending.index}: ranks registered different checkpoint locations ("
+                + ", ".join(f"rank {r}: {loc.display()}" for r, loc in references.items())
+                + "); "
                 "they must register one location."
             )
         assert pending.dir_name is not None

@@ -43,8 +43,8 @@ from cairn._src.execution.messages import (
     UploadFailedMessage,
 )
 from cairn._src.execution.report_handle import ReportHandle
-from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.execution.validation import check_dir_name, check_score_attribute, validate_metrics
+from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.paths import list_local_files

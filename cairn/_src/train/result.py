@@ -51,10 +51,9 @@ class Result:
     def metrics_dataframe(self) -> pandas.DataFrame:
         import pandas
 
-        if self._run is None:
-            return pandas.DataFrame()
+        records = read_log(self._run.join(METRICS_DIR), self._retry) if self._run else []
         rows = []
-        for record in read_log(self._run.join(METRICS_DIR), self._retry):
+        for record in records:
             row = dict(record.get("metrics") or {})
             row.setdefault("report_index", record.get("report_index"))
             row.setdefault("attempt", record.get("attempt"))
@@ -62,7 +61,10 @@ class Result:
             if record.get("checkpoint_dir_name"):
                 row.setdefault("checkpoint_dir_name", record["checkpoint_dir_name"])
             rows.append(row)
-        return pandas.json_normalize(rows, sep="/") if rows else pandas.DataFrame()
+        frame: pandas.DataFrame = (
+            pandas.json_normalize(rows, sep="/") if rows else pandas.DataFrame()
+        )
+        return frame
 
     @property
     def goodput(self) -> GoodputSummary:
