@@ -148,7 +148,8 @@ class ReportTracker:
                 return CheckpointCollisionError(
                     f"Ranks {min(owner, rank)} and {max(owner, rank)} both wrote {path!r} into "
                     f"the checkpoint of report {pending.index}; ranks must write distinct files "
-                    "(for example prefix them with the rank) or pass checkpoint=None on all but one rank."
+                    "(for example prefix them with the rank) or pass checkpoint=None on all "
+                    "but one rank."
                 )
         return None
 
