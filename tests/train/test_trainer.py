@@ -88,6 +88,7 @@ def test_checkpoint_reports_merge_ranks_and_number_directories(
     assert manifest.ranks == (0, 1)
     assert manifest.report_index == 3
     assert manifest.metrics == {"step": 2, "score": 2}
+    assert result.checkpoint.get_metadata() == {"written_by": 1}
     result.checkpoint.verify()
     with result.checkpoint.as_directory() as d, open(os.path.join(d, "rank_1.json")) as f:
         assert json.load(f) == {"step": 2, "rank": 1}

@@ -45,10 +45,12 @@ def checkpoint_every_step(config: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as d:
             files = {f"rank_{rank}.json": json.dumps({"step": step, "rank": rank}).encode()}
             checkpoint = write_checkpoint(d, files)
+            checkpoint.set_metadata({"written_by": rank})
             if mode is CheckpointUploadMode.ASYNC:
                 # ASYNC takes ownership of a copy; the temp dir goes away at once.
                 own = tempfile.mkdtemp()
                 checkpoint = write_checkpoint(own, files)
+                checkpoint.set_metadata({"written_by": rank})
             handle = cairn.report({"step": step, "score": config.get("scores", {}).get(
                 str(step), step)}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
             handles.append(handle)

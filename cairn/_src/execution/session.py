@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import CairnError, ReportError
 from cairn._src.execution.messages import (
@@ -82,6 +82,7 @@ class _UploadJob:
     upload_fn: UploadFn | None
     delete_local: bool
     handle: ReportHandle
+    metadata: dict[str, Any]
 
 
 _STOP = object()
@@ -188,8 +189,12 @@ class WorkerSession:
         if mode is CheckpointUploadMode.NO_UPLOAD:
             return self._register_reference(metrics, checkpoint, dir_name)
         files: dict[str, int] = {}
+        metadata: dict[str, Any] = {}
         if upload_fn is None:
             files = self._local_files(checkpoint)
+            # Metadata set before the report travels in the manifest, not as a file.
+            if files.pop(METADATA_FILE_NAME, None) is not None:
+                metadata = checkpoint.get_metadata()
         index = self._take_index()
         name = dir_name or default_checkpoint_dir_name(index)
         handle = ReportHandle(index, has_checkpoint=True)
@@ -202,6 +207,7 @@ class WorkerSession:
             delete_local=(mode is CheckpointUploadMode.ASYNC) if delete_local is None
             else delete_local,
             handle=handle,
+            metadata=metadata,
         )
         started = time.perf_counter()
         if mode is CheckpointUploadMode.ASYNC:
@@ -267,7 +273,8 @@ class WorkerSession:
             self._handles[job.index] = job.handle
         intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
                                   explicit_dir_name=job.dir_name
-                                  != default_checkpoint_dir_name(job.index))
+                                  != default_checkpoint_dir_name(job.index),
+                                  metadata=job.metadata)
         self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
 
     def _run_upload(self, job: _UploadJob) -> None:
