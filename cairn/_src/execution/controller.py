@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import secrets
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -385,8 +386,21 @@ class Controller:
             attempt.connections.pop(rank, None)
             connection.close()
             if rank not in attempt.done and not any(f.rank == rank for f in attempt.failures):
-                attempt.failures.append(WorkerFailure(
-                    rank=rank, summary=f"Worker rank {rank} lost its connection", traceback=""))
+                attempt.failures.append(self._describe_lost(attempt, rank))
+
+    def _describe_lost(self, attempt: _Attempt, rank: int) -> WorkerFailure:
+        """A worker's connection closed without Done: say how its process ended."""
+        worker = next(w for w in attempt.workers if w.rank == rank)
+        try:
+            # A dying process closes its socket a moment before it can be reaped.
+            worker.process.wait(0.5)
+        except subprocess.TimeoutExpired:
+            return WorkerFailure(rank=rank, traceback="",
+                                 summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
+                                 "connection to the controller")
+        return WorkerFailure(rank=rank, traceback="",
+                             summary=f"Worker rank {rank} (pid {worker.pid}) "
+                             f"{worker.describe_exit()}")
 
     def _handle(self, attempt: _Attempt, message: object) -> None:
         if isinstance(message, ReportMessage):

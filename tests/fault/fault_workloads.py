@@ -1,0 +1,87 @@
+"""Training functions and helpers for the fault-injection suite (real processes, signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from typing import Any
+
+import cairn
+from cairn import Checkpoint, CheckpointUploadMode
+
+
+def _note(config: dict[str, Any], name: str, value: object) -> None:
+    with open(os.path.join(config["scratch"], name), "w") as f:
+        f.write(json.dumps(value))
+
+
+def _kill_self_when(predicate: Any, poll_s: float = 0.0005) -> None:
+    def watch() -> None:
+        while not predicate():
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def resumable(config: dict[str, Any]) -> None:
+    """``steps`` steps, one checkpoint each; faults by "attempt:rank:step" in config."""
+    context = cairn.get_context()
+    rank, attempt = context.get_world_rank(), context.get_attempt()
+    faults: dict[str, str] = config.get("faults", {})
+    mode = CheckpointUploadMode(config.get("mode", "SYNC"))
+    start = 0
+    resumed = cairn.get_checkpoint()
+    if resumed is not None:
+        resumed.verify()  # never a partial or corrupt checkpoint
+        with resumed.as_directory() as d, open(os.path.join(d, "rank_0.json")) as f:
+            start = json.load(f)["step"] + 1
+    _note(config, f"resumed_{attempt}_{rank}", start)
+    if rank == 0 and "crash_time" in os.listdir(config["scratch"]):
+        _note(config, f"first_step_time_{attempt}", time.time())
+    for step in range(start, config["steps"]):
+        fault = faults.get(f"{attempt}:{rank}:{step}", "")
+        time.sleep(config.get("step_s", 0.0))
+        if fault.startswith("delay"):
+            time.sleep(float(fault.split("=")[1]))
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, f"rank_{rank}.json"), "w") as f:
+            json.dump({"step": step, "rank": rank}, f)
+        blob_mib = config.get("blob_mib", 0)
+        if blob_mib:
+            with open(os.path.join(directory, f"blob_{rank}.bin"), "wb") as f:
+                f.write(os.urandom(blob_mib << 20))
+        if fault == "raise":
+            raise RuntimeError(f"injected failure at step {step}")
+        if fault == "kill_during_upload":
+            target = os.path.join(config["run_dir"], f"checkpoint_{config['first_index'] + step:06d}")
+            _kill_self_when(lambda t=target: os.path.isdir(t))
+        if fault == "kill_before_commit":
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        handle = cairn.report({"step": step, "loss": 1.0 / (step + 1)},
+                              checkpoint=Checkpoint.from_directory(directory),
+                              checkpoint_upload_mode=mode)
+        if mode is CheckpointUploadMode.SYNC and rank == 0:
+            _note(config, f"sync_returned_{step}", handle.index)
+        if fault == "exit_after":
+            _note(config, "crash_time", time.time())
+            os._exit(1)
+        if fault == "kill_after":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def diverging(config: dict[str, Any]) -> None:
+    """Rank 1 skips the checkpoint report that the other ranks make."""
+    rank = cairn.get_context().get_world_rank()
+    if config["how"] == "hang" and rank == 1:
+        time.sleep(3600)
+    if rank == 1:
+        return
+    directory = tempfile.mkdtemp()
+    with open(os.path.join(directory, f"rank_{rank}.json"), "w") as f:
+        f.write("{}")
+    cairn.report({"step": 0}, checkpoint=Checkpoint.from_directory(directory))
