@@ -5,11 +5,12 @@ the same keys); ``bench/run_all.py`` prints them as one table and, with
 ``--write-results``, appends a dated section to ``docs/benchmarks.md`` through
 :func:`write_results`.
 
-:class:`GoodputJob` is the one definition of the goodput job, so that the Cairn side
-and the Ray Train reference run the identical workload: same step length, same
-checkpoint cadence, same injected crashes, and the same pure definition of "useful"
-(:meth:`GoodputJob.summarize`). :func:`goodput_train_loop` is that job's training
-function, written once against the Ray-Train-shaped API that both libraries share.
+:class:`GoodputJob` (the goodput job both libraries run) and its training function
+:func:`goodput_train_loop` live in ``bench/_goodput_job.py`` and are re-exported here.
+
+:func:`fill_references` puts reference figures into a benchmark's own rows (the same
+matching rule as ``run_all``), and :func:`parse_module_args` gives each benchmark module
+the command line it accepts when run on its own (``--quick``, ``--no-ray``).
 
 This module imports nothing beyond the standard library at import time, so worker
 processes of either library can import it cheaply.
@@ -17,23 +18,37 @@ processes of either library can import it cheaply.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _datetime
 import importlib
 import importlib.metadata
 import json
+import logging
 import math
 import numbers
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+# The goodput job lives in its own module; its names are re-exported here.
+try:
+    import _goodput_job
+except ImportError:  # imported as bench._harness with only the repo root on the path
+    from bench import _goodput_job  # type: ignore[no-redef]
+
+GoodputJob = _goodput_job.GoodputJob
+GOODPUT_JOB = _goodput_job.GOODPUT_JOB
+GOODPUT_JOB_QUICK = _goodput_job.GOODPUT_JOB_QUICK
+goodput_job = _goodput_job.goodput_job
+goodput_steps_log = _goodput_job.goodput_steps_log
+goodput_train_loop = _goodput_job.goodput_train_loop
+read_goodput_log = _goodput_job.read_goodput_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "bench"
@@ -192,6 +207,65 @@ def error_row(benchmark: str, exc: BaseException, metric: str = "error") -> Row:
 
 def is_error_row(row: Row) -> bool:
     return row.metric == "error" or row.metric.endswith(" error")
+
+
+def fill_references(
+    rows: Iterable[Row | Mapping[str, Any]], reference: Iterable[Row | Mapping[str, Any]]
+) -> list[Row]:
+    """``rows`` with reference columns filled from ``reference`` rows of the same key.
+
+    A reference row whose ``(benchmark, metric)`` matches a row without a reference fills
+    it (``run_all``'s rule); the reference rows that match nothing are appended, so a
+    benchmark run on its own prints every figure it asked for. ``run_all`` drops them again
+    when it merges, because the matching rows then already have a reference.
+    """
+    filled = [Row.coerce(row) for row in rows]
+    index = {(row.benchmark, row.metric): i for i, row in enumerate(filled)}
+    extra: list[Row] = []
+    for item in reference:
+        ref = Row.coerce(item)
+        position = index.get((ref.benchmark, ref.metric))
+        if position is None:
+            index[(ref.benchmark, ref.metric)] = len(filled) + len(extra)
+            extra.append(ref)
+        elif filled[position].reference is None:
+            filled[position] = filled[position].with_reference(ref)
+    return filled + extra
+
+
+def parse_module_args(description: str, argv: Sequence[str] | None = None) -> Any:
+    """The command line of a benchmark module run on its own.
+
+    The namespace has the attributes ``run_all`` passes to ``run(args)``: ``quick``,
+    ``no_ray``, ``only`` (None) and ``write_results`` (False).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="smaller runs")
+    parser.add_argument(
+        "--no-ray", action="store_true", help="skip the Ray Train reference measurements"
+    )
+    args = parser.parse_args(argv)
+    args.only = None
+    args.write_results = False
+    return args
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Raise logger ``name``'s level while a benchmark runs, then restore it.
+
+    ``run_all`` logs at INFO; a library's per-commit INFO lines on the driver's console
+    would be part of what is timed (1,000 commits, 1,000 lines).
+    """
+    logger = logging.getLogger(name)
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 # --------------------------------------------------------------------------------------
@@ -413,6 +487,20 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
+def read_run_events(run_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A Cairn run's goodput event log (``<run>/events/segment_*.jsonl``), oldest first.
+
+    Read from the files, by the documented run layout, so that benchmarks can break a
+    figure down (crash, failure noticed, workers ready, ...) without private imports.
+    """
+    events: list[dict[str, Any]] = []
+    for segment in sorted(Path(run_path, "events").glob("segment_*.jsonl")):
+        for line in segment.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                events.append(json.loads(line))
+    return sorted(events, key=lambda e: float(e.get("t", 0.0)))
+
+
 # --------------------------------------------------------------------------------------
 # Checkpoint payloads
 # --------------------------------------------------------------------------------------
@@ -443,189 +531,3 @@ def make_checkpoint_dir(path: str | os.PathLike[str], size_mib: float, num_files
                 f.write(block[:chunk] if chunk < len(block) else block)
                 remaining -= chunk
     return total
-
-
-# --------------------------------------------------------------------------------------
-# The goodput job
-# --------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GoodputJob:
-    """A fixed training job with injected crashes; both sides run exactly this.
-
-    The job is ``num_steps`` steps of ``step_s`` seconds of (sleeping) work, about
-    ``duration_s`` of useful work in all. Every ``checkpoint_every_steps`` steps, and
-    after the last step, every rank calls ``report()`` with the step in its metrics;
-    rank 0 passes a checkpoint (``state.json`` with the step, plus ``checkpoint_mib`` of
-    payload) and the other ranks pass ``None``. Rank ``crash_rank`` calls ``os._exit(1)``
-    at the start of each step in :attr:`crash_steps`, the first time it reaches it
-    (marker files in the work directory remember it across restarts). ``crash_at`` is
-    in seconds of useful progress and is placed between checkpoints, so each crash loses
-    work unless recovery is exact.
-    """
-
-    duration_s: float = 60.0
-    step_s: float = 0.25
-    checkpoint_every_s: float = 5.0
-    crash_at: tuple[float, ...] = (22.5, 47.5)
-    crash_rank: int = 1
-    checkpoint_mib: float = 4.0
-    num_workers: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("duration_s", "step_s", "checkpoint_every_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"GoodputJob.{name} must be > 0, got {value!r}")
-        if self.step_s > self.duration_s:
-            raise ValueError(
-                f"GoodputJob.step_s ({self.step_s!r}) must not exceed duration_s "
-                f"({self.duration_s!r})"
-            )
-        # Lists arrive from JSON and from configs; keep the dataclass hashable.
-        object.__setattr__(self, "crash_at", tuple(float(t) for t in self.crash_at))
-        for t in self.crash_at:
-            if not 0 < t < self.duration_s:
-                raise ValueError(
-                    f"GoodputJob.crash_at values must lie in (0, duration_s={self.duration_s!r}),"
-                    f" got {t!r}"
-                )
-        if not 0 <= self.crash_rank < self.num_workers:
-            raise ValueError(
-                f"GoodputJob.crash_rank must be in [0, num_workers={self.num_workers}), "
-                f"got {self.crash_rank!r}"
-            )
-        if self.checkpoint_mib < 0:
-            raise ValueError(f"GoodputJob.checkpoint_mib must be >= 0, got {self.checkpoint_mib!r}")
-
-    @property
-    def num_steps(self) -> int:
-        return max(1, round(self.duration_s / self.step_s))
-
-    @property
-    def checkpoint_every_steps(self) -> int:
-        return max(1, round(self.checkpoint_every_s / self.step_s))
-
-    @property
-    def crash_steps(self) -> tuple[int, ...]:
-        last = self.num_steps - 1
-        return tuple(sorted({min(last, round(t / self.step_s)) for t in self.crash_at}))
-
-    @property
-    def useful_s(self) -> float:
-        """Useful step time of a completed run: every step counted once."""
-        return self.num_steps * self.step_s
-
-    def is_checkpoint_step(self, step: int) -> bool:
-        return (step + 1) % self.checkpoint_every_steps == 0 or step == self.num_steps - 1
-
-    def to_config(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["crash_at"] = list(self.crash_at)
-        return data
-
-    @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> GoodputJob:
-        return cls(**dict(data))
-
-    def summarize(self, wall_s: float, executed_steps: Sequence[int]) -> dict[str, Any]:
-        """What the run achieved, from its wall time and every step it executed.
-
-        A step is useful once: executing it again after a rollback is lost work, so the
-        useful time is ``step_s`` times the number of distinct steps executed. Goodput is
-        useful time over wall time. Pure: no clocks, no files.
-        """
-        if wall_s <= 0:
-            raise ValueError(f"wall_s must be > 0, got {wall_s!r}")
-        valid = [s for s in executed_steps if 0 <= s < self.num_steps]
-        distinct = len(set(valid))
-        useful = distinct * self.step_s
-        return {
-            "wall_s": wall_s,
-            "useful_s": useful,
-            "goodput": useful / wall_s,
-            "steps_executed": len(valid),
-            "steps_redone": len(valid) - distinct,
-            "redone_s": (len(valid) - distinct) * self.step_s,
-            "completed": distinct == self.num_steps,
-        }
-
-
-GOODPUT_JOB = GoodputJob()
-"""The full job: a minute of useful steps, a checkpoint every 5 s, two crashes."""
-
-GOODPUT_JOB_QUICK = GoodputJob(duration_s=20.0, checkpoint_every_s=2.5, crash_at=(7.0, 14.5))
-"""The ``--quick`` job: 20 s of useful steps, a checkpoint every 2.5 s, two crashes."""
-
-
-def goodput_job(quick: bool) -> GoodputJob:
-    return GOODPUT_JOB_QUICK if quick else GOODPUT_JOB
-
-
-def goodput_steps_log(work_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(work_dir) / f"goodput_steps_rank{rank}.log"
-
-
-def read_goodput_log(work_dir: str | os.PathLike[str], rank: int = 0) -> tuple[list[int], int]:
-    """The steps a rank executed, in order, and how many attempts it started."""
-    steps: list[int] = []
-    attempts = 0
-    log = goodput_steps_log(work_dir, rank)
-    if not log.exists():
-        return steps, attempts
-    for line in log.read_text(encoding="utf-8").splitlines():
-        kind, _, value = line.partition(" ")
-        if kind == "start":
-            attempts += 1
-        elif kind == "step":
-            steps.append(int(value))
-    return steps, attempts
-
-
-def goodput_train_loop(config: Mapping[str, Any]) -> None:
-    """The goodput job's training function, for any library with Ray Train's API.
-
-    ``config``: ``job`` (``GoodputJob.to_config()``), ``api`` (the module to import the
-    API from: ``"ray.train"`` or ``"cairn"``) and ``work_dir`` (a directory every worker
-    can write: step logs, crash markers, scratch checkpoint directories).
-    """
-    api = importlib.import_module(str(config["api"]))
-    job = GoodputJob.from_config(config["job"])
-    work_dir = Path(str(config["work_dir"]))
-    rank = int(api.get_context().get_world_rank())
-
-    start = 0
-    checkpoint = api.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
-        start = int(state["step"]) + 1
-
-    with open(goodput_steps_log(work_dir, rank), "a", encoding="utf-8") as log:
-        log.write(f"start {start}\n")
-        log.flush()
-        for step in range(start, job.num_steps):
-            if rank == job.crash_rank and step in job.crash_steps:
-                marker = work_dir / f"crashed_at_step_{step}"
-                if not marker.exists():
-                    marker.touch()
-                    log.flush()
-                    os._exit(1)
-            time.sleep(job.step_s)
-            log.write(f"step {step}\n")
-            log.flush()
-            if not job.is_checkpoint_step(step):
-                continue
-            metrics = {"step": step}
-            if rank != 0:
-                api.report(metrics, checkpoint=None)
-                continue
-            scratch = tempfile.mkdtemp(prefix=f"goodput_step{step}_", dir=work_dir)
-            try:
-                Path(scratch, "state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
-                if job.checkpoint_mib > 0:
-                    make_checkpoint_dir(scratch, job.checkpoint_mib, num_files=1)
-                api.report(metrics, checkpoint=api.Checkpoint.from_directory(scratch))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)

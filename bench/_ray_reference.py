@@ -1,15 +1,15 @@
 """Ray Train 2.60 measured doing what the Cairn benchmarks measure.
 
 Every public ``ray_*`` function runs its measurement in a fresh Python subprocess
-(this file run with ``--child``): its own ``ray.init(num_cpus=...)`` and
+(``bench/_ray_children.py`` run with ``--child``): its own ``ray.init(num_cpus=...)`` and
 ``ray.shutdown()``, its own environment (the Ray Train v2 API switched on with
 ``RAY_TRAIN_V2_ENABLED=1``, usage stats off), its own temporary storage path. So they
 can be called one after another from one process, in any order, and a crash or a hang
 in Ray stays in the child (which is killed with its process group on timeout).
 
-Results are plain floats and dicts and are cached per process, keyed by the arguments:
-``bench/run_all.py`` and the benchmark modules can ask for the same figure and Ray runs
-once.
+Results are plain floats and dicts and are cached per process, keyed by the arguments
+(failures too): ``bench/run_all.py`` and the benchmark modules can ask for the same
+figure, or call :func:`reference_rows` for the same group, and Ray runs once.
 
 What "blocked" means is the same on both sides: wall time around the call, as seen by
 the training function on rank 0 (``time.perf_counter``). Times between processes
@@ -29,36 +29,30 @@ Ray details this relies on, read from the Ray 2.60 source:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 try:
     import _harness
+    import _ray_children
 except ImportError:  # imported as bench._ray_reference with only the repo root on the path
-    from bench import _harness  # type: ignore[no-redef]
+    from bench import _harness, _ray_children  # type: ignore[no-redef]
 
 GoodputJob = _harness.GoodputJob
 Row = _harness.Row
 
 RAY_REFERENCE_NAME = _harness.RAY_REFERENCE_NAME
-POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-DEFAULT_POLL_INTERVAL_S = 2.0
-
-# Seconds to let the controller drain a worker's report queue (one poll interval at the
-# default 2.0 s, with slack) before a timed checkpoint report, so that the figure is the
-# checkpoint's cost and not the wait for the previous report to be consumed.
-_DRAIN_S = 2.6
+POLL_INTERVAL_ENV = _ray_children.POLL_INTERVAL_ENV
+DEFAULT_POLL_INTERVAL_S = _ray_children.DEFAULT_POLL_INTERVAL_S
 
 # Metric names of the reference rows; a benchmark module that uses the same
 # (benchmark, metric) gets its reference column filled in by run_all.
@@ -80,6 +74,7 @@ METRIC_SNAPSHOT = "torch.save + ASYNC report() blocking 500 MB"
 logger = logging.getLogger(__name__)
 
 _CACHE: dict[tuple[str, str], dict[str, Any]] = {}
+_FAILED: dict[tuple[str, str], RayReferenceError] = {}
 
 
 class RayReferenceError(RuntimeError):
@@ -440,13 +435,27 @@ def _measure(kind: str, *, timeout_s: float = 600.0, **kwargs: Any) -> dict[str,
     key = (kind, json.dumps(kwargs, sort_keys=True))
     if key in _CACHE:
         return dict(_CACHE[key])
+    if key in _FAILED:
+        # A benchmark module and run_all ask for the same figure: a failure (possibly a
+        # ten-minute timeout) is not paid twice.
+        raise _FAILED[key]
+    try:
+        result = _run_child(kind, kwargs, timeout_s)
+    except RayReferenceError as exc:
+        _FAILED[key] = exc
+        raise
+    _CACHE[key] = result
+    return dict(result)
+
+
+def _run_child(kind: str, kwargs: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"cairn-bench-ray-{kind}-") as work_dir:
         result_path = Path(work_dir, "result.json")
         log_path = Path(work_dir, "child.log")
         command = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            str(Path(_ray_children.__file__).resolve()),
             "--child",
             kind,
             "--kwargs",
@@ -481,7 +490,6 @@ def _measure(kind: str, *, timeout_s: float = 600.0, **kwargs: Any) -> dict[str,
             )
         result = json.loads(result_path.read_text(encoding="utf-8"))
     logger.info("Ray reference %s took %.1f s: %s", kind, time.perf_counter() - started, result)
-    _CACHE[key] = result
     return dict(result)
 
 
@@ -503,403 +511,3 @@ def _tail(path: Path, lines: int = 40) -> str:
     except OSError:
         return "(no log)"
     return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
-
-
-# --------------------------------------------------------------------------------------
-# Child side: everything below runs in the subprocess (and its Ray workers)
-# --------------------------------------------------------------------------------------
-
-
-def _write_json(path: str | os.PathLike[str], data: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
-def _read_rank_files(out_dir: Path, tag: str) -> list[dict[str, Any]]:
-    files = sorted(out_dir.glob(f"{tag}_rank*.json"))
-    return [json.loads(p.read_text(encoding="utf-8")) for p in files]
-
-
-def _init_ray(num_workers: int) -> float:
-    import ray
-
-    started = time.perf_counter()
-    ray.init(
-        num_cpus=max(2, num_workers),
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
-    return time.perf_counter() - started
-
-
-def _fit(
-    train_fn: Callable[..., Any],
-    config: Mapping[str, Any],
-    *,
-    num_workers: int,
-    storage: Path,
-    name: str,
-    trainer: str = "data_parallel",
-    max_failures: int = 0,
-) -> tuple[float, float]:
-    """Run one training run; return (wall time at the ``fit()`` call, seconds it took)."""
-    import ray.train
-
-    kwargs: dict[str, Any] = {
-        "train_loop_config": dict(config),
-        "scaling_config": ray.train.ScalingConfig(num_workers=num_workers),
-        "run_config": ray.train.RunConfig(
-            name=name,
-            storage_path=str(storage),
-            failure_config=ray.train.FailureConfig(max_failures=max_failures),
-        ),
-    }
-    if trainer == "torch":
-        from ray.train.torch import TorchTrainer
-
-        instance: Any = TorchTrainer(train_fn, **kwargs)
-    else:
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-        instance = DataParallelTrainer(train_fn, **kwargs)
-    fit_wall = time.time()
-    started = time.perf_counter()
-    instance.fit()
-    return fit_wall, time.perf_counter() - started
-
-
-def _train_metric_reports(config: dict[str, Any]) -> None:
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    samples = []
-    for step in range(int(config["num_reports"])):
-        started = time.perf_counter()
-        ray.train.report({"step": step})
-        samples.append(time.perf_counter() - started)
-    _write_json(Path(config["out"], f"{config['tag']}_rank{rank}.json"), {"samples": samples})
-
-
-def _child_metric_report_latency(
-    work_dir: Path,
-    *,
-    num_reports: int,
-    num_workers: int,
-    fast_poll_num_reports: int,
-    fast_poll_interval_s: float,
-) -> dict[str, Any]:
-    out = work_dir / "out"
-    out.mkdir()
-    _init_ray(num_workers)
-    result: dict[str, Any] = {"fast_poll_interval_s": fast_poll_interval_s}
-    runs = [("default", num_reports, None)]
-    if fast_poll_num_reports > 0:
-        runs.append(("fast_poll", fast_poll_num_reports, fast_poll_interval_s))
-    for tag, count, interval in runs:
-        if interval is None:
-            os.environ.pop(POLL_INTERVAL_ENV, None)
-        else:
-            # Read by the trainer at fit() and propagated to the controller actor.
-            os.environ[POLL_INTERVAL_ENV] = str(interval)
-        _fit(
-            _train_metric_reports,
-            {"num_reports": count, "out": str(out), "tag": tag},
-            num_workers=num_workers,
-            storage=work_dir / "storage",
-            name=f"metric-latency-{tag}",
-        )
-        samples = [s for r in _read_rank_files(out, tag) for s in r["samples"]]
-        prefix = "" if tag == "default" else "fast_poll_"
-        result[f"{prefix}median_s"] = _harness.median(samples)
-        result[f"{prefix}p99_s"] = _harness.p99(samples)
-        result[f"{prefix}num_samples"] = len(samples)
-    os.environ.pop(POLL_INTERVAL_ENV, None)
-    if fast_poll_num_reports <= 0:
-        result.update(fast_poll_median_s=None, fast_poll_p99_s=None, fast_poll_num_samples=0)
-    return result
-
-
-def _train_first_line(config: dict[str, Any]) -> None:
-    first_line = time.time()
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    _write_json(Path(config["out"], f"first_rank{rank}.json"), {"t": first_line})
-
-
-def _child_fit_to_first_line(work_dir: Path, *, num_workers: int, trainer: str) -> dict[str, Any]:
-    out = work_dir / "out"
-    out.mkdir()
-    ray_init_s = _init_ray(num_workers)
-    fit_wall, fit_s = _fit(
-        _train_first_line,
-        {"out": str(out)},
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="fit-to-first-line",
-        trainer=trainer,
-    )
-    starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
-    return {
-        "ray_init_s": ray_init_s,
-        "fit_to_first_line_s": max(starts),
-        "fit_to_first_line_min_s": min(starts),
-        "fit_total_s": fit_s,
-    }
-
-
-def _train_checkpoint_reports(config: dict[str, Any]) -> None:
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    scratch = Path(config["scratch"])
-    samples: dict[str, list[float]] = {}
-    for mode in config["modes"]:
-        upload_mode = ray.train.CheckpointUploadMode[mode.upper()]
-        for repeat in range(int(config["repeats"])):
-            checkpoint = None
-            if rank == 0:
-                directory = scratch / f"{mode}_{repeat}"
-                _harness.make_checkpoint_dir(
-                    directory, float(config["size_mib"]), int(config["num_files"])
-                )
-                checkpoint = ray.train.Checkpoint.from_directory(str(directory))
-            # Let the previous report be consumed and any ASYNC upload finish.
-            time.sleep(_DRAIN_S)
-            started = time.perf_counter()
-            ray.train.report(
-                {"mode": mode, "repeat": repeat},
-                checkpoint=checkpoint,
-                checkpoint_upload_mode=upload_mode,
-            )
-            samples.setdefault(mode, []).append(time.perf_counter() - started)
-    # Let the last ASYNC upload finish before the function returns.
-    time.sleep(_DRAIN_S)
-    _write_json(Path(config["out"], f"ckpt_rank{rank}.json"), {"samples": samples})
-
-
-def _child_checkpoint_report(
-    work_dir: Path,
-    *,
-    size_mib: float,
-    modes: list[str],
-    repeats: int,
-    num_files: int,
-    num_workers: int,
-) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
-    _init_ray(num_workers)
-    _fit(
-        _train_checkpoint_reports,
-        {
-            "out": str(out),
-            "scratch": str(scratch),
-            "modes": modes,
-            "repeats": repeats,
-            "size_mib": size_mib,
-            "num_files": num_files,
-        },
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="checkpoint-report",
-    )
-    rank0 = json.loads((out / "ckpt_rank0.json").read_text(encoding="utf-8"))["samples"]
-    result: dict[str, Any] = {}
-    for mode in modes:
-        result[mode] = _harness.median(rank0[mode])
-        result[f"{mode}_samples"] = rank0[mode]
-    return result
-
-
-def _train_recovery(config: dict[str, Any]) -> None:
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    out = Path(config["out"])
-    start = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            restored = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
-        start = int(restored["step"]) + 1
-    marker = out / "crashed"
-    if rank == 0 and marker.exists():
-        _write_json(
-            out / "restore.json",
-            {"t": time.time(), "resumed_from_step": start - 1},
-        )
-    crash_step = int(config["crash_after_report"])
-    for step in range(start, crash_step + 3):
-        time.sleep(float(config["step_s"]))
-        scratch = None
-        checkpoint = None
-        if rank == 0:
-            scratch = tempfile.mkdtemp(dir=config["scratch"])
-            Path(scratch, "state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
-            checkpoint = ray.train.Checkpoint.from_directory(scratch)
-        ray.train.report({"step": step}, checkpoint=checkpoint)
-        if rank == 0 and step == crash_step and not marker.exists():
-            _write_json(out / "crash.json", {"t": time.time(), "last_reported_step": step})
-            marker.touch()
-            os._exit(1)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _child_recovery(
-    work_dir: Path, *, num_workers: int, step_s: float, crash_after_report: int
-) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
-    _init_ray(num_workers)
-    _, fit_s = _fit(
-        _train_recovery,
-        {
-            "out": str(out),
-            "scratch": str(scratch),
-            "step_s": step_s,
-            "crash_after_report": crash_after_report,
-        },
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="recovery",
-        max_failures=1,
-    )
-    crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
-    restore = json.loads((out / "restore.json").read_text(encoding="utf-8"))
-    last, resumed = int(crash["last_reported_step"]), int(restore["resumed_from_step"])
-    return {
-        "crash_to_first_step_s": restore["t"] - crash["t"],
-        "last_reported_step": last,
-        "resumed_from_step": resumed,
-        # One checkpoint per step, so steps behind are checkpoints behind.
-        "checkpoints_behind": last - resumed,
-        "fit_total_s": fit_s,
-    }
-
-
-def _child_goodput(work_dir: Path, *, job: dict[str, Any]) -> dict[str, Any]:
-    spec = GoodputJob.from_config(job)
-    ray_init_s = _init_ray(spec.num_workers)
-    _, wall_s = _fit(
-        _harness.goodput_train_loop,
-        {"job": spec.to_config(), "api": "ray.train", "work_dir": str(work_dir)},
-        num_workers=spec.num_workers,
-        storage=work_dir / "storage",
-        name="goodput",
-        # One spare, so that an unexpected extra failure shows in ``attempts``
-        # instead of failing the run.
-        max_failures=len(spec.crash_steps) + 1,
-    )
-    steps, attempts = _harness.read_goodput_log(work_dir, rank=0)
-    summary = spec.summarize(wall_s, steps)
-    summary.update(attempts=attempts, ray_init_s=ray_init_s)
-    return summary
-
-
-def _train_snapshot(config: dict[str, Any]) -> None:
-    import ray.train
-    import torch
-
-    rank = ray.train.get_context().get_world_rank()
-    state: dict[str, Any] = {}
-    if rank == 0:
-        # float32 tensors of 25 MB each, about state_mb MB in all.
-        total = int(float(config["state_mb"]) * 1e6) // 4
-        per_tensor = 25_000_000 // 4
-        index = 0
-        while total > 0:
-            count = min(per_tensor, total)
-            state[f"layer_{index}.weight"] = torch.randn(count)
-            total -= count
-            index += 1
-    save_samples: list[float] = []
-    report_samples: list[float] = []
-    for repeat in range(int(config["repeats"])):
-        time.sleep(_DRAIN_S)
-        started = time.perf_counter()
-        checkpoint = None
-        if rank == 0:
-            directory = tempfile.mkdtemp(dir=config["scratch"])
-            torch.save(state, os.path.join(directory, "model.pt"))
-            checkpoint = ray.train.Checkpoint.from_directory(directory)
-        saved = time.perf_counter()
-        ray.train.report(
-            {"repeat": repeat},
-            checkpoint=checkpoint,
-            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
-        )
-        done = time.perf_counter()
-        save_samples.append(saved - started)
-        report_samples.append(done - saved)
-    time.sleep(_DRAIN_S + 2.0)  # the last upload finishes before the run ends
-    _write_json(
-        Path(config["out"], f"snapshot_rank{rank}.json"),
-        {"save": save_samples, "report": report_samples},
-    )
-
-
-def _child_snapshot_async_torch_save(
-    work_dir: Path, *, state_mb: float, repeats: int, num_workers: int
-) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
-    _init_ray(num_workers)
-    _fit(
-        _train_snapshot,
-        {"out": str(out), "scratch": str(scratch), "state_mb": state_mb, "repeats": repeats},
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="snapshot",
-    )
-    rank0 = json.loads((out / "snapshot_rank0.json").read_text(encoding="utf-8"))
-    totals = [s + r for s, r in zip(rank0["save"], rank0["report"], strict=True)]
-    return {
-        "blocking_s": _harness.median(totals),
-        "save_s": _harness.median(rank0["save"]),
-        "report_s": _harness.median(rank0["report"]),
-        "repeats": repeats,
-    }
-
-
-_CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
-    "metric_report_latency": _child_metric_report_latency,
-    "fit_to_first_line": _child_fit_to_first_line,
-    "checkpoint_report": _child_checkpoint_report,
-    "recovery": _child_recovery,
-    "goodput": _child_goodput,
-    "snapshot_async_torch_save": _child_snapshot_async_torch_save,
-}
-
-
-def _child_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description="Run one Ray Train reference measurement.")
-    parser.add_argument("--child", required=True, choices=sorted(_CHILDREN))
-    parser.add_argument("--kwargs", required=True, help="JSON object of keyword arguments")
-    parser.add_argument("--work-dir", required=True)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    work_dir = Path(args.work_dir)
-    try:
-        result = _CHILDREN[args.child](work_dir, **json.loads(args.kwargs))
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    _write_json(work_dir / "result.json", result)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))

@@ -169,6 +169,9 @@ class Controller:
             ready, attempt = item
             try:
                 outcome = self._manager.commit(ready, attempt=attempt)
+                # The event log goes out with every commit: a driver killed later still
+                # leaves the timeline up to its last checkpoint.
+                self._events.flush()
                 self._post("committed", (ready, outcome, None))
             except BaseException as exc:
                 logger.error("Commit of report %d failed: %s", ready.index, exc)
@@ -227,6 +230,7 @@ class Controller:
         )
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
+        self._events.flush()
         logger.info("Attempt %d: %d workers, resuming from %s", number,
                     self._scaling.num_workers, resume.dir_name if resume else "scratch")
         address = self._listener.address
@@ -236,7 +240,7 @@ class Controller:
         return attempt
 
     def _setup_message(self, attempt: _Attempt, rank: int) -> SetupMessage:
-        train_fn, config, registrations, retry, hooks = self._payload
+        train_fn, config, _, retry, hooks = self._payload
         checkpoint_config = self._run_config.checkpoint_config
         return SetupMessage(
             rank=rank,
@@ -250,7 +254,6 @@ class Controller:
             train_fn=train_fn,
             config=config,
             pass_config=self._spec.pass_config,
-            registrations=registrations,
             resume=attempt.resume,
             first_report_index=attempt.first_report_index,
             score_attribute=checkpoint_config.checkpoint_score_attribute,
@@ -370,6 +373,9 @@ class Controller:
                     continue
                 attempt.connections[rank] = connection
                 attempt.connected.add(rank)
+                # Registrations first: the setup holds locations that only resolve once the
+                # worker knows the run's custom schemes.
+                connection.send(("registrations", self._payload[2]))
                 connection.send(self._setup_message(attempt, rank))
                 if len(attempt.connected) == len(attempt.workers):
                     self._machine.transition(ControllerState.RUNNING, "all workers connected")

@@ -106,7 +106,6 @@ class SetupMessage:
     train_fn: bytes
     config: bytes
     pass_config: bool
-    registrations: bytes
     resume: CheckpointView | None
     first_report_index: int
     score_attribute: str | None

@@ -39,9 +39,11 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
 
 def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     connection.send(("hello", rank, os.getpid(), attempt))
+    kind, registrations = connection.recv()
+    assert kind == "registrations"
+    import_registrations(cloudpickle.loads(registrations))
     setup = connection.recv()
     assert isinstance(setup, SetupMessage)
-    import_registrations(cloudpickle.loads(setup.registrations))
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
     try:

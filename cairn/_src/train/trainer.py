@@ -133,6 +133,13 @@ class Trainer:
         except ManifestError as exc:
             logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
             index = rebuild_index(run, retry)
+            # Attempts and failures are counted again from the event log.
+            events = read_log(run.join(EVENTS_DIR), retry)
+            index = index.with_changes(
+                attempts=max(index.attempts,
+                             sum(e.get("type") == "attempt_start" for e in events)),
+                failures=max(index.failures, sum(e.get("type") == "failure" for e in events)),
+            )
         if index is not None:
             logger.info("Continuing run %s: %d committed checkpoints, %d attempts so far",
                         run.display(), len(index.checkpoints), index.attempts)
