@@ -113,7 +113,8 @@ def _train_metric_reports(config: dict[str, Any]) -> None:
         cairn.report({"step": step, "loss": 1.0 / (step + 1)})
         samples[step] = clock() - started
     loop_s = clock() - loop_started
-    _write_json(Path(config["out"], f"metric_rank{rank}.json"), {"samples": samples, "loop_s": loop_s})
+    out = Path(config["out"], f"metric_rank{rank}.json")
+    _write_json(out, {"samples": samples, "loop_s": loop_s})
 
 
 def _train_checkpoint_modes(config: dict[str, Any]) -> dict[str, list[float]]:

@@ -53,6 +53,10 @@ class CheckpointCollisionError(CairnError):
     """Two ranks tried to write the same relative path into one checkpoint."""
 
 
+class CheckpointSkippedError(CairnError):
+    """A checkpoint was dropped after its upload failed (``upload_failure_policy="skip"``)."""
+
+
 class RunLeaseError(CairnError):
     """Another live driver holds the lease on this run."""
 

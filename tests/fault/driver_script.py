@@ -12,10 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import fault_store  # noqa: E402
-import fault_workloads  # noqa: E402
+import fault_store
+import fault_workloads
 
-import cairn  # noqa: E402
+import cairn
 
 
 def main() -> None:

@@ -58,14 +58,15 @@ def resumable(config: dict[str, Any]) -> None:
         if fault == "raise":
             raise RuntimeError(f"injected failure at step {step}")
         if fault == "kill_during_upload":
-            target = os.path.join(config["run_dir"], f"checkpoint_{config['first_index'] + step:06d}")
+            name = f"checkpoint_{config['first_index'] + step:06d}"
+            target = os.path.join(config["run_dir"], name)
             _kill_self_when(lambda t=target: os.path.isdir(t))
         if fault == "kill_before_commit":
             threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
         handle = cairn.report({"step": step, "loss": 1.0 / (step + 1)},
                               checkpoint=Checkpoint.from_directory(directory),
                               checkpoint_upload_mode=mode)
-        if mode is CheckpointUploadMode.SYNC and rank == 0:
+        if mode is CheckpointUploadMode.SYNC and rank == 0 and handle.error is None:
             _note(config, f"sync_returned_{step}", handle.index)
         if fault == "exit_after":
             _note(config, "crash_time", time.time())

@@ -82,6 +82,7 @@ class _Attempt:
     workers: list[WorkerProcess] = field(default_factory=list)
     connections: dict[int, Connection] = field(default_factory=dict)
     connected: set[int] = field(default_factory=set)
+    skipped_dirs: dict[int, str] = field(default_factory=dict)
     done: dict[int, DoneMessage] = field(default_factory=dict)
     failures: list[WorkerFailure] = field(default_factory=list)
     fatal: bool = False
@@ -412,6 +413,11 @@ class Controller:
         if isinstance(message, ReportMessage):
             self._on_report(attempt, message)
         elif isinstance(message, UploadedMessage):
+            if message.index in attempt.skipped_dirs:
+                # Another rank's upload failed and the report was dropped: this late part
+                # is removed too.
+                self._manager.delete_uncommitted([attempt.skipped_dirs[message.index]])
+                return
             attempt.tracker.on_uploaded(message)
             self._enqueue_ready(attempt)
         elif isinstance(message, TimingMessage):
@@ -493,13 +499,16 @@ class Controller:
     def _on_upload_failed(self, attempt: _Attempt, message: UploadFailedMessage) -> None:
         if self._run_config.checkpoint_config.upload_failure_policy != "skip":
             return  # the worker raises; its error fails the attempt
-        pending = attempt.tracker.drop(message.index)
+        reason = (f"The checkpoint of report {message.index} was skipped: rank "
+                  f"{message.rank}: {message.error}")
+        pending = attempt.tracker.skip(message.index, reason)
         logger.warning("Skipping the checkpoint of report %d: rank %d could not upload it (%s)",
                        message.index, message.rank, message.error)
         if pending is not None and pending.dir_name is not None:
             self._manager.delete_uncommitted([pending.dir_name])
-        skipped = CommittedMessage(message.index, None,
-                                   error=f"skipped: rank {message.rank}: {message.error}")
+        if pending is not None and pending.dir_name is not None:
+            attempt.skipped_dirs[message.index] = pending.dir_name
+        skipped = CommittedMessage(message.index, None, skipped=True, error=reason)
         for connection in list(attempt.connections.values()):
             try:
                 connection.send(skipped)

@@ -146,6 +146,7 @@ class CommittedMessage:
     index: int
     checkpoint: CheckpointView | None
     error: str | None = None
+    skipped: bool = False
 
 
 @dataclass(frozen=True)

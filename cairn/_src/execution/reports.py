@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cairn._src.errors import CheckpointCollisionError, ReportError
+from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError, ReportError
 from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
@@ -75,6 +75,7 @@ class ReportTracker:
         self._used = set(used_dir_names)
         self._pending: dict[int, PendingReport] = {}
         self.report_counts: dict[int, int] = dict.fromkeys(range(world_size), 0)
+        self._skipped: dict[int, BaseException] = {}
         self.last_index: dict[int, int] = {}
 
     def on_report(self, message: ReportMessage) -> list[Verdict]:
@@ -82,6 +83,9 @@ class ReportTracker:
         rank, index = message.rank, message.index
         self.report_counts[rank] += 1
         self.last_index[rank] = index
+        if index in self._skipped:
+            skipped = self._skipped[index]
+            return [Verdict(rank, index, skipped)] if message.checkpoint is not None else []
         pending = self._pending.get(index)
         if pending is None:
             pending = self._pending[index] = PendingReport(index, time.monotonic())
@@ -162,7 +166,9 @@ class ReportTracker:
         if pending is not None:
             pending.uploaded[message.rank] = message
 
-    def drop(self, index: int) -> PendingReport | None:
+    def skip(self, index: int, reason: str) -> PendingReport | None:
+        """Drop a report's checkpoint for good; later parts of it are refused."""
+        self._skipped[index] = CheckpointSkippedError(reason)
         return self._pending.pop(index, None)
 
     def take_ready(self) -> list[ReadyCheckpoint]:

@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.config import CheckpointUploadMode
-from cairn._src.errors import CairnError, ReportError
+from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
 from cairn._src.execution.messages import (
     CheckpointIntent,
     CheckpointView,
@@ -220,8 +220,11 @@ class WorkerSession:
             return handle
         self._announce(job, metrics, mode)
         self._run_upload(job)
+        try:
+            handle.wait()
+        except CheckpointSkippedError:
+            pass  # upload_failure_policy="skip": training goes on without this checkpoint
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
-        handle.wait()
         return handle
 
     def _local_files(self, checkpoint: Checkpoint) -> dict[str, int]:
@@ -286,6 +289,8 @@ class WorkerSession:
             self._proceed.pop(job.index, None)
         if isinstance(answer, RejectMessage):
             self._fail_handle(job.index, answer.error)
+            if isinstance(answer.error, CheckpointSkippedError):
+                return  # another rank's part failed to upload; the report is skipped
             raise answer.error
         destination = self._setup.run.join(job.dir_name)
         started = time.perf_counter()
@@ -307,6 +312,12 @@ class WorkerSession:
                                           time.perf_counter() - started)
         except BaseException as exc:
             self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
+            if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
+                logger.warning("Skipping the checkpoint of report %d: its upload failed after "
+                               "retries: %s", job.index, exc)
+                self._fail_handle(job.index, CheckpointSkippedError(
+                    f"The checkpoint of report {job.index} was skipped: {exc}"))
+                return
             self._fail_handle(job.index, exc)
             raise
         if job.delete_local:
@@ -322,6 +333,8 @@ class WorkerSession:
             try:
                 self._run_upload(job)
                 job.handle.wait()
+            except CheckpointSkippedError:
+                pass
             except BaseException as exc:
                 with self._state_lock:
                     if self._async_error is None:
@@ -394,7 +407,9 @@ class WorkerSession:
             handle = self._handles.pop(message.index, None)
         if handle is None:
             return
-        if message.error is not None:
+        if message.skipped:
+            handle._resolve(None, CheckpointSkippedError(message.error or "skipped"))
+        elif message.error is not None:
             handle._resolve(None, CairnError(message.error))
         else:
             view = message.checkpoint
