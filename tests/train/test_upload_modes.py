@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import pytest
 import workloads
 from workloads import run_dir
 
@@ -91,3 +92,19 @@ def _events(config: cairn.RunConfig) -> list[dict[str, object]]:
     from cairn._src.storage.retry import RetryPolicy
 
     return read_log(resolve(os.path.join(run_dir(config), "events")), RetryPolicy())
+
+
+def test_deferred_reports_write_on_the_upload_thread(run_config: RunConfigFactory) -> None:
+    result = Trainer(workloads.deferred_reports, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=run_config()).fit()
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert sorted(os.listdir(d)) == ["_cairn_manifest.json", "state_0.json", "state_1.json"]
+        assert open(os.path.join(d, "state_1.json")).read() == '{"step": 2, "rank": 1}'
+
+
+def test_deferred_report_that_writes_other_files(run_config: RunConfigFactory) -> None:
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"did not write the files it declared: missing \['declared.bin'\]"):
+        Trainer(workloads.deferred_reports, train_loop_config={"lie": True},
+                run_config=run_config()).fit()

@@ -214,3 +214,26 @@ def upload_fn_run(config: dict[str, Any]) -> None:
 def run_dir(config: cairn.RunConfig) -> str:
     assert config.storage_path is not None and config.name is not None
     return os.path.join(os.fspath(config.storage_path), config.name)
+
+
+def deferred_reports(config: dict[str, Any]) -> None:
+    """Snapshots written on the upload thread, from a copy taken on the train loop."""
+    from cairn._src.execution.session import get_session
+
+    rank = cairn.get_context().get_world_rank()
+    session = get_session("report")
+    handles = []
+    for step in range(3):
+        state = {"step": step, "rank": rank}
+        snapshot = dict(state)  # the copy the train loop is blocked for
+
+        def write(directory: str, snapshot: dict[str, int] = snapshot) -> None:
+            with open(os.path.join(directory, f"state_{rank}.json"), "w") as f:
+                json.dump(snapshot, f)
+
+        handles.append(session.report_deferred({"step": step}, files=[f"state_{rank}.json"],
+                                               write=write))
+    if config.get("lie"):
+        session.report_deferred({"step": 9}, files=["declared.bin"], write=lambda d: None)
+    for handle in handles:
+        handle.wait()

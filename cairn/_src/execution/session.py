@@ -17,9 +17,10 @@ import logging
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -47,7 +48,7 @@ from cairn._src.execution.validation import check_dir_name, check_score_attribut
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.fileio import is_dir
-from cairn._src.storage.paths import list_local_files
+from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import upload_directory
 from cairn._src.train.context import RunStorage, TrainContext
@@ -83,6 +84,7 @@ class _UploadJob:
     delete_local: bool
     handle: ReportHandle
     metadata: dict[str, Any]
+    write: Callable[[str], None] | None = None
 
 
 _STOP = object()
@@ -209,15 +211,9 @@ class WorkerSession:
             handle=handle,
             metadata=metadata,
         )
-        started = time.perf_counter()
         if mode is CheckpointUploadMode.ASYNC:
-            # Back-pressure: a free slot first, then the report goes out in order.
-            self._slots.acquire()
-            stall = time.perf_counter() - started
-            self._announce(job, metrics, mode)
-            self._uploads.put(job)
-            self._timing("checkpoint_stall", stall, index)
-            return handle
+            return self._enqueue(job, metrics)
+        started = time.perf_counter()
         self._announce(job, metrics, mode)
         self._run_upload(job)
         try:
@@ -226,6 +222,66 @@ class WorkerSession:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
+
+    def _enqueue(self, job: _UploadJob, metrics: dict[str, Any]) -> ReportHandle:
+        started = time.perf_counter()
+        # Back-pressure: a free slot first, then the report goes out in order.
+        self._slots.acquire()
+        stall = time.perf_counter() - started
+        self._announce(job, metrics, CheckpointUploadMode.ASYNC)
+        self._uploads.put(job)
+        self._timing("checkpoint_stall", stall, job.index)
+        return job.handle
+
+    def report_deferred(
+        self,
+        metrics: object,
+        *,
+        files: Iterable[str],
+        write: Callable[[str], None],
+        checkpoint_dir_name: str | None = None,
+    ) -> ReportHandle:
+        """An ASYNC checkpoint report whose files are written later, off the train loop.
+
+        ``files`` names the relative paths ``write(directory)`` will create; they are
+        claimed at once (so rank collisions are caught now), and ``write`` runs on the
+        upload thread into a private temporary directory that is uploaded, then deleted.
+        The caller must hand ``write`` data it will not modify (a copy).
+        """
+        self._raise_async_error()
+        clean = validate_metrics(metrics)
+        check_score_attribute(clean, self._setup.score_attribute)
+        if checkpoint_dir_name is not None:
+            check_dir_name(checkpoint_dir_name)
+        declared = {check_relative_path(name, argument="files"): 0 for name in files}
+        if not declared:
+            raise ReportError("report_deferred(files=...) must name at least one file.")
+        directory = tempfile.mkdtemp(prefix="cairn-deferred-")
+        index = self._take_index()
+        job = _UploadJob(
+            index=index,
+            dir_name=checkpoint_dir_name or default_checkpoint_dir_name(index),
+            checkpoint=Checkpoint.from_directory(directory),
+            files=declared,
+            upload_fn=None,
+            delete_local=True,
+            handle=ReportHandle(index, has_checkpoint=True),
+            metadata={},
+            write=write,
+        )
+        return self._enqueue(job, clean)
+
+    def _write_deferred(self, job: _UploadJob) -> None:
+        assert job.write is not None
+        job.write(job.checkpoint.path)
+        written = set(list_local_files(job.checkpoint.path))
+        if written != set(job.files):
+            missing = sorted(set(job.files) - written)
+            extra = sorted(written - set(job.files))
+            raise ReportError(
+                f"The deferred checkpoint of report {job.index} did not write the files it "
+                f"declared: missing {missing}, undeclared {extra}."
+            )
 
     def _local_files(self, checkpoint: Checkpoint) -> dict[str, int]:
         if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
@@ -305,12 +361,16 @@ class WorkerSession:
                 message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
                                           time.perf_counter() - started)
             else:
+                if job.write is not None:
+                    self._write_deferred(job)
                 entries = upload_directory(job.checkpoint.path, destination,
                                            files=list(job.files), retry=self._retry)
                 size = sum(entry.size for entry in entries.values())
                 message = UploadedMessage(self.rank, job.index, entries, None, size,
                                           time.perf_counter() - started)
         except BaseException as exc:
+            if job.write is not None:
+                shutil.rmtree(job.checkpoint.path, ignore_errors=True)
             self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
             if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
                 logger.warning("Skipping the checkpoint of report %d: its upload failed after "
