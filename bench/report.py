@@ -240,7 +240,9 @@ def measure_metric_latency(work: Path, num_reports: int) -> dict[str, Any]:
     }
 
 
-def measure_checkpoint_modes(work: Path, repeats: int) -> dict[str, list[float]]:
+def measure_checkpoint_modes(
+    work: Path, repeats: int, num_to_keep: int | None = None
+) -> dict[str, list[float]]:
     scratch, external = work / "scratch", work / "external"
     scratch.mkdir()
     external.mkdir()
@@ -252,8 +254,8 @@ def measure_checkpoint_modes(work: Path, repeats: int) -> dict[str, list[float]]
         "num_files": NUM_FILES,
         "repeats": repeats,
     }
-    # Keep one checkpoint at a time on disk; NO_UPLOAD ones live outside the run directory.
-    keep = cairn.CheckpointConfig(num_to_keep=1, delete_unmanaged_checkpoints=True)
+    # NO_UPLOAD checkpoints live outside the run directory.
+    keep = cairn.CheckpointConfig(num_to_keep=num_to_keep, delete_unmanaged_checkpoints=True)
     result = _fit(_train_checkpoint_modes, config, work, "modes", keep)
     samples: dict[str, list[float]] = result.return_value
     return samples

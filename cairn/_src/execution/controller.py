@@ -63,6 +63,10 @@ class TrainSpec:
     config: Any
     pass_config: bool
     setup_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    # Called in the driver before each attempt: extra environment for its workers (for
+    # example a fresh rendezvous port for torch.distributed).
+    attempt_env: Callable[[int], dict[str, str]] | None = None
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Controller:
             cloudpickle.dumps(export_registrations()),
             cloudpickle.dumps(run_config.storage_retry),
             cloudpickle.dumps(spec.setup_hooks),
+            cloudpickle.dumps(spec.teardown_hooks),
         )
         self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
                                           daemon=True)
@@ -235,13 +240,15 @@ class Controller:
         logger.info("Attempt %d: %d workers, resuming from %s", number,
                     self._scaling.num_workers, resume.dir_name if resume else "scratch")
         address = self._listener.address
+        env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
         attempt.workers = self._backend.start(
-            self._scaling.num_workers, Bootstrap((address[0], address[1]), self._authkey, number)
+            self._scaling.num_workers, Bootstrap((address[0], address[1]), self._authkey, number),
+            env=env,
         )
         return attempt
 
     def _setup_message(self, attempt: _Attempt, rank: int) -> SetupMessage:
-        train_fn, config, _, retry, hooks = self._payload
+        train_fn, config, _, retry, hooks, teardown = self._payload
         checkpoint_config = self._run_config.checkpoint_config
         return SetupMessage(
             rank=rank,
@@ -262,6 +269,7 @@ class Controller:
             upload_failure_policy=checkpoint_config.upload_failure_policy,
             retry=retry,
             setup_hooks=hooks,
+            teardown_hooks=teardown,
         )
 
     # --- the event loop ------------------------------------------------------------------

@@ -143,13 +143,15 @@ class LocalBackend:
         self._env = env or {}
         self.workers: list[WorkerProcess] = []
 
-    def start(self, num_workers: int, bootstrap: Bootstrap) -> list[WorkerProcess]:
+    def start(self, num_workers: int, bootstrap: Bootstrap, *,
+              env: dict[str, str] | None = None) -> list[WorkerProcess]:
+        """Start ``num_workers`` processes; ``env`` adds to their environment."""
         # Workers import what the driver can import: the train function may be pickled by
         # reference to a module that is only on the driver's sys.path (a script's folder,
         # a test directory).
         path = os.pathsep.join(p for p in sys.path if p)
         inherited = os.environ.get("PYTHONPATH")
-        env = {**os.environ, **self._env, "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, **self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
         env.setdefault("CAIRN_WORKER", "1")
         self.workers = []
@@ -159,7 +161,9 @@ class LocalBackend:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE if self._forward_output else None,
                 stderr=subprocess.STDOUT if self._forward_output else None,
-                env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers)},
+                env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
+                     "CAIRN_LOCAL_RANK": str(rank),
+                     "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
                 start_new_session=True,
             )
             assert process.stdin is not None

@@ -113,6 +113,7 @@ class SetupMessage:
     upload_failure_policy: str
     retry: bytes
     setup_hooks: bytes
+    teardown_hooks: bytes
 
 
 @dataclass(frozen=True)

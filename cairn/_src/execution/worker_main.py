@@ -53,6 +53,8 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
         config = cloudpickle.loads(setup.config)
         value = train_fn(config) if setup.pass_config else train_fn()
         session.finish()
+        for hook in cloudpickle.loads(setup.teardown_hooks):
+            hook(session.context)
     except BaseException as exc:
         fatal = isinstance(exc, FATAL_ERRORS)
         message = ErrorMessage(

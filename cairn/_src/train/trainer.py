@@ -75,7 +75,11 @@ class Trainer:
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
+        # Extension points for framework trainers (cairn.torch.TorchTrainer): run in every
+        # worker before / after the train function, and environment per attempt.
         self._setup_hooks: list[Callable[[Any], None]] = []
+        self._teardown_hooks: list[Callable[[Any], None]] = []
+        self._attempt_env: Callable[[int], dict[str, str]] | None = None
         self._run_name = self.run_config.name or time.strftime("cairn_%Y-%m-%d_%H-%M-%S")
 
     def _run_location(self) -> StorageLocation:
@@ -106,7 +110,8 @@ class Trainer:
             next_index = max(manager.index.next_report_index,
                              _next_from_history(run.join(METRICS_DIR), retry))
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
-                             self._pass_config, list(self._setup_hooks))
+                             self._pass_config, list(self._setup_hooks),
+                             list(self._teardown_hooks), self._attempt_env)
             controller = Controller(spec, self.scaling_config, self.run_config, manager,
                                     history, events, experiment_name=self._run_name,
                                     next_report_index=next_index)
