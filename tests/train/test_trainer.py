@@ -65,15 +65,15 @@ def test_metric_only_reports_never_wait_for_other_ranks(
     assert len(result.metrics_dataframe) == 200
 
 
-@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+@pytest.mark.parametrize(("mode", "workers"), [("SYNC", 2), ("ASYNC", 2), ("ASYNC", 4)])
 def test_checkpoint_reports_merge_ranks_and_number_directories(
-    mode: str, run_config: RunConfigFactory
+    mode: str, workers: int, run_config: RunConfigFactory
 ) -> None:
     config = run_config()
     result = Trainer(
         workloads.checkpoint_every_step,
         train_loop_config={"steps": 3, "mode": mode},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=workers),
         run_config=config,
     ).fit()
     assert result.checkpoint is not None
@@ -84,11 +84,11 @@ def test_checkpoint_reports_merge_ranks_and_number_directories(
     ]
     manifest = result.checkpoint.get_manifest()
     assert manifest is not None
-    assert set(manifest.files) == {"rank_0.json", "rank_1.json"}
-    assert manifest.ranks == (0, 1)
+    assert set(manifest.files) == {f"rank_{r}.json" for r in range(workers)}
+    assert manifest.ranks == tuple(range(workers))
     assert manifest.report_index == 3
     assert manifest.metrics == {"step": 2, "score": 2}
-    assert result.checkpoint.get_metadata() == {"written_by": 1}
+    assert result.checkpoint.get_metadata() == {"written_by": workers - 1}
     result.checkpoint.verify()
     with result.checkpoint.as_directory() as d, open(os.path.join(d, "rank_1.json")) as f:
         assert json.load(f) == {"step": 2, "rank": 1}
@@ -149,3 +149,17 @@ def test_second_fit_continues_numbering_and_history(run_config: RunConfigFactory
     result = Trainer(workloads.counting, train_loop_config={"steps": 2}, run_config=config).fit()
     assert list(result.metrics_dataframe["report_index"]) == [1, 2, 3, 4, 5]
     assert list(result.metrics_dataframe["attempt"]) == [0, 0, 0, 1, 1]
+
+
+def test_context_describes_each_rank(run_config: RunConfigFactory) -> None:
+    config = run_config()
+    result = Trainer(workloads.describe_context, scaling_config=ScalingConfig(num_workers=3),
+                     run_config=config).fit()
+    contexts = result.return_value
+    assert [c["world_rank"] for c in contexts] == [0, 1, 2]
+    for rank, context in enumerate(contexts):
+        assert context == {
+            "world_rank": rank, "world_size": 3, "local_rank": rank, "local_world_size": 3,
+            "node_rank": 0, "experiment_name": "run", "attempt": 0,
+            "run_uri": run_dir(config), "checkpoint": None,
+        }

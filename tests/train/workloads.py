@@ -237,3 +237,30 @@ def deferred_reports(config: dict[str, Any]) -> None:
         session.report_deferred({"step": 9}, files=["declared.bin"], write=lambda d: None)
     for handle in handles:
         handle.wait()
+
+
+def describe_context(config: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank writes its context; rank 0 returns all of them once all have reported."""
+    context = cairn.get_context()
+    description = {
+        "world_rank": context.get_world_rank(),
+        "world_size": context.get_world_size(),
+        "local_rank": context.get_local_rank(),
+        "local_world_size": context.get_local_world_size(),
+        "node_rank": context.get_node_rank(),
+        "experiment_name": context.get_experiment_name(),
+        "attempt": context.get_attempt(),
+        "run_uri": context.get_storage().run_uri,
+        "checkpoint": cairn.get_checkpoint(),
+    }
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, f"context_{context.get_world_rank()}.json"), "w") as f:
+        json.dump(description, f)
+    handle = cairn.report({"rank": context.get_world_rank()},
+                          checkpoint=Checkpoint.from_directory(d))
+    committed = handle.wait()
+    if context.get_world_rank() != 0 or committed is None:
+        return None
+    with committed.as_directory() as directory:
+        return [json.load(open(os.path.join(directory, f"context_{r}.json")))
+                for r in range(context.get_world_size())]
