@@ -13,7 +13,7 @@ $(BIN)/python:
 # Reinstall when the package's metadata or the pins change.
 $(STAMP): pyproject.toml requirements/constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch]'
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python -m cairn.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check cairn tests bench examples
+	$(BIN)/ruff check cairn tests bench $(wildcard examples)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict cairn

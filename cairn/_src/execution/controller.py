@@ -15,7 +15,6 @@ import logging
 import os
 import queue
 import secrets
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +27,9 @@ import cloudpickle
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
 from cairn._src.errors import CollectiveTimeoutError, ReportError, WorkerGroupError
+from cairn._src.execution.backend import WorkerHandle, make_backend
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
-from cairn._src.execution.local_backend import Bootstrap, LocalBackend, WorkerProcess
+from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
     CheckpointView,
     CommittedMessage,
@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 # arrive so they are reported together.
 _FAILURE_GRACE_S = 0.2
 _HISTORY_FLUSH_S = 1.0
+_LAST_MESSAGE_GRACE_S = 2.0
 
 
 @dataclass
@@ -83,7 +84,7 @@ class _Attempt:
     resume: CheckpointView | None
     first_report_index: int
     started_at: float
-    workers: list[WorkerProcess] = field(default_factory=list)
+    workers: list[WorkerHandle] = field(default_factory=list)
     connections: dict[int, Connection] = field(default_factory=dict)
     connected: set[int] = field(default_factory=set)
     skipped_dirs: dict[int, str] = field(default_factory=dict)
@@ -93,6 +94,18 @@ class _Attempt:
     commits_in_flight: int = 0
     first_report_seen: bool = False
     last_commit_t: float | None = None
+
+
+def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:
+    """rank -> (local rank, local world size, node rank); nodes numbered by lowest rank."""
+    by_node: dict[str, list[int]] = {}
+    for worker in sorted(workers, key=lambda w: w.rank):
+        by_node.setdefault(worker.node_id, []).append(worker.rank)
+    result = {}
+    for node_rank, ranks in enumerate(by_node.values()):
+        for local_rank, rank in enumerate(ranks):
+            result[rank] = (local_rank, len(ranks), node_rank)
+    return result
 
 
 class Controller:
@@ -119,7 +132,8 @@ class Controller:
         self._policy = FailurePolicy(run_config.failure_config.max_failures)
         self._machine = StateMachine()
         self._authkey = secrets.token_bytes(32)
-        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey)
+        self._backend = make_backend(scaling, run_config)
+        self._listener = Listener((self._backend.bind_host, 0), authkey=self._authkey)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
@@ -137,9 +151,6 @@ class Controller:
                                           daemon=True)
         self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
                                            daemon=True)
-        self._backend = LocalBackend(
-            forward_output=run_config.log_to_driver, env=run_config.worker_env
-        )
 
     @property
     def state(self) -> ControllerState:
@@ -239,23 +250,22 @@ class Controller:
         self._events.flush()
         logger.info("Attempt %d: %d workers, resuming from %s", number,
                     self._scaling.num_workers, resume.dir_name if resume else "scratch")
-        address = self._listener.address
+        port = self._listener.address[1]
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
-        attempt.workers = self._backend.start(
-            self._scaling.num_workers, Bootstrap((address[0], address[1]), self._authkey, number),
-            env=env,
-        )
+        bootstrap = Bootstrap((self._backend.advertise_host(), port), self._authkey, number)
+        attempt.workers = self._backend.start(self._scaling.num_workers, bootstrap, env=env)
         return attempt
 
     def _setup_message(self, attempt: _Attempt, rank: int) -> SetupMessage:
         train_fn, config, _, retry, hooks, teardown = self._payload
         checkpoint_config = self._run_config.checkpoint_config
+        local_rank, local_world_size, node_rank = placement(attempt.workers)[rank]
         return SetupMessage(
             rank=rank,
             world_size=self._scaling.num_workers,
-            local_rank=rank,
-            local_world_size=self._scaling.num_workers,
-            node_rank=0,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
             attempt=attempt.number,
             experiment_name=self._experiment_name,
             run=self._manager.run,
@@ -300,6 +310,9 @@ class Controller:
                 # first, so a Done or an error is never mistaken for a crash.
                 connection = attempt.connections.get(worker.rank)
                 if connection is not None:
+                    # An exit can be reported before the worker's last message is readable
+                    # (Ray reports a finished actor task through its own channel).
+                    connection.poll(_LAST_MESSAGE_GRACE_S)
                     self._read_connection(attempt, worker.rank, connection)
                 if worker.rank not in attempt.done and not any(
                     f.rank == worker.rank for f in attempt.failures
@@ -406,10 +419,8 @@ class Controller:
     def _describe_lost(self, attempt: _Attempt, rank: int) -> WorkerFailure:
         """A worker's connection closed without Done: say how its process ended."""
         worker = next(w for w in attempt.workers if w.rank == rank)
-        try:
-            # A dying process closes its socket a moment before it can be reaped.
-            worker.process.wait(0.5)
-        except subprocess.TimeoutExpired:
+        # A dying process closes its socket a moment before it can be reaped.
+        if not worker.wait_exit(0.5):
             return WorkerFailure(rank=rank, traceback="",
                                  summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
                                  "connection to the controller")

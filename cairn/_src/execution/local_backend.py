@@ -20,7 +20,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cairn._src.execution.backend import WorkerHandle
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +34,12 @@ class Bootstrap:
     authkey: bytes
     attempt: int
 
-    def for_rank(self, rank: int) -> bytes:
-        body = {"address": list(self.address), "authkey": self.authkey.hex(), "rank": rank,
+    def body(self, rank: int) -> dict[str, Any]:
+        return {"address": list(self.address), "authkey": self.authkey.hex(), "rank": rank,
                 "attempt": self.attempt}
-        return json.dumps(body).encode() + b"\n"
+
+    def for_rank(self, rank: int) -> bytes:
+        return json.dumps(self.body(rank)).encode() + b"\n"
 
 
 class _ExitWatcher:
@@ -81,6 +86,8 @@ class _ExitWatcher:
 class WorkerProcess:
     """One worker process of the local backend."""
 
+    node_id = "local"
+
     def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool) -> None:
         self.rank = rank
         self.process = process
@@ -113,6 +120,13 @@ class WorkerProcess:
             return f"was killed by {name}{hint}"
         return f"exited with code {code}"
 
+    def wait_exit(self, timeout: float) -> bool:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def flush_output(self, timeout: float = 2.0) -> None:
         if self._forwarder is not None:
             self._forwarder.join(timeout)
@@ -137,14 +151,18 @@ class LocalBackend:
     """Starts workers as child processes of the driver."""
 
     name = "local"
+    bind_host = "127.0.0.1"
 
     def __init__(self, *, forward_output: bool = True, env: dict[str, str] | None = None) -> None:
         self._forward_output = forward_output
         self._env = env or {}
         self.workers: list[WorkerProcess] = []
 
+    def advertise_host(self) -> str:
+        return self.bind_host
+
     def start(self, num_workers: int, bootstrap: Bootstrap, *,
-              env: dict[str, str] | None = None) -> list[WorkerProcess]:
+              env: dict[str, str] | None = None) -> list[WorkerHandle]:
         """Start ``num_workers`` processes; ``env`` adds to their environment."""
         # Workers import what the driver can import: the train function may be pickled by
         # reference to a module that is only on the driver's sys.path (a script's folder,
@@ -172,7 +190,7 @@ class LocalBackend:
             self.workers.append(WorkerProcess(rank, process, self._forward_output))
         logger.info("Started %d local workers (pids %s)", num_workers,
                     ", ".join(str(w.pid) for w in self.workers))
-        return self.workers
+        return list(self.workers)
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
         """Stop every worker: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""

@@ -14,6 +14,7 @@ import pickle
 import sys
 import traceback
 from multiprocessing.connection import Client, Connection
+from typing import Any
 
 import cloudpickle
 
@@ -76,18 +77,22 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
             logger.warning("The return value of rank 0 cannot be pickled; Result.return_value "
                            "will be None")
     session.close()
-    # The controller reads a worker's connection before acting on its exit, so the Done
-    # message is seen even though the process exits right after sending it.
+    # The controller reads a worker's connection before acting on its exit (and waits
+    # briefly for it), so the Done message is seen even if the exit is noticed first.
     session.send(DoneMessage(rank, session.report_count, returned))
     return 0
 
 
-def main() -> None:
-    boot = json.loads(sys.stdin.buffer.readline())
+def run_from_bootstrap(boot: dict[str, Any]) -> int:
+    """Connect to the controller named by ``boot`` and run this worker's share."""
     rank = int(boot["rank"])
     address = (boot["address"][0], int(boot["address"][1]))
     connection = Client(address, authkey=bytes.fromhex(boot["authkey"]))
-    code = run_worker(connection, rank, int(boot["attempt"]))
+    return run_worker(connection, rank, int(boot["attempt"]))
+
+
+def main() -> None:
+    code = run_from_bootstrap(json.loads(sys.stdin.buffer.readline()))
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.

@@ -94,11 +94,6 @@ class Trainer:
         return base.join(self._run_name)
 
     def fit(self) -> Result:
-        if self.scaling_config.backend != "local":
-            raise ConfigError(
-                f"ScalingConfig.backend={self.scaling_config.backend!r}: this build of Cairn "
-                "runs the 'local' backend only."
-            )
         run = self._run_location()
         retry = self.run_config.storage_retry
         lease = RunLease(run, retry)

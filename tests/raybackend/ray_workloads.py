@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import cairn
+
+
+def train(config: dict[str, Any]) -> dict[str, int]:
+    context = cairn.get_context()
+    rank = context.get_world_rank()
+    start = 0
+    checkpoint = cairn.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "rank_0.json")) as f:
+            start = json.load(f)["step"] + 1
+    for step in range(start, config["steps"]):
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, f"rank_{rank}.json"), "w") as f:
+            json.dump({"step": step}, f)
+        cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(d))
+        if config.get("crash_at") == step and rank == 1 and context.get_attempt() == 0:
+            os._exit(1)
+    return {"start": start, "local_rank": context.get_local_rank(),
+            "local_world_size": context.get_local_world_size()}
