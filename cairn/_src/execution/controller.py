@@ -26,7 +26,7 @@ import cloudpickle
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
-from cairn._src.errors import CollectiveTimeoutError, ReportError, WorkerGroupError
+from cairn._src.errors import ReportError, WorkerGroupError
 from cairn._src.execution.backend import WorkerHandle, make_backend
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.local_backend import Bootstrap
@@ -43,6 +43,7 @@ from cairn._src.execution.messages import (
     UploadedMessage,
     UploadFailedMessage,
 )
+from cairn._src.execution.progress import check_progress
 from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker
 from cairn._src.execution.state import ControllerState, StateMachine
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures
@@ -345,41 +346,12 @@ class Controller:
                 return None
 
     def _check_progress(self, attempt: _Attempt, timeout_s: float) -> None:
-        tracker = attempt.tracker
-        overdue = tracker.overdue(timeout_s)
-        if overdue is not None:
-            index, missing = overdue
-            arrived = sorted(set(range(tracker.world_size)) - set(missing))
-            attempt.failures.append(WorkerFailure(
-                rank=missing[0],
-                summary=str(CollectiveTimeoutError(
-                    f"{tracker.describe_ranks(missing)} did not reach report {index} within "
-                    f"{timeout_s:g}s of {tracker.describe_ranks(arrived)}: every rank must call "
-                    "report() the same number of times (FailureConfig.collective_timeout_s)."
-                )),
-                traceback="",
-            ))
-            return
-        for rank in attempt.done:
-            waiting = tracker.waiting_on(rank)
-            if waiting is not None:
-                self._diverged(attempt, f"rank {rank} finished after "
-                               f"{tracker.report_counts[rank]} reports without reaching "
-                               f"checkpoint report {waiting}, which other ranks reported")
-                return
-        if len(attempt.done) == len(attempt.workers):
-            counts = tracker.report_counts
-            if len(set(counts.values())) > 1:
-                detail = ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
-                self._diverged(attempt, f"ranks reported different numbers of times ({detail})")
-
-    def _diverged(self, attempt: _Attempt, detail: str) -> None:
-        attempt.fatal = True
-        attempt.failures.append(WorkerFailure(
-            rank=min(attempt.done), traceback="",
-            summary=str(ReportError(f"Report counts diverge: {detail}. Every rank must call "
-                                    "report() the same number of times.")),
-        ))
+        problem = check_progress(attempt.tracker, attempt.done,
+                                 num_workers=len(attempt.workers), timeout_s=timeout_s)
+        if problem is not None:
+            attempt.fatal = attempt.fatal or problem.fatal
+            attempt.failures.append(WorkerFailure(rank=problem.rank, summary=problem.summary,
+                                                  traceback=""))
 
     def _drain_inbox(self, attempt: _Attempt) -> None:
         while True:
