@@ -226,3 +226,28 @@ def test_locations_are_immutable_values() -> None:
     with pytest.raises(AttributeError):
         a.path = "other"  # type: ignore[misc]
     assert isinstance(a, StorageLocation)
+
+
+def test_locations_with_one_uri_are_equal_whatever_store_object_backs_them(
+    new_dict_store: Callable[[], Any],
+) -> None:
+    from cairn.storage import register_scheme, unregister_scheme
+
+    register_scheme("freshstore", lambda uri: new_dict_store())
+    try:
+        first, second = resolve("freshstore://b/ckpt"), resolve("freshstore://b/ckpt")
+        assert first == second and hash(first) == hash(second)
+        assert first != resolve("freshstore://b/other")
+    finally:
+        unregister_scheme("freshstore")
+
+
+def test_is_inside_ignores_query_parameters_but_requires_the_same_store() -> None:
+    from cairn._src.checkpoint.manager import is_inside
+
+    run = resolve("s3://bucket/runs/r?endpoint_override=127.0.0.1:9&scheme=http")
+    assert is_inside(run.join("checkpoint_000001"), run)
+    assert not is_inside(resolve("s3://bucket/runs/r/x?endpoint_override=127.0.0.1:8&"
+                                 "scheme=http"), run)
+    assert not is_inside(resolve("s3://bucket/runs/rr?endpoint_override=127.0.0.1:9&"
+                                 "scheme=http"), run)

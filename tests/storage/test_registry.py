@@ -38,19 +38,19 @@ def test_register_resolve_unregister(
     clean_registry: None, new_dict_store: Callable[[], Any]
 ) -> None:
     store = new_dict_store()
-    register_scheme("xyz", lambda uri: store)
-    assert "xyz" in registered_schemes()
-    loc = resolve("xyz://bucket/a/b/?flavour=1")
+    register_scheme("regtest", lambda uri: store)
+    assert "regtest" in registered_schemes()
+    loc = resolve("regtest://bucket/a/b/?flavour=1")
     assert loc.path == "bucket/a/b"
-    assert loc.uri == "xyz://bucket/a/b?flavour=1"
+    assert loc.uri == "regtest://bucket/a/b?flavour=1"
     assert loc.reachable_from_new_process
     fileio.write_bytes_atomic(loc.join("k.json"), b"{}")
     assert store.objects == {"bucket/a/b/k.json": b"{}"}
-    assert loc.join("k.json").uri == "xyz://bucket/a/b/k.json?flavour=1"
-    unregister_scheme("xyz")
-    unregister_scheme("xyz")  # Unknown is ignored.
-    with pytest.raises(UnknownSchemeError, match="unknown scheme 'xyz'"):
-        resolve("xyz://bucket/a")
+    assert loc.join("k.json").uri == "regtest://bucket/a/b/k.json?flavour=1"
+    unregister_scheme("regtest")
+    unregister_scheme("regtest")  # Unknown is ignored.
+    with pytest.raises(UnknownSchemeError, match="unknown scheme 'regtest'"):
+        resolve("regtest://bucket/a")
 
 
 def test_factory_receives_the_whole_uri(clean_registry: None) -> None:

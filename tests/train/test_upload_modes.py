@@ -51,7 +51,7 @@ def test_no_upload_registers_by_reference_and_resumes_from_it(
     ).fit()
     assert result.checkpoint is not None
     assert result.checkpoint.path == os.path.join(target, "step_3")
-    assert result.checkpoint.get_metadata() == {"step": 3}
+    assert result.checkpoint.get_metadata() == {"before": 3, "step": 3}
     result.checkpoint.verify()
     manifest = result.checkpoint.get_manifest()
     assert manifest is not None and set(manifest.files) == {"rank_0.bin", "rank_1.bin"}
@@ -108,3 +108,21 @@ def test_deferred_report_that_writes_other_files(run_config: RunConfigFactory) -
                        match=r"did not write the files it declared: missing \['declared.bin'\]"):
         Trainer(workloads.deferred_reports, train_loop_config={"lie": True},
                 run_config=run_config()).fit()
+
+
+def test_unpicklable_store_registration_is_refused_clearly(
+    run_config: RunConfigFactory,
+) -> None:
+    import threading
+
+    from cairn.storage import register_scheme, unregister_scheme
+
+    lock = threading.Lock()
+    register_scheme("lockedstore", lambda uri: lock)
+    try:
+        with pytest.raises(cairn.ConfigError,
+                           match=r"registered for scheme 'lockedstore' cannot be pickled"):
+            Trainer(workloads.counting, train_loop_config={"steps": 1},
+                    run_config=run_config()).fit()
+    finally:
+        unregister_scheme("lockedstore")

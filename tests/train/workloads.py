@@ -187,13 +187,14 @@ def no_upload_reference(config: dict[str, Any]) -> None:
             wait_for_file(os.path.join(config["target"], f"written_{step}_{other}"))
         checkpoint = Checkpoint(target)
         if rank == 0:
-            # Metadata of a by-reference checkpoint goes in its manifest.
-            pass
+            # Metadata set before the report goes into the manifest, not into the files.
+            checkpoint.set_metadata({"before": step})
         handle = cairn.report({"step": step}, checkpoint=checkpoint,
                               checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
         committed = handle.wait(timeout=60)
         assert committed is not None
-        committed.set_metadata({"step": step})
+        if rank == 0:
+            committed.update_metadata({"step": step})
         if config.get("crash_at") == step and cairn.get_context().get_attempt() == 0:
             os._exit(3)
 

@@ -19,8 +19,9 @@ import logging
 import time
 from dataclasses import dataclass
 
+from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
-from cairn._src.checkpoint.manifest import Manifest, read_manifest, write_manifest
+from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError
@@ -46,7 +47,11 @@ class CommitOutcome:
 def is_inside(location: StorageLocation, directory: StorageLocation) -> bool:
     """Whether ``location`` lies strictly inside ``directory`` on the same storage."""
     if location.uri is not None and directory.uri is not None:
-        return location.uri.startswith(directory.uri.rstrip("/") + "/")
+        # Query parameters (an endpoint, a database file) name the store, not the path:
+        # both sides must have the same ones, and the path is compared without them.
+        base, _, query = location.uri.partition("?")
+        directory_base, _, directory_query = directory.uri.partition("?")
+        return query == directory_query and base.startswith(directory_base.rstrip("/") + "/")
     return location.filesystem.equals(directory.filesystem) and location.path.startswith(
         directory.path.rstrip("/") + "/"
     )
@@ -105,12 +110,14 @@ class CheckpointManager:
             data = ready.reference
             # A reference is checksummed here, on the commit thread, so that restoring it
             # later can be verified like any managed checkpoint.
-            names = list(list_files(data, self.retry))
+            names = [n for n in list_files(data, self.retry) if n != METADATA_FILE_NAME]
             entries = compute_entries(data, names, retry=self.retry)
             target_uri = data.uri
             managed = is_inside(data, self.run)
         elif ready.reference is not None:
-            entries = compute_entries(data, list(list_files(data, self.retry)), retry=self.retry)
+            names = [n for n in list_files(data, self.retry)
+                     if n not in (METADATA_FILE_NAME, MANIFEST_NAME)]
+            entries = compute_entries(data, names, retry=self.retry)
         manifest = Manifest(
             files=entries,
             metadata=dict(ready.metadata),

@@ -26,7 +26,7 @@ import cloudpickle
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
-from cairn._src.errors import ReportError, WorkerGroupError
+from cairn._src.errors import ConfigError, ReportError, WorkerGroupError
 from cairn._src.execution.backend import WorkerHandle, make_backend
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.local_backend import Bootstrap
@@ -97,6 +97,22 @@ class _Attempt:
     last_commit_t: float | None = None
 
 
+def _pickle_registrations() -> bytes:
+    registrations = export_registrations()
+    for scheme, factory in registrations.items():
+        try:
+            cloudpickle.dumps(factory)
+        except Exception as exc:
+            raise ConfigError(
+                f"The storage factory registered for scheme {scheme!r} cannot be pickled "
+                f"({type(exc).__name__}: {exc}), so worker processes cannot reach the store. "
+                "Register a function defined in an importable module, keep no open "
+                "connections or locks in the factory's closure, or register the store "
+                "through the 'cairn.storage' entry point."
+            ) from exc
+    return bytes(cloudpickle.dumps(registrations))
+
+
 def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:
     """rank -> (local rank, local world size, node rank); nodes numbered by lowest rank."""
     by_node: dict[str, list[int]] = {}
@@ -143,7 +159,7 @@ class Controller:
         self._payload = (
             cloudpickle.dumps(spec.train_fn),
             cloudpickle.dumps(spec.config),
-            cloudpickle.dumps(export_registrations()),
+            _pickle_registrations(),
             cloudpickle.dumps(run_config.storage_retry),
             cloudpickle.dumps(spec.setup_hooks),
             cloudpickle.dumps(spec.teardown_hooks),

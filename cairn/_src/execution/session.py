@@ -320,7 +320,8 @@ class WorkerSession:
         with self._state_lock:
             self._handles[index] = handle
         intent = CheckpointIntent(name, CheckpointUploadMode.NO_UPLOAD.value, reference=location,
-                                  explicit_dir_name=dir_name is not None)
+                                  explicit_dir_name=dir_name is not None,
+                                  metadata=checkpoint.get_metadata())
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 

@@ -50,7 +50,7 @@ _PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})
 _IN_PROCESS_PROTOCOLS = frozenset({"memory"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StorageLocation:
     """A place on storage: a filesystem and a ``/``-separated path in it.
 
@@ -118,6 +118,15 @@ class StorageLocation:
 
     def __str__(self) -> str:
         return self.display()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StorageLocation):
+            return NotImplemented
+        if self.uri is not None and other.uri is not None:
+            # One URI names one place, whichever store object each side resolved it to
+            # (a factory may return a fresh store per call).
+            return (self.uri, self.path) == (other.uri, other.path)
+        return self.path == other.path and bool(self.filesystem.equals(other.filesystem))
 
     def __hash__(self) -> int:
         # pyarrow filesystems are unhashable; equal locations have equal paths and URIs.
