@@ -3,8 +3,9 @@
 * ``s3_uri_factory``: a real S3-protocol server (moto) on 127.0.0.1, started once per
   session; ``s3_uri_factory("prefix")`` returns a fresh ``s3://`` URI on it.
 * ``storage_uri``: a fresh, empty base URI, parametrized over ``local``, ``memory``
-  (fsspec, in-process), ``s3`` (moto) and ``dictstore`` (a custom ``ObjectStore`` over a
-  dict, registered under the ``dictstore://`` scheme, in-process).
+  (fsspec, in-process), ``s3`` (moto), ``dictstore`` (a custom ``ObjectStore`` over a
+  dict, registered under the ``dictstore://`` scheme, in-process) and ``xyz`` (the example
+  plugin ``examples/xyzstorage``: a SQLite file, found through its entry point).
 
 ``memory`` and ``dictstore`` live in the test process only: worker processes see empty
 stores there.
@@ -16,6 +17,7 @@ import io
 import logging
 import os
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -144,7 +146,7 @@ def s3_uri_factory(s3_endpoint: str) -> Callable[[str], str]:
     return make
 
 
-STORAGE_KINDS = ("local", "memory", "s3", "dictstore")
+STORAGE_KINDS = ("local", "memory", "s3", "dictstore", "xyz")
 
 
 @pytest.fixture(params=STORAGE_KINDS)
@@ -166,6 +168,10 @@ def make_storage_uri(request: pytest.FixtureRequest, kind: str, tmp_path: Path) 
     if kind == "dictstore":
         request.getfixturevalue("dict_store")
         return f"{DICTSTORE_SCHEME}://bucket/{unique}"
+    if kind == "xyz":
+        pytest.importorskip("xyzstorage", reason="pip install -e examples/xyzstorage")
+        db = urllib.parse.quote(str(tmp_path / "xyz.db"), safe="/")
+        return f"xyz://bucket/{unique}?db={db}"
     raise ValueError(f"kind={kind!r} is not one of {STORAGE_KINDS}")
 
 
