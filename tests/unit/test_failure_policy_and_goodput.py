@@ -66,3 +66,21 @@ def test_goodput_of_a_driver_that_died_counts_up_to_its_last_event() -> None:
         {"type": "session_end", "t": 12.0},
     ]
     assert summarize(events).wall_s == 6.0
+
+
+def test_start_up_and_recovery_end_when_training_starts() -> None:
+    events = [
+        {"type": "session_start", "t": 0.0},
+        {"type": "attempt_start", "attempt": 0, "t": 0.0},
+        {"type": "train_start", "attempt": 0, "t": 0.5},
+        {"type": "first_report", "attempt": 0, "t": 5.0},
+        {"type": "failure", "attempt": 0, "t": 12.0, "last_commit_t": 10.0},
+        {"type": "attempt_start", "attempt": 1, "t": 12.2},
+        {"type": "train_start", "attempt": 1, "t": 12.6},
+        {"type": "first_report", "attempt": 1, "t": 17.6},
+        {"type": "session_end", "t": 30.0},
+    ]
+    summary = summarize(events)
+    assert summary.startup_s == 0.5
+    assert summary.recovery_s == pytest.approx(0.6)
+    assert summary.lost_work_s == 2.0

@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CommitOutcome:
     view: CheckpointView
-    deleted: tuple[str, ...]
+    # No longer in the index; for delete_dropped() once the workers have been told.
+    dropped: tuple[CheckpointRecord, ...]
     seconds: float
 
 
@@ -147,12 +148,19 @@ class CheckpointManager:
             next_report_index=max(self.index.next_report_index, ready.index + 1),
         )
         write_index(self.run, self.index, self.retry)
-        for old in dropped:
-            self._delete(old)
         seconds = time.perf_counter() - started
-        logger.info("Committed %s (report %d) in %.3fs; retention dropped %s", ready.dir_name,
+        logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
                     ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
-        return CommitOutcome(self.view(record), tuple(r.dir_name for r in dropped), seconds)
+        return CommitOutcome(self.view(record), tuple(dropped), seconds)
+
+    def delete_dropped(self, records: tuple[CheckpointRecord, ...]) -> None:
+        """Delete checkpoints the index no longer names (after ``commit`` returned them).
+
+        Separate from ``commit`` so that a SYNC report returns as soon as its checkpoint is
+        committed, without waiting for older checkpoints to be deleted.
+        """
+        for record in records:
+            self._delete(record)
 
     def _delete(self, record: CheckpointRecord) -> None:
         try:

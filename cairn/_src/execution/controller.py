@@ -29,7 +29,7 @@ from cairn._src.config import RunConfig, ScalingConfig
 from cairn._src.errors import ConfigError, ReportError, WorkerGroupError
 from cairn._src.execution.backend import WorkerHandle, make_backend
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
-from cairn._src.execution.local_backend import Bootstrap
+from cairn._src.execution.local_backend import Bootstrap, disable_nagle
 from cairn._src.execution.messages import (
     CheckpointView,
     CommittedMessage,
@@ -94,6 +94,7 @@ class _Attempt:
     fatal: bool = False
     commits_in_flight: int = 0
     first_report_seen: bool = False
+    train_started: bool = False
     last_commit_t: float | None = None
 
 
@@ -186,6 +187,7 @@ class Controller:
         while not self._closing:
             try:
                 connection = self._listener.accept()
+                disable_nagle(connection)
                 hello = connection.recv()
             except Exception:
                 if self._closing:
@@ -203,13 +205,19 @@ class Controller:
             ready, attempt = item
             try:
                 outcome = self._manager.commit(ready, attempt=attempt)
-                # The event log goes out with every commit: a driver killed later still
-                # leaves the timeline up to its last checkpoint.
-                self._events.flush()
-                self._post("committed", (ready, outcome, None))
             except BaseException as exc:
                 logger.error("Commit of report %d failed: %s", ready.index, exc)
                 self._post("committed", (ready, None, exc))
+                continue
+            self._post("committed", (ready, outcome, None))
+            # After the workers hear of the commit: the event log (a driver killed later
+            # still leaves the timeline up to its last checkpoint), then the deletions
+            # retention decided, which the written index no longer references.
+            try:
+                self._events.flush()
+            except Exception:
+                logger.warning("Could not flush the event log", exc_info=True)
+            self._manager.delete_dropped(outcome.dropped)
 
     # --- the run -------------------------------------------------------------------------
 
@@ -427,6 +435,11 @@ class Controller:
                 return
             attempt.tracker.on_uploaded(message)
             self._enqueue_ready(attempt)
+        elif isinstance(message, TimingMessage) and message.kind == "train_start":
+            if not attempt.train_started:
+                attempt.train_started = True
+                self._events.append({"type": "train_start", "attempt": attempt.number,
+                                     "t": message.at})
         elif isinstance(message, TimingMessage):
             self._events.append({"type": "blocked", "rank": message.rank, "kind": message.kind,
                                  "seconds": message.seconds, "t": message.at,

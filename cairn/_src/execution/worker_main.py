@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import sys
+import time
 import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -19,7 +20,13 @@ from typing import Any
 import cloudpickle
 
 from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
-from cairn._src.execution.messages import DoneMessage, ErrorMessage, SetupMessage
+from cairn._src.execution.local_backend import disable_nagle
+from cairn._src.execution.messages import (
+    DoneMessage,
+    ErrorMessage,
+    SetupMessage,
+    TimingMessage,
+)
 from cairn._src.execution.session import WorkerSession, set_session
 from cairn._src.storage.registry import import_registrations
 
@@ -52,6 +59,8 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
             hook(session.context)
         train_fn = cloudpickle.loads(setup.train_fn)
         config = cloudpickle.loads(setup.config)
+        # Start-up and recovery end here, for goodput.
+        session.send(TimingMessage(rank, "train_start", 0.0, time.time()))
         value = train_fn(config) if setup.pass_config else train_fn()
         session.finish()
         for hook in cloudpickle.loads(setup.teardown_hooks):
@@ -88,6 +97,7 @@ def run_from_bootstrap(boot: dict[str, Any]) -> int:
     rank = int(boot["rank"])
     address = (boot["address"][0], int(boot["address"][1]))
     connection = Client(address, authkey=bytes.fromhex(boot["authkey"]))
+    disable_nagle(connection)
     return run_worker(connection, rank, int(boot["attempt"]))
 
 

@@ -6,6 +6,7 @@ run resumed by a new driver is summarized whole. Event types (all with ``t``, a 
 * ``session_start`` / ``session_end``: a driver started or finished working on the run;
 * ``attempt_start`` (``attempt``), ``workers_ready`` (``attempt``): a worker group was
   started and every worker connected;
+* ``train_start`` (``attempt``): the train function started on the first rank;
 * ``first_report`` (``attempt``): the first report of the attempt arrived;
 * ``blocked`` (``rank``, ``kind``, ``seconds``): a rank was blocked in ``report()``;
 * ``commit`` (``index``, ``seconds``, ``bytes``);
@@ -96,7 +97,9 @@ def summarize(events: Iterable[dict[str, Any]]) -> GoodputSummary:
         elif kind == "attempt_start":
             attempts += 1
             attempt_start = t
-        elif kind == "first_report" and attempt_start is not None:
+        elif kind in ("train_start", "first_report") and attempt_start is not None:
+            # train_start (every worker connected and about to train) ends start-up and
+            # recovery; logs written before it existed fall back to the first report.
             if failed_at is not None:
                 recovery += t - failed_at
                 failed_at = None

@@ -79,7 +79,7 @@ class SegmentLog:
         directory: StorageLocation,
         retry: RetryPolicy,
         *,
-        records_per_segment: int = 2000,
+        records_per_segment: int = 500,
     ) -> None:
         self._directory = directory
         self._retry = retry
