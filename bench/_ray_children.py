@@ -122,7 +122,7 @@ def _child_metric_report_latency(
     out.mkdir()
     _init_ray(num_workers)
     result: dict[str, Any] = {"fast_poll_interval_s": fast_poll_interval_s}
-    runs = [("default", num_reports, None)]
+    runs: list[tuple[str, int, float | None]] = [("default", num_reports, None)]
     if fast_poll_num_reports > 0:
         runs.append(("fast_poll", fast_poll_num_reports, fast_poll_interval_s))
     for tag, count, interval in runs:
