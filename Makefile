@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproj
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m cairn.demo
+	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check cairn tests bench $(wildcard examples)

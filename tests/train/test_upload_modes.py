@@ -126,3 +126,14 @@ def test_unpicklable_store_registration_is_refused_clearly(
                     run_config=run_config()).fit()
     finally:
         unregister_scheme("lockedstore")
+
+
+def test_async_upload_fn_that_registers_in_place_keeps_the_data(
+    run_config: RunConfigFactory, tmp_path: os.PathLike[str]
+) -> None:
+    target = os.path.join(os.fspath(tmp_path), "dcp")
+    result = Trainer(workloads.upload_fn_in_place, train_loop_config={"target": target},
+                     scaling_config=ScalingConfig(num_workers=2), run_config=run_config()).fit()
+    assert result.checkpoint is not None
+    assert result.checkpoint.path == os.path.join(target, "in_place")
+    result.checkpoint.verify()

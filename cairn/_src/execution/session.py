@@ -381,8 +381,10 @@ class WorkerSession:
                 return
             self._fail_handle(job.index, exc)
             raise
-        if job.delete_local:
-            # The data is on storage now; the local copy is not needed for the commit.
+        if job.delete_local and message.reference != job.checkpoint.location:
+            # The data is on storage now; the local copy is not needed for the commit. An
+            # upload function that registered the directory in place (torch DCP writing
+            # straight to its final location) returns that same directory: it stays.
             shutil.rmtree(job.checkpoint.path, ignore_errors=True)
         self.send(message)
 
