@@ -1,0 +1,279 @@
+"""``prepare_data_loader``: shard a DataLoader across ranks, reseed it every epoch, and
+remember where it is, so a restored run reads exactly the batches it would have read.
+
+Data order is a pure function of ``(seed, epoch, rank, world size)``: the sampler is a
+:class:`~torch.utils.data.DistributedSampler` reseeded with the epoch at the start of every
+pass, and the loader's own generator (which seeds DataLoader worker processes) is reseeded
+from ``(seed, epoch, rank)``, so iterating never draws from the global torch RNG. The
+position (epoch, batches handed out) is saved with the training state, and a restored
+loader skips the batches already seen at the sampler, without loading them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from cairn._src.errors import ConfigError
+from cairn._src.torch.placement import get_device, move_to_device, rank_and_world_size
+
+logger = logging.getLogger(__name__)
+
+POSITION_KEYS = ("epoch", "batch")
+
+
+class _ResumableSampler(DistributedSampler):  # type: ignore[type-arg]
+    """A DistributedSampler that can start a pass part-way (``start`` indices in)."""
+
+    start: int = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+    def __len__(self) -> int:
+        return int(self.num_samples) - self.start
+
+
+def _pass_seed(seed: int, epoch: int, rank: int) -> int:
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class PreparedDataLoader:
+    """A DataLoader that shards across ranks, reseeds every epoch and can resume mid-epoch.
+
+    Iterate it like the DataLoader it wraps; other attributes (``dataset``,
+    ``batch_size`` ...) are the wrapped loader's. Every ``iter()`` is one pass over this
+    rank's shard: the first is epoch 0 (or the restored epoch), each completed pass moves
+    to the next epoch, and a pass abandoned part-way counts as done when the next
+    ``iter()`` starts. ``set_epoch(n)`` makes the next pass epoch ``n``.
+
+    ``state_dict()`` is the position (``{"epoch": e, "batch": b}``: ``b`` batches of epoch
+    ``e`` handed out); ``load_state_dict()`` makes the next pass continue from there.
+    Batches are moved to :func:`get_device` when it is not the CPU. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        *,
+        sampler: _ResumableSampler | None,
+        generator: torch.Generator | None,
+        seed: int,
+        rank: int,
+        move_to_device: bool,
+    ) -> None:
+        self._loader = loader
+        self._sampler = sampler
+        self._generator = generator
+        self._seed = seed
+        self._rank = rank
+        self._move = move_to_device
+        self._epoch = 0
+        self._batch = 0
+        self._active = False
+        self._pass = 0
+
+    @property
+    def data_loader(self) -> DataLoader[Any]:
+        """The DataLoader this wraps (with the distributed sampler, when one was added)."""
+        return self._loader
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass in progress, or of the next pass."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``.
+
+        A restored mid-epoch position is kept when ``epoch`` is its epoch, so calling
+        ``set_epoch(epoch)`` before every pass (the DistributedSampler habit) is harmless.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch(epoch={epoch!r}) must be an integer >= 0.")
+        if self._active or epoch != self._epoch:
+            self._batch = 0
+        self._active = False
+        self._epoch = epoch
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this loader is: ``{"epoch": e, "batch": b}`` (``b`` batches handed out)."""
+        return {"epoch": self._epoch, "batch": self._batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position :meth:`state_dict` returned: the next pass is epoch
+        ``state["epoch"]`` without its first ``state["batch"]`` batches."""
+        if not isinstance(state, dict) or set(state) != set(POSITION_KEYS) or any(
+            isinstance(state[k], bool) or not isinstance(state[k], int) or state[k] < 0
+            for k in POSITION_KEYS
+        ):
+            raise ConfigError(
+                f"load_state_dict(state={state!r}) must be {{'epoch': int >= 0, "
+                "'batch': int >= 0}, as state_dict() returns."
+            )
+        self._epoch, self._batch, self._active = state["epoch"], state["batch"], False
+
+    def __len__(self) -> int:
+        """Batches per pass on this rank (a full epoch, whatever the position)."""
+        if self._sampler is None:
+            return len(self._loader)
+        samples = int(self._sampler.num_samples)
+        size = self._loader.batch_size
+        if size is None:
+            return samples
+        return samples // size if self._loader.drop_last else -(-samples // size)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._active:
+            # The previous pass was abandoned part-way: it counts as done.
+            self._epoch, self._batch = self._epoch + 1, 0
+        self._pass += 1
+        self._active = True
+        skip = self._batch
+        if self._generator is not None:
+            self._generator.manual_seed(_pass_seed(self._seed, self._epoch, self._rank))
+        if self._sampler is not None:
+            self._sampler.set_epoch(self._epoch)
+            self._sampler.start = skip * (self._loader.batch_size or 1)
+            iterator = iter(self._loader)
+        else:
+            set_epoch = getattr(self._loader.sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self._epoch)
+            iterator = iter(self._loader)
+            for _ in range(skip):  # no sampler of ours: skip by reading
+                if next(iterator, _END) is _END:
+                    break
+        return self._run(self._pass, iterator)
+
+    def _run(self, token: int, iterator: Iterator[Any]) -> Iterator[Any]:
+        device = get_device()
+        move = self._move and device.type != "cpu"
+        non_blocking = bool(self._loader.pin_memory)
+        for batch in iterator:
+            if token == self._pass:
+                self._batch += 1
+            yield move_to_device(batch, device, non_blocking=non_blocking) if move else batch
+        if token == self._pass:
+            self._epoch, self._batch, self._active = self._epoch + 1, 0, False
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __repr__(self) -> str:
+        return (f"PreparedDataLoader(epoch={self._epoch}, batch={self._batch}, "
+                f"batches_per_epoch={len(self)})")
+
+
+_END = object()
+
+
+def _shuffle_of(loader: DataLoader[Any]) -> bool:
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler):
+        if sampler.replacement or sampler._num_samples is not None:
+            raise ConfigError(
+                "prepare_data_loader(data_loader=...) samples with replacement or a custom "
+                "num_samples (RandomSampler(replacement=True/num_samples=...)), which a "
+                "DistributedSampler cannot shard; pass add_dist_sampler=False and shard it "
+                "yourself."
+            )
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    raise ConfigError(
+        f"prepare_data_loader(data_loader=...) uses the sampler {type(sampler).__name__}; "
+        "add_dist_sampler=True replaces only RandomSampler (shuffle=True), SequentialSampler "
+        "(shuffle=False) and DistributedSampler. Pass add_dist_sampler=False to keep yours."
+    )
+
+
+def prepare_data_loader(
+    data_loader: DataLoader[Any],
+    *,
+    add_dist_sampler: bool = True,
+    move_to_device: bool = True,
+    seed: int = 0,
+) -> PreparedDataLoader:
+    """``data_loader`` sharded across the run's ranks, reseeded every epoch, resumable.
+
+    With ``add_dist_sampler`` (the default) the loader is rebuilt with the same settings
+    and a :class:`~torch.utils.data.DistributedSampler` over this rank's shard (also with
+    one worker: the order then comes from ``seed`` and the epoch alone); its shuffle is the
+    original loader's (``shuffle=True`` stays shuffled). ``seed`` fixes the order of every
+    epoch; the loader's ``generator`` is replaced by one seeded from ``(seed, epoch,
+    rank)``. With ``move_to_device``, batches (tensors nested in tuples, lists, dicts)
+    are moved to :func:`get_device`. With ``add_dist_sampler=False`` the loader is kept
+    as is (the sampler's ``set_epoch`` is still called every pass, when it has one).
+
+    Raises :class:`ConfigError` for loaders the sampler cannot replace (an iterable
+    dataset, a custom sampler or batch sampler) unless ``add_dist_sampler=False``.
+    """
+    if not isinstance(data_loader, DataLoader):
+        raise ConfigError(
+            f"prepare_data_loader(data_loader={data_loader!r}) must be a "
+            "torch.utils.data.DataLoader."
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"prepare_data_loader(seed={seed!r}) must be an integer >= 0.")
+    rank, world_size = rank_and_world_size()
+    if not add_dist_sampler:
+        return PreparedDataLoader(data_loader, sampler=None, generator=None, seed=seed,
+                                  rank=rank, move_to_device=move_to_device)
+    if isinstance(data_loader.dataset, IterableDataset):
+        raise ConfigError(
+            "prepare_data_loader(data_loader=...) reads an IterableDataset, which has no "
+            "sampler to shard; shard it in the dataset and pass add_dist_sampler=False."
+        )
+    batch_sampler = data_loader.batch_sampler
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        raise ConfigError(
+            f"prepare_data_loader(data_loader=...) uses the batch sampler "
+            f"{type(batch_sampler).__name__}, which cannot be sharded; pass "
+            "add_dist_sampler=False and shard it yourself."
+        )
+    sampler = _ResumableSampler(
+        data_loader.dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=_shuffle_of(data_loader),
+        seed=seed,
+    )
+    generator = torch.Generator()
+    rebuilt: DataLoader[Any] = DataLoader(
+        data_loader.dataset,
+        batch_size=data_loader.batch_size,
+        sampler=sampler,
+        num_workers=data_loader.num_workers,
+        collate_fn=data_loader.collate_fn,
+        pin_memory=data_loader.pin_memory,
+        drop_last=data_loader.drop_last,
+        timeout=data_loader.timeout,
+        worker_init_fn=data_loader.worker_init_fn,
+        multiprocessing_context=data_loader.multiprocessing_context,
+        generator=generator,
+        prefetch_factor=data_loader.prefetch_factor,
+        persistent_workers=data_loader.persistent_workers,
+        pin_memory_device=data_loader.pin_memory_device,
+        in_order=getattr(data_loader, "in_order", True),
+    )
+    return PreparedDataLoader(rebuilt, sampler=sampler, generator=generator, seed=seed,
+                              rank=rank, move_to_device=move_to_device)

@@ -1,0 +1,137 @@
+"""Setting up and tearing down ``torch.distributed`` in the workers of a run.
+
+The driver picks a fresh rendezvous port for every attempt (:class:`AttemptEnvironment`),
+so a restarted group never meets a port still held by the group it replaces. In each
+worker, :class:`ProcessGroupSetup` exports the variables ``torchrun`` would
+(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``), picks the device and initializes the default process group;
+:func:`destroy_process_group` ends it after the train function returned.
+
+Why a collective never hangs a restart: when any worker raises, exits or is killed, the
+controller kills every process of the group at once (SIGKILL) and starts a new group with
+a new port. A rank blocked in an allreduce with a dead peer is killed with it; nothing
+waits for ``TorchConfig.timeout_s``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cairn._src.errors import ConfigError
+from cairn._src.torch.config import TorchConfig
+from cairn._src.torch.placement import set_worker_device
+
+logger = logging.getLogger(__name__)
+
+MASTER_ADDR = "127.0.0.1"
+
+
+def free_port(host: str = MASTER_ADDR) -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class AttemptEnvironment:
+    """Called by the driver before each attempt: the rendezvous address of its workers.
+
+    ``threads_per_worker`` (when not None) becomes ``OMP_NUM_THREADS``, so N workers on
+    one machine do not each start a thread per core; a value the user set in the driver's
+    environment or in ``RunConfig.worker_env`` wins.
+    """
+
+    threads_per_worker: int | None = None
+
+    def __call__(self, attempt: int) -> dict[str, str]:
+        port = free_port()
+        logger.info("Attempt %d: torch.distributed rendezvous at %s:%d", attempt, MASTER_ADDR,
+                    port)
+        env = {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port)}
+        if self.threads_per_worker is not None:
+            env["OMP_NUM_THREADS"] = str(self.threads_per_worker)
+        return env
+
+
+def choose_backend(config: TorchConfig, use_gpu: bool, rank: int) -> str:
+    """The backend for this worker; :class:`ConfigError` when it cannot work here."""
+    cuda = torch.cuda.is_available()
+    if use_gpu and not cuda:
+        raise ConfigError(
+            f"ScalingConfig(use_gpu=True), but rank {rank} sees no CUDA device "
+            "(torch.cuda.is_available() is False). Set use_gpu=False to train on CPUs "
+            "with gloo, or install a CUDA build of torch."
+        )
+    if config.backend == "nccl" and not use_gpu:
+        raise ConfigError(
+            "TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True), or use "
+            "backend='gloo' (or None) on CPUs."
+        )
+    if config.backend is not None:
+        return config.backend
+    return "nccl" if use_gpu else "gloo"
+
+
+@dataclass(frozen=True)
+class ProcessGroupSetup:
+    """The set-up hook ``TorchTrainer`` runs in every worker before the train function."""
+
+    config: TorchConfig
+    use_gpu: bool
+
+    def __call__(self, context: Any) -> None:
+        rank, world_size = context.get_world_rank(), context.get_world_size()
+        local_rank = context.get_local_rank()
+        os.environ.update({
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(context.get_local_world_size()),
+            "NODE_RANK": str(context.get_node_rank()),
+        })
+        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+            raise ConfigError(
+                "MASTER_ADDR/MASTER_PORT are not set in this worker: the process group set-up "
+                "of cairn.torch.TorchTrainer runs only in its own workers."
+            )
+        backend = choose_backend(self.config, self.use_gpu, rank)
+        device = torch.device("cpu")
+        if self.use_gpu:
+            count = torch.cuda.device_count()
+            if context.get_local_world_size() > count:
+                raise ConfigError(
+                    f"ScalingConfig(num_workers={context.get_local_world_size()}, use_gpu=True)"
+                    f" on a machine with {count} CUDA device(s): each worker needs its own "
+                    f"GPU; use at most {count} workers."
+                )
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        set_worker_device(device)
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=self.config.timeout_s),
+        )
+        logger.debug("Rank %d: torch.distributed %s process group of %d on %s", rank, backend,
+                     world_size, device)
+
+
+def destroy_process_group(context: Any) -> None:
+    """The teardown hook: ends the default process group after the train function returned.
+
+    A failed attempt never gets here: its processes are killed, which ends the group.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    set_worker_device(None)

@@ -1,0 +1,151 @@
+"""``report_snapshot``: an ASYNC checkpoint report that blocks the train loop only for a
+memory copy.
+
+The train loop copies the state's tensors into reused CPU buffers
+(:mod:`.snapshot_buffers`) and hands the copy to the worker's upload thread, which
+serializes it with ``torch.save`` into a private directory, uploads it with checksums and
+commits it, one report after another. The copy is what makes this safe: training may
+change the live tensors as soon as ``report_snapshot`` returns. The time spent copying is
+recorded as checkpoint stall (kind ``snapshot_copy``) in the run's goodput timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from cairn._src.errors import ReportError
+from cairn._src.execution.messages import TimingMessage
+from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.execution.session import get_session
+from cairn._src.storage.paths import check_relative_path
+from cairn._src.torch.snapshot_buffers import BufferSet, SnapshotBuffers, copy_state
+from cairn._src.torch.training_state import (
+    check_state_arguments,
+    collect_training_state,
+    write_files,
+)
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+
+_buffers = SnapshotBuffers()
+
+
+def snapshot_buffers() -> SnapshotBuffers:
+    """The process-wide buffer pool of :func:`report_snapshot` (for tests and benchmarks)."""
+    return _buffers
+
+
+def report_snapshot(
+    metrics: dict[str, Any],
+    state_dict: Mapping[str, Any] | None = None,
+    *,
+    model: nn.Module | None = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    data_loader: Any = None,
+    step: int = 0,
+    epoch: int = 0,
+    extra: Mapping[str, Any] | None = None,
+    file_name: str = STATE_FILE,
+    per_rank: bool = False,
+    checkpoint_dir_name: str | None = None,
+) -> ReportHandle:
+    """Report ``metrics`` with an in-memory snapshot of a state, uploaded in the background.
+
+    Call it on every rank, like ``cairn.report``; it is report n of each rank. Two forms:
+
+    * ``report_snapshot(metrics, model=..., optimizer=..., scheduler=..., data_loader=...,
+      step=..., epoch=..., extra=...)``: the whole training state, in the layout of
+      :func:`save_training_state` (rank 0 the replicated state, every rank its RNGs and
+      data position), so :func:`load_training_state` restores it;
+    * ``report_snapshot(metrics, state_dict)``: any nested dict/list of tensors and plain
+      values, saved by rank 0 as ``file_name`` (other ranks report metrics only), or with
+      ``per_rank=True`` by every rank as ``rank_<r>/<file_name>``; read it back with
+      ``torch.load``.
+
+    It returns once the tensors are copied to CPU memory (buffers reused across calls:
+    no allocation when shapes match; pinned, and asynchronous, for CUDA tensors), or
+    later only when ``CheckpointConfig.max_pending_uploads`` snapshots are already
+    pending. Serialization, upload and commit happen on the upload thread; the returned
+    :class:`ReportHandle` follows the commit, and the run does not finish before it.
+    """
+    session = get_session("report_snapshot")
+    if (state_dict is None) == (model is None):
+        raise ReportError(
+            "report_snapshot(...) takes either a state dict (report_snapshot(metrics, "
+            "state_dict)) or a training state (report_snapshot(metrics, model=..., "
+            f"optimizer=...)), not {'both' if model is not None else 'neither'}."
+        )
+    rank = session.context.get_world_rank()
+    if model is not None:
+        check_state_arguments("report_snapshot", model=model, optimizer=optimizer,
+                              scheduler=scheduler, data_loader=data_loader, step=step,
+                              epoch=epoch, extra=extra)
+        files = collect_training_state(model=model, optimizer=optimizer, scheduler=scheduler,
+                                       data_loader=data_loader, step=step, epoch=epoch,
+                                       extra=extra)
+    else:
+        files = _state_dict_files(state_dict, file_name, per_rank, rank)
+    if not files:
+        # This rank contributes nothing to the checkpoint (rank 0 writes it).
+        return session.report(metrics)
+    started = time.perf_counter()
+    buffer_set = _buffers.acquire()
+    try:
+        copied = copy_state(files, buffer_set)
+        copy_s = time.perf_counter() - started
+        handle = session.report_deferred(metrics, files=list(copied),
+                                         write=_Writer(copied, buffer_set),
+                                         checkpoint_dir_name=checkpoint_dir_name)
+    except BaseException:
+        _buffers.release(buffer_set)
+        raise
+    _buffers.track(buffer_set, handle)
+    logger.debug("Snapshot of report %d: %.1f MiB copied in %.3fs", handle.index,
+                 buffer_set.nbytes / 2**20, copy_s)
+    session.send(TimingMessage(rank, "snapshot_copy", copy_s, time.time(), handle.index))
+    return handle
+
+
+def _state_dict_files(
+    state_dict: object, file_name: object, per_rank: object, rank: int
+) -> dict[str, Any]:
+    if not isinstance(state_dict, Mapping):
+        raise ReportError(
+            f"report_snapshot(state_dict={type(state_dict).__name__}) must be a dict (a "
+            "state dict: names to tensors and plain values)."
+        )
+    if not isinstance(per_rank, bool):
+        raise ReportError(f"report_snapshot(per_rank={per_rank!r}) must be True or False.")
+    if not isinstance(file_name, str) or "/" in file_name:
+        raise ReportError(
+            f"report_snapshot(file_name={file_name!r}) must be a file name without '/', such "
+            f"as {STATE_FILE!r}."
+        )
+    name = check_relative_path(file_name, argument="report_snapshot(file_name)")
+    if per_rank:
+        return {f"rank_{rank}/{name}": state_dict}
+    return {name: state_dict} if rank == 0 else {}
+
+
+class _Writer:
+    """Runs on the upload thread: serialize the copy, then free its buffers."""
+
+    def __init__(self, copied: dict[str, Any], buffer_set: BufferSet) -> None:
+        self._copied = copied
+        self._buffer_set = buffer_set
+
+    def __call__(self, directory: str) -> None:
+        try:
+            self._buffer_set.wait_for_copies()
+            write_files(directory, self._copied)
+        finally:
+            self._copied = {}
+            _buffers.release(self._buffer_set)

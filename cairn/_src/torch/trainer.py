@@ -1,0 +1,68 @@
+"""``TorchTrainer``: a ``Trainer`` whose workers run inside a ``torch.distributed`` group."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from cairn._src.config import RunConfig, ScalingConfig
+from cairn._src.errors import ConfigError
+from cairn._src.torch.config import TorchConfig
+from cairn._src.torch.process_group import (
+    AttemptEnvironment,
+    ProcessGroupSetup,
+    destroy_process_group,
+)
+from cairn._src.train.trainer import Trainer
+
+
+class TorchTrainer(Trainer):
+    """Runs ``train_loop_per_worker`` on N workers joined in one ``torch.distributed`` group.
+
+    Before the train function starts, every worker has the default process group
+    initialized (``torch.distributed.is_initialized()``): ``gloo`` on CPUs, ``nccl`` with
+    ``ScalingConfig(use_gpu=True)`` (one GPU per worker, ``cuda:<local rank>``), or
+    ``TorchConfig(backend=...)``. The workers also get the variables ``torchrun`` sets
+    (``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``), and, unless the driver's environment or
+    ``RunConfig.worker_env`` sets it, ``OMP_NUM_THREADS`` = CPU cores // workers.
+
+    Restarts never hang in a collective: a worker that fails makes Cairn kill every
+    process of the group (SIGKILL), including ranks blocked in an allreduce with it, and
+    the next attempt rendezvouses on a fresh port. After the train function returns (and
+    its pending uploads commit) the process group is destroyed.
+
+    Everything else is :class:`cairn.Trainer`: ``fit()``, checkpoints, restarts, resume.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        torch_config: TorchConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+    ) -> None:
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+        )
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise ConfigError(
+                f"torch_config={torch_config!r} must be a cairn.torch.TorchConfig or None."
+            )
+        self.torch_config = torch_config or TorchConfig()
+        self._setup_hooks.append(ProcessGroupSetup(self.torch_config, self.scaling_config.use_gpu))
+        self._teardown_hooks.append(destroy_process_group)
+        self._attempt_env = AttemptEnvironment(self._threads_per_worker())
+
+    def _threads_per_worker(self) -> int | None:
+        if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in (
+            self.run_config.worker_env or {}
+        ):
+            return None
+        return max(1, (os.cpu_count() or 1) // self.scaling_config.num_workers)

@@ -1,0 +1,274 @@
+"""The whole training state in a checkpoint directory, rank-aware.
+
+Layout (``format_version`` 1, in every file that Cairn writes here)::
+
+    model.pt                  rank 0   the model's state dict (unwrapped from DDP)
+    optimizer.pt              rank 0   when an optimizer is given
+    scheduler.pt              rank 0   when an LR scheduler is given
+    progress.pt               rank 0   step, epoch, extra, world size
+    rank_<r>/rank_state.pt    rank r   RNG states and the data loader's position
+
+State that data parallelism replicates (model, optimizer, scheduler, counters) is written
+once, by rank 0; state that differs per rank is written by every rank under its own
+``rank_<r>/`` prefix. So when every rank reports its directory, the files merge into one
+checkpoint without collisions. ``save_training_state`` and ``report_snapshot`` write the
+same layout, and ``load_training_state`` reads either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError
+from cairn._src.torch.placement import rank_and_world_size
+from cairn._src.torch.rng import capture_rng_state, restore_rng_state
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+PROGRESS_FILE = "progress.pt"
+
+
+def rank_state_file(rank: int) -> str:
+    return f"rank_{rank}/rank_state.pt"
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What :func:`load_training_state` read besides what it loaded into your objects.
+
+    ``step`` and ``epoch`` are the values saved (by convention: the next step and epoch
+    to run); ``extra`` is the saved ``extra`` dict; ``data_loader_position`` the saved
+    position of this rank's data loader (None without one); ``world_size`` the world size
+    of the run that saved it; ``rank_state_restored`` is False when the checkpoint holds
+    no state for this rank (the world size changed), so RNGs and data were not restored.
+    """
+
+    step: int
+    epoch: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    data_loader_position: dict[str, Any] | None = None
+    world_size: int = 1
+    rank_state_restored: bool = True
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel / DataParallel wrapper."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module  # type: ignore[no-any-return]
+    return model
+
+
+def _check_stateful(function: str, name: str, value: object) -> None:
+    if value is not None and not (
+        callable(getattr(value, "state_dict", None))
+        and callable(getattr(value, "load_state_dict", None))
+    ):
+        raise ConfigError(
+            f"{function}({name}={value!r}) must have state_dict() and load_state_dict() "
+            "(a torch optimizer, LR scheduler or data loader), or be None."
+        )
+
+
+def _check_counter(function: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{function}({name}={value!r}) must be an integer >= 0.")
+
+
+def check_state_arguments(
+    function: str,
+    *,
+    model: object,
+    optimizer: object = None,
+    scheduler: object = None,
+    data_loader: object = None,
+    step: object = 0,
+    epoch: object = 0,
+    extra: object = None,
+) -> None:
+    """:class:`ConfigError` naming the first argument of ``function`` that is not accepted."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{function}(model={model!r}) must be a torch.nn.Module.")
+    _check_stateful(function, "optimizer", optimizer)
+    _check_stateful(function, "scheduler", scheduler)
+    _check_stateful(function, "data_loader", data_loader)
+    _check_counter(function, "step", step)
+    _check_counter(function, "epoch", epoch)
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ConfigError(f"{function}(extra={extra!r}) must be a dict or None.")
+
+
+def collect_training_state(
+    *,
+    model: nn.Module,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    data_loader: Any = None,
+    step: int = 0,
+    epoch: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The files this rank writes (relative name -> object for ``torch.save``).
+
+    The objects still reference live tensors: copy or save them before training goes on.
+    """
+    rank, world_size = rank_and_world_size()
+    files: dict[str, Any] = {}
+    if rank == 0:
+        files[MODEL_FILE] = unwrap_model(model).state_dict()
+        if optimizer is not None:
+            files[OPTIMIZER_FILE] = optimizer.state_dict()
+        if scheduler is not None:
+            files[SCHEDULER_FILE] = scheduler.state_dict()
+        files[PROGRESS_FILE] = {"format_version": FORMAT_VERSION, "step": step, "epoch": epoch,
+                                "extra": dict(extra or {}), "world_size": world_size}
+    files[rank_state_file(rank)] = {
+        "format_version": FORMAT_VERSION,
+        "rank": rank,
+        "rng": capture_rng_state(),
+        "data_loader": None if data_loader is None else data_loader.state_dict(),
+    }
+    return files
+
+
+def write_files(directory: str, files: Mapping[str, Any]) -> None:
+    """``torch.save`` every object of ``files`` under ``directory``."""
+    for name, value in files.items():
+        path = os.path.join(directory, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(value, path)
+
+
+def save_training_state(
+    directory: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    data_loader: Any = None,
+    step: int = 0,
+    epoch: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Write this rank's part of the training state into ``directory``; return its files.
+
+    Rank 0 writes the model (unwrapped from DDP), optimizer, scheduler, ``step``,
+    ``epoch`` and ``extra`` (a dict of anything ``torch.save`` takes; load it with
+    ``weights_only=False`` if it holds more than tensors and plain values); every rank
+    writes ``rank_<r>/rank_state.pt`` with its RNG states (Python, NumPy, torch CPU and
+    CUDA) and its ``data_loader``'s position. Then ``cairn.report(...,
+    checkpoint=Checkpoint.from_directory(directory))`` on every rank merges them. Assumes
+    the model and optimizer are replicated (DDP), as they are after every step.
+    """
+    check_state_arguments("save_training_state", model=model, optimizer=optimizer,
+                          scheduler=scheduler, data_loader=data_loader, step=step, epoch=epoch,
+                          extra=extra)
+    files = collect_training_state(model=model, optimizer=optimizer, scheduler=scheduler,
+                                   data_loader=data_loader, step=step, epoch=epoch, extra=extra)
+    write_files(os.fspath(directory), files)
+    return sorted(files)
+
+
+@contextlib.contextmanager
+def _local_directory(checkpoint: object) -> Iterator[str]:
+    if isinstance(checkpoint, Checkpoint):
+        with checkpoint.as_directory() as directory:
+            yield directory
+        return
+    if isinstance(checkpoint, (str, os.PathLike)):
+        yield os.fspath(checkpoint)
+        return
+    raise ConfigError(
+        f"load_training_state(checkpoint={checkpoint!r}) must be a cairn.Checkpoint or the "
+        "path of a local directory."
+    )
+
+
+def _load(directory: str, name: str, map_location: Any, weights_only: bool) -> Any:
+    return torch.load(os.path.join(directory, name), map_location=map_location,
+                      weights_only=weights_only)
+
+
+def load_training_state(
+    checkpoint: Checkpoint | str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    data_loader: Any = None,
+    restore_rng: bool = True,
+    map_location: Any = "cpu",
+    weights_only: bool = True,
+) -> TrainingState:
+    """Load a training state written by :func:`save_training_state` or ``report_snapshot``.
+
+    ``checkpoint`` is a :class:`cairn.Checkpoint` (``cairn.get_checkpoint()``; downloaded
+    and verified when remote) or a local directory. Loads the model (into the module inside
+    a DDP wrapper, strictly), the optimizer and the scheduler when given, this rank's
+    RNG states (unless ``restore_rng=False``) and the ``data_loader``'s position, and
+    returns the :class:`TrainingState` with the step, the epoch and ``extra``. Call it
+    after building the model, optimizer and data loader (building draws random numbers;
+    restoring the RNGs comes last). Raises :class:`CheckpointNotFoundError` when the
+    directory holds no training state.
+    """
+    check_state_arguments("load_training_state", model=model, optimizer=optimizer,
+                          scheduler=scheduler, data_loader=data_loader)
+    rank, _ = rank_and_world_size()
+    with _local_directory(checkpoint) as directory:
+        if not os.path.isfile(os.path.join(directory, PROGRESS_FILE)):
+            raise CheckpointNotFoundError(
+                f"load_training_state(checkpoint={checkpoint!r}): {directory!r} holds no "
+                f"{PROGRESS_FILE}, so it is not a training state written by "
+                "save_training_state() or report_snapshot(model=...)."
+            )
+        progress = _load(directory, PROGRESS_FILE, map_location, weights_only)
+        if progress.get("format_version") != FORMAT_VERSION:
+            raise ManifestError(
+                f"{os.path.join(directory, PROGRESS_FILE)!r} has format_version="
+                f"{progress.get('format_version')!r}; this Cairn reads {FORMAT_VERSION}."
+            )
+        unwrap_model(model).load_state_dict(_load(directory, MODEL_FILE, map_location,
+                                                  weights_only))
+        for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)):
+            if target is None:
+                continue
+            if not os.path.isfile(os.path.join(directory, name)):
+                raise CheckpointNotFoundError(
+                    f"load_training_state(...) was given a {name.split('.')[0]}, but the "
+                    f"checkpoint has no {name}: it was saved without one."
+                )
+            target.load_state_dict(_load(directory, name, map_location, weights_only))
+        rank_path = os.path.join(directory, rank_state_file(rank))
+        position: dict[str, Any] | None = None
+        restored = os.path.isfile(rank_path)
+        if restored:
+            rank_state = torch.load(rank_path, map_location="cpu", weights_only=weights_only)
+            position = rank_state.get("data_loader")
+            if data_loader is not None and position is not None:
+                data_loader.load_state_dict(position)
+            if restore_rng:
+                restore_rng_state(rank_state["rng"])
+        else:
+            logger.warning("The checkpoint holds no state for rank %d (saved by %d ranks): "
+                           "its RNGs and data loader position are not restored", rank,
+                           progress.get("world_size"))
+    return TrainingState(
+        step=int(progress["step"]),
+        epoch=int(progress["epoch"]),
+        extra=dict(progress.get("extra") or {}),
+        data_loader_position=position,
+        world_size=int(progress.get("world_size", 1)),
+        rank_state_restored=restored,
+    )

@@ -1,0 +1,33 @@
+"""PyTorch for Cairn: ``TorchTrainer``, data-parallel helpers, the whole training state in
+a checkpoint, and in-memory snapshots that upload in the background.
+
+The names follow ``ray.train.torch`` (``TorchTrainer``, ``TorchConfig``,
+``prepare_model``, ``prepare_data_loader``, ``get_device``); see docs/torch.md.
+"""
+
+from __future__ import annotations
+
+from cairn._src.torch.config import TorchConfig
+from cairn._src.torch.data_loader import PreparedDataLoader, prepare_data_loader
+from cairn._src.torch.model import prepare_model
+from cairn._src.torch.placement import get_device
+from cairn._src.torch.snapshot import report_snapshot
+from cairn._src.torch.trainer import TorchTrainer
+from cairn._src.torch.training_state import (
+    TrainingState,
+    load_training_state,
+    save_training_state,
+)
+
+__all__ = [
+    "PreparedDataLoader",
+    "TorchConfig",
+    "TorchTrainer",
+    "TrainingState",
+    "get_device",
+    "load_training_state",
+    "prepare_data_loader",
+    "prepare_model",
+    "report_snapshot",
+    "save_training_state",
+]

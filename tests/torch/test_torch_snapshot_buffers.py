@@ -1,0 +1,66 @@
+"""The CPU buffers in-memory snapshots copy into: reuse, sharing, pool bookkeeping."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.torch.snapshot_buffers import SnapshotBuffers, copy_state
+
+
+def test_copy_is_independent_and_reuses_buffers_when_shapes_match() -> None:
+    pool = SnapshotBuffers()
+    weight = torch.randn(4, 3)
+    state = {"model.pt": {"w": weight, "step": 3, "groups": [{"lr": 0.1}]}}
+    first_set = pool.acquire()
+    first = copy_state(state, first_set)
+    assert torch.equal(first["model.pt"]["w"], weight)
+    assert first["model.pt"]["w"].data_ptr() != weight.data_ptr()
+    assert first["model.pt"]["groups"] is not state["model.pt"]["groups"]
+    pointer = first["model.pt"]["w"].data_ptr()
+    weight.add_(1.0)  # training goes on: the snapshot does not change
+    assert not torch.equal(first["model.pt"]["w"], weight)
+    pool.release(first_set)
+
+    again = pool.acquire()
+    assert again is first_set
+    second = copy_state(state, again)
+    assert second["model.pt"]["w"].data_ptr() == pointer, "same shape: the buffer is reused"
+    assert torch.equal(second["model.pt"]["w"], weight)
+    state["model.pt"]["w"] = torch.randn(5, 3)
+    third = copy_state(state, again)
+    assert third["model.pt"]["w"].shape == (5, 3)
+    assert torch.equal(third["model.pt"]["w"], state["model.pt"]["w"])
+
+
+def test_tied_weights_share_one_copy_and_state_dict_metadata_survives() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    state_dict = model.state_dict()
+    assert isinstance(state_dict, OrderedDict)
+    buffer_set = SnapshotBuffers().acquire()
+    copied = copy_state(state_dict, buffer_set)
+    assert isinstance(copied, OrderedDict)
+    assert copied._metadata == state_dict._metadata  # type: ignore[attr-defined]
+    assert copied["0.weight"] is copied["1.weight"]
+    assert len(buffer_set.tensors) == 1
+    assert buffer_set.nbytes == 10 * 4 * 4
+
+
+def test_busy_sets_are_never_handed_out_and_abandoned_ones_are_dropped() -> None:
+    pool = SnapshotBuffers()
+    first, second = pool.acquire(), pool.acquire()
+    assert first is not second and pool.sets == 2
+    refused = ReportHandle(1, has_checkpoint=True)
+    pool.track(second, refused)
+    refused._resolve(None, RuntimeError("refused before it was written"))
+    pool.release(first)
+    third = pool.acquire()
+    assert third is first
+    assert pool.sets == 1, "a busy set whose report is resolved is never released: dropped"
+    pool.release(third)
+    pool.clear()
+    assert pool.sets == 0
