@@ -31,6 +31,7 @@ from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.goodput.summary import GoodputSummary
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.train.api import get_checkpoint, get_context, report
+from cairn._src.train.callbacks import Callback
 from cairn._src.train.context import TrainContext
 from cairn._src.train.result import Result
 from cairn._src.train.trainer import Trainer
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CairnError",
+    "Callback",
     "Checkpoint",
     "CheckpointCollisionError",
     "CheckpointConfig",

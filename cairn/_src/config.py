@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -202,10 +202,13 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig."
             )
+        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks,
+                                                                       Sequence):
+            raise ConfigError(
+                f"RunConfig.callbacks={self.callbacks!r} must be a list of cairn.Callback."
+            )
         if not isinstance(self.storage_retry, RetryPolicy):
             raise ConfigError(
                 f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."
             )
 
-
-TrainLoop = Callable[..., Any]

@@ -163,3 +163,34 @@ def test_context_describes_each_rank(run_config: RunConfigFactory) -> None:
             "node_rank": 0, "experiment_name": "run", "attempt": 0,
             "run_uri": run_dir(config), "checkpoint": None,
         }
+
+
+class Recorder(cairn.Callback):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def on_report(self, report_index: int, metrics: dict[str, object]) -> None:
+        self.calls.append(("report", report_index))
+
+    def on_checkpoint(self, dir_name: str, metrics: dict[str, object]) -> None:
+        self.calls.append(("checkpoint", dir_name))
+
+    def on_run_end(self, result: cairn.Result) -> None:
+        self.calls.append(("end", result.metrics))
+
+
+def test_callbacks_follow_the_run_in_order(run_config: RunConfigFactory) -> None:
+    recorder = Recorder()
+    Trainer(workloads.checkpoint_every_step, train_loop_config={"steps": 2},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=run_config(callbacks=[recorder])).fit()
+    assert recorder.calls == [
+        ("report", 1), ("checkpoint", "checkpoint_000001"),
+        ("report", 2), ("checkpoint", "checkpoint_000002"),
+        ("end", {"step": 1, "score": 1}),
+    ]
+
+
+def test_callbacks_must_be_a_list() -> None:
+    with pytest.raises(cairn.ConfigError, match=r"RunConfig.callbacks=.* must be a list"):
+        cairn.RunConfig(callbacks=Recorder())  # type: ignore[arg-type]

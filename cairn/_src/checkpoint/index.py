@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cairn._src.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.errors import ManifestError
 from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES
 from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
@@ -186,7 +186,3 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
     next_index = max([base.next_report_index] + [r.report_index + 1 for r in records])
     logger.info("Rebuilt the index of %s from %d manifests", run.display(), len(records))
     return base.with_changes(checkpoints=tuple(records), next_report_index=next_index)
-
-
-__all__ = ["MANIFEST_NAME", "CheckpointRecord", "RunIndex", "read_index", "rebuild_index",
-           "write_index"]

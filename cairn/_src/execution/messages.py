@@ -148,8 +148,3 @@ class CommittedMessage:
     checkpoint: CheckpointView | None
     error: str | None = None
     skipped: bool = False
-
-
-@dataclass(frozen=True)
-class StopMessage:
-    reason: str

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from cairn._src.errors import CollectiveTimeoutError, ReportError
-from cairn._src.execution.reports import ReportTracker
+from cairn._src.execution.reports import ReportTracker, describe_ranks
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ def check_progress(
         index, missing = overdue
         arrived = sorted(set(range(tracker.world_size)) - set(missing))
         return ProgressProblem(missing[0], str(CollectiveTimeoutError(
-            f"{tracker.describe_ranks(missing)} did not reach report {index} within "
-            f"{timeout_s:g}s of {tracker.describe_ranks(arrived)}: every rank must call "
+            f"{describe_ranks(missing)} did not reach report {index} within "
+            f"{timeout_s:g}s of {describe_ranks(arrived)}: every rank must call "
             "report() the same number of times (FailureConfig.collective_timeout_s)."
         )), fatal=False)
     for rank in sorted(done):

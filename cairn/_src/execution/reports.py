@@ -61,7 +61,8 @@ class Verdict:
     error: BaseException | None = None
 
 
-def _ranks(ranks: list[int] | set[int]) -> str:
+def describe_ranks(ranks: list[int] | set[int]) -> str:
+    """"rank 3" or "ranks 0, 2"."""
     ordered = sorted(ranks)
     label = "rank" if len(ordered) == 1 else "ranks"
     return f"{label} {', '.join(str(r) for r in ordered)}"
@@ -243,6 +244,3 @@ class ReportTracker:
 
     def pending_dir_names(self) -> list[str]:
         return [p.dir_name for p in self._pending.values() if p.dir_name is not None]
-
-    def describe_ranks(self, ranks: list[int]) -> str:
-        return _ranks(ranks)

@@ -38,7 +38,6 @@ from cairn._src.execution.messages import (
     RejectMessage,
     ReportMessage,
     SetupMessage,
-    StopMessage,
     TimingMessage,
     UploadedMessage,
     UploadFailedMessage,
@@ -456,9 +455,6 @@ class WorkerSession:
                     self._fail_handle(message.index, message.error)
             elif isinstance(message, CommittedMessage):
                 self._on_committed(message)
-            elif isinstance(message, StopMessage):
-                self._stopping = True
-                os._exit(0)
 
     def _on_committed(self, message: CommittedMessage) -> None:
         with self._state_lock:

@@ -1,0 +1,30 @@
+"""The front door: what ``import cairn`` offers, pinned."""
+
+from __future__ import annotations
+
+import cairn
+
+
+def test_exported_members() -> None:
+    assert cairn.__all__ == sorted(cairn.__all__)
+    assert cairn.__all__ == [
+        "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
+        "CheckpointNotFoundError", "CheckpointUploadMode", "ChecksumMismatchError",
+        "CollectiveTimeoutError", "ConfigError", "FailureConfig", "GoodputSummary",
+        "ManifestError", "ReportError", "ReportHandle", "Result", "RetryPolicy", "RunConfig",
+        "RunLeaseError", "ScalingConfig", "StorageError", "TrainContext", "Trainer",
+        "TrainingFailedError", "UnknownSchemeError", "UnsafePathError", "WorkerGroupError",
+        "get_checkpoint", "get_context", "report",
+    ]
+    for name in cairn.__all__:
+        assert getattr(cairn, name).__module__.startswith("cairn")
+
+
+def test_errors_share_one_root_and_builtins() -> None:
+    for name in cairn.__all__:
+        value = getattr(cairn, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, cairn.CairnError)
+    assert issubclass(cairn.CheckpointNotFoundError, FileNotFoundError)
+    assert issubclass(cairn.ConfigError, ValueError)
+    assert issubclass(cairn.CollectiveTimeoutError, TimeoutError)
