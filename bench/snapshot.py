@@ -43,6 +43,7 @@ for _path in (str(BENCH_DIR.parent), str(BENCH_DIR)):
         sys.path.insert(0, _path)
 
 import _harness  # noqa: E402
+import _module  # noqa: E402
 import _ray_reference as ray_ref  # noqa: E402
 
 import cairn  # noqa: E402
@@ -202,12 +203,11 @@ def cairn_rows(args: Any) -> list[Row]:
 
 def run(args: Any = None) -> list[Row]:
     """Cairn's rows, with Ray Train 2.60's figures as references unless ``args.no_ray``."""
-    if args is None:
-        args = _harness.parse_module_args(__doc__.split("\n\n")[0])
+    args = args if args is not None else _module.parse_args(__doc__)
     rows = cairn_rows(args)
-    if getattr(args, "no_ray", False) or ray_ref.ray_version() is None:
+    reference = _module.references(args, ("snapshot",))
+    if reference is None:
         return rows
-    reference = ray_ref.reference_rows(quick=getattr(args, "quick", False), groups=("snapshot",))
     ray_rows = [r for r in reference if r.metric == ray_ref.METRIC_SNAPSHOT]
     if ray_rows and ray_rows[0].reference is not None:
         snapshot = next(r for r in rows if r.metric == METRIC_REPORT_SNAPSHOT)
@@ -218,11 +218,7 @@ def run(args: Any = None) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s", stream=sys.stderr)
-    args = _harness.parse_module_args(__doc__.split("\n\n")[0], argv)
-    rows = run(args)
-    _harness.print_table(rows)
-    return 1 if any(_harness.is_error_row(row) for row in rows) else 0
+    return _module.module_main(__doc__, run, argv)
 
 
 if __name__ == "__main__":
