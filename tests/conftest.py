@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 import threading
 import urllib.parse
 import uuid
@@ -26,6 +27,9 @@ from typing import BinaryIO
 import pytest
 
 import cairn
+
+# Helpers shared by tests in different folders (imported as top-level modules).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 from cairn.storage import ObjectInfo, register_scheme
 
 S3_BUCKET = "cairn-test"

@@ -6,13 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import fault_store
 import fault_workloads
 import pytest
+from driver_process import finish, start_script, wait_for
 from invariants import check_run, resumed_steps, run_dir
 
 import cairn
@@ -24,24 +24,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "driver_script.py")
 
 
 def start_driver(storage: str, scratch: str, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, SCRIPT, storage, "run", scratch, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(predicate: Callable[[], bool], process: subprocess.Popen[bytes],
-             timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert process.poll() is None, process.communicate()[0].decode()[-3000:]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
-def finish(process: subprocess.Popen[bytes]) -> dict[str, object]:
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out.decode()[-5000:]
-    result: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
-    return result
+    return start_script(SCRIPT, storage, "run", scratch, *extra)
 
 
 def test_driver_killed_mid_run_is_continued_by_a_rerun(tmp_path: str, scratch: str) -> None:

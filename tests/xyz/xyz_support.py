@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+
+from driver_process import finish, start_script, wait_for
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STORAGE_TESTS = os.path.normpath(os.path.join(_HERE, os.pardir, "storage"))
@@ -46,22 +45,4 @@ def guide_code(directory: str, *, first_block_only: bool = False) -> str:
 
 
 def start_driver(storage_path: str, scratch: str, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, DRIVER, storage_path, scratch, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(predicate: Callable[[], bool], process: subprocess.Popen[bytes],
-             timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert process.poll() is None, process.communicate()[0].decode()[-3000:]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def finish(process: subprocess.Popen[bytes]) -> dict[str, object]:
-    """The JSON summary a driver prints last; fails with its output if it failed."""
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out.decode()[-5000:]
-    summary: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
-    return summary
+    return start_script(DRIVER, storage_path, scratch, *args)
