@@ -27,9 +27,16 @@ from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.execution.reports import ReadyCheckpoint
-from cairn._src.run.layout import RESERVED_NAMES, is_default_checkpoint_dir_name
+from cairn._src.run.layout import RESERVED_NAMES
 from cairn._src.run.segment_log import SegmentLog
-from cairn._src.storage.fileio import delete_dir, list_dir_names, list_files
+from cairn._src.storage.fileio import (
+    TEMPORARY_MARK,
+    delete_dir,
+    delete_file,
+    is_dir,
+    list_dir_names,
+    list_files,
+)
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import compute_entries, verify_directory
@@ -194,45 +201,64 @@ class CheckpointManager:
                 logger.warning("Leaving %s in place: %s", name, exc)
 
     def reconcile(self) -> None:
-        """Adopt manifests the index misses; delete partial default-named directories.
+        """Settle what a dead driver left behind, before the run goes on.
 
-        A driver killed between writing a manifest and the index leaves a committed
-        checkpoint the index does not name; one killed mid-upload leaves a directory without
-        a manifest. Both are settled here before the run goes on.
+        * A manifest the index does not name (killed between manifest and index): the
+          checkpoint is committed, so the index adopts it.
+        * A directory without a manifest (killed mid-upload, whatever its name): never a
+          checkpoint, so it is deleted, unless it holds the data of a checkpoint committed
+          by reference (NO_UPLOAD into the run directory), which has its manifest elsewhere.
+        * Temporary files of interrupted atomic writes: deleted.
         """
         known = {r.dir_name for r in self.index.checkpoints}
         adopted: list[CheckpointRecord] = []
+        partial: list[str] = []
         for name in list_dir_names(self.run, self.retry):
-            if name in RESERVED_NAMES or name in known:
-                continue
             location = self.run.join(name)
+            if TEMPORARY_MARK in name:
+                delete_file(location, self.retry)
+                continue
+            if name in RESERVED_NAMES or name in known or not is_dir(location, self.retry):
+                continue
             try:
                 manifest = read_manifest(location, self.retry)
             except CairnError as exc:
                 logger.warning("Ignoring %s: %s", name, exc)
                 continue
             if manifest is None:
-                if is_default_checkpoint_dir_name(name):
-                    delete_dir(location, self.retry)
-                    logger.info("Deleted partial checkpoint directory %s", name)
-                continue
-            if manifest.report_index is None:
-                continue
-            adopted.append(CheckpointRecord(
-                dir_name=name,
-                report_index=manifest.report_index,
-                metrics=dict(manifest.metrics),
-                target_uri=manifest.target_uri,
-                managed=manifest.target_uri is None,
-                committed_at=manifest.created_at,
-                size_bytes=sum(f.size for f in manifest.files.values()),
-            ))
+                partial.append(name)
+            elif manifest.report_index is not None:
+                adopted.append(CheckpointRecord(
+                    dir_name=name,
+                    report_index=manifest.report_index,
+                    metrics=dict(manifest.metrics),
+                    target_uri=manifest.target_uri,
+                    managed=manifest.target_uri is None,
+                    committed_at=manifest.created_at,
+                    size_bytes=sum(f.size for f in manifest.files.values()),
+                ))
         if adopted:
             logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                            len(adopted), [r.dir_name for r in adopted])
             records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
             next_index = max(self.index.next_report_index, records[-1].report_index + 1)
             self.save_index(checkpoints=tuple(records), next_report_index=next_index)
+        holding_references = self._top_level_names_of_references()
+        for name in partial:
+            if name not in holding_references:
+                delete_dir(self.run.join(name), self.retry)
+                logger.info("Deleted %s: a directory without a manifest", name)
+
+    def _top_level_names_of_references(self) -> set[str]:
+        """Run-directory entries that hold data of checkpoints committed by reference."""
+        names = set()
+        for record in self.index.checkpoints:
+            if record.target_uri is None:
+                continue
+            target = resolve(record.target_uri)
+            if is_inside(target, self.run):
+                names.add(target.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0])
+        return names
 
     def choose_resume(self) -> CheckpointView | None:
         """The latest committed checkpoint that verifies; corrupt ones are skipped.

@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# In the name of a file being written; one left behind by a crash is garbage.
+TEMPORARY_MARK = ".cairn-tmp-"
+
 _OBJECT_STORE_TYPES = frozenset({"s3", "gcs", "abfs"})
 
 
@@ -94,7 +97,7 @@ def write_bytes_atomic(
             with fs.open_output_stream(loc.path) as out:
                 out.write(data)
             return
-        temporary = f"{loc.path}.cairn-tmp-{uuid.uuid4().hex}"
+        temporary = f"{loc.path}{TEMPORARY_MARK}{uuid.uuid4().hex}"
         try:
             with fs.open_output_stream(temporary) as out:
                 out.write(data)

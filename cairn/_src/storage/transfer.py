@@ -36,7 +36,13 @@ from cairn._src.storage.checksum import (
     new_hasher,
     stream_copy,
 )
-from cairn._src.storage.fileio import list_files, needs_directories, parent_path, storage_call
+from cairn._src.storage.fileio import (
+    TEMPORARY_MARK,
+    list_files,
+    needs_directories,
+    parent_path,
+    storage_call,
+)
 from cairn._src.storage.location import StorageLocation, local_root
 from cairn._src.storage.parallel import (
     Cancelled,
@@ -210,7 +216,7 @@ def download_directory(
         def attempt(cancelled: Cancelled) -> None:
             report, undo = counting(shared)
             hasher = new_hasher() if verify and isinstance(want, FileEntry) else None
-            temporary = f"{final}.cairn-tmp-{uuid.uuid4().hex[:12]}"
+            temporary = f"{final}{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}"
             try:
                 with (
                     src.filesystem.open_input_stream(source.path) as stream,

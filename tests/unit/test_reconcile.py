@@ -1,0 +1,53 @@
+"""What a dead driver left in the run directory is settled before the run goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cairn import CheckpointConfig
+from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, read_index, write_index
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.manifest import Manifest, write_manifest
+from cairn._src.run.segment_log import SegmentLog
+from cairn._src.storage.location import resolve
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import compute_entries
+
+RETRY = RetryPolicy()
+
+
+def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Path) -> None:
+    run = resolve(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    # A checkpoint committed by reference, its data inside the run directory.
+    (tmp_path / "run" / "my_refs" / "step_1").mkdir(parents=True)
+    (tmp_path / "run" / "my_refs" / "step_1" / "w.bin").write_bytes(b"w")
+    reference = run.join("my_refs", "step_1")
+    write_manifest(run.join("checkpoint_000001"), Manifest(
+        files=compute_entries(reference, ["w.bin"]), report_index=1,
+        target_uri=reference.uri), RETRY)
+    index = RunIndex(checkpoints=(CheckpointRecord(
+        dir_name="checkpoint_000001", report_index=1, target_uri=reference.uri,
+        managed=True),), next_report_index=2)
+    write_index(run, index, RETRY)
+    # A committed checkpoint the index missed (driver killed between manifest and index).
+    (tmp_path / "run" / "epoch_2").mkdir()
+    (tmp_path / "run" / "epoch_2" / "a.bin").write_bytes(b"a")
+    write_manifest(run.join("epoch_2"), Manifest(
+        files=compute_entries(run.join("epoch_2"), ["a.bin"]), report_index=2), RETRY)
+    # Partial uploads under a custom and a default name, and a torn atomic write.
+    for partial in ("epoch_3", "checkpoint_000004"):
+        (tmp_path / "run" / partial).mkdir()
+        (tmp_path / "run" / partial / "half.bin").write_bytes(b"h")
+    (tmp_path / "run" / "cairn_run.json.cairn-tmp-0123").write_bytes(b"{")
+
+    manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                SegmentLog(run.join("metrics"), RETRY))
+    manager.reconcile()
+
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "cairn_run.json", "checkpoint_000001", "epoch_2", "my_refs"]
+    reread = read_index(run, RETRY)
+    assert reread is not None
+    assert [r.dir_name for r in reread.checkpoints] == ["checkpoint_000001", "epoch_2"]
+    assert reread.next_report_index == 3
