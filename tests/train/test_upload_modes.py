@@ -137,3 +137,56 @@ def test_async_upload_fn_that_registers_in_place_keeps_the_data(
     assert result.checkpoint is not None
     assert result.checkpoint.path == os.path.join(target, "in_place")
     result.checkpoint.verify()
+
+
+def test_retention_keeps_data_a_kept_checkpoint_shares(run_config: RunConfigFactory) -> None:
+    config = run_config(checkpoint_config=CheckpointConfig(num_to_keep=1))
+    result = Trainer(workloads.same_reference_twice, run_config=config).fit()
+    assert result.checkpoint is not None
+    result.checkpoint.verify()
+    with result.checkpoint.as_directory() as d:
+        assert open(os.path.join(d, "state.bin"), "rb").read() == b"step1"
+
+
+def test_refused_no_upload_report_fails_the_run(
+    run_config: RunConfigFactory, tmp_path: os.PathLike[str]
+) -> None:
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"NO_UPLOAD checkpoints of report 1 point to different places"):
+        Trainer(workloads.no_upload_disagreeing,
+                train_loop_config={"target": os.fspath(tmp_path)},
+                scaling_config=ScalingConfig(num_workers=2), run_config=run_config()).fit()
+
+
+def test_dir_name_over_committed_reference_data_is_refused(
+    run_config: RunConfigFactory,
+) -> None:
+    config = run_config()
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"checkpoint_dir_name='ckpt_a'\) on rank 0: this name is already "
+                             r"used"):
+        Trainer(workloads.name_over_reference_data, run_config=config).fit()
+    data = os.path.join(run_dir(config), "ckpt_a", "w.bin")
+    assert open(data, "rb").read() == b"committed"
+
+
+def test_train_function_the_workers_cannot_load(
+    run_config: RunConfigFactory, tmp_path: os.PathLike[str]
+) -> None:
+    import sys
+
+    module = os.path.join(os.fspath(tmp_path), "only_on_the_driver.py")
+    with open(module, "w") as f:
+        f.write("def train():\n    pass\n")
+    sys.path.insert(0, os.fspath(tmp_path))
+    try:
+        import only_on_the_driver
+    finally:
+        sys.path.remove(os.fspath(tmp_path))
+    os.remove(module)  # gone before the workers start: they cannot import it
+    config = run_config(failure_config=cairn.FailureConfig(max_failures=3))
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"could not load the train function or its config: "
+                             r"ModuleNotFoundError"):
+        Trainer(only_on_the_driver.train, run_config=config).fit()
+    assert cairn.Result.from_path(run_dir(config)).goodput.attempts == 1  # fatal: no retry

@@ -278,3 +278,36 @@ def upload_fn_in_place(config: dict[str, Any]) -> None:
                           checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
                           checkpoint_upload_fn=lambda checkpoint, name: checkpoint)
     handle.wait()
+
+
+def same_reference_twice(config: dict[str, Any]) -> None:
+    """NO_UPLOAD of one directory, reported again after it was updated in place."""
+    directory = os.path.join(cairn.get_context().get_storage().run_path, "latest_state")
+    os.makedirs(directory, exist_ok=True)
+    for step in range(2):
+        with open(os.path.join(directory, "state.bin"), "wb") as f:
+            f.write(b"step%d" % step)
+        cairn.report({"step": step}, checkpoint=Checkpoint(directory),
+                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD).wait()
+
+
+def no_upload_disagreeing(config: dict[str, Any]) -> None:
+    rank = cairn.get_context().get_world_rank()
+    directory = os.path.join(config["target"], f"rank_{rank}")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "x.bin"), "wb") as f:
+        f.write(b"x")
+    cairn.report({"step": 0}, checkpoint=Checkpoint(directory),
+                 checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    time.sleep(1.0)  # the refusal arrives while the function is still running
+
+
+def name_over_reference_data(config: dict[str, Any]) -> None:
+    directory = os.path.join(cairn.get_context().get_storage().run_path, "ckpt_a")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "w.bin"), "wb") as f:
+        f.write(b"committed")
+    cairn.report({"step": 0}, checkpoint=Checkpoint(directory),
+                 checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD).wait()
+    other = write_checkpoint(tempfile.mkdtemp(), {"w.bin": b"overwritten"})
+    cairn.report({"step": 1}, checkpoint=other, checkpoint_dir_name="ckpt_a")

@@ -35,18 +35,19 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
     (tmp_path / "run" / "epoch_2" / "a.bin").write_bytes(b"a")
     write_manifest(run.join("epoch_2"), Manifest(
         files=compute_entries(run.join("epoch_2"), ["a.bin"]), report_index=2), RETRY)
-    # Partial uploads under a custom and a default name, and a torn atomic write.
-    for partial in ("epoch_3", "checkpoint_000004"):
+    # Partial uploads under a recorded custom name and a default name, a directory of the
+    # user's own (logs), and a torn atomic write.
+    for partial in ("epoch_3", "checkpoint_000004", "tensorboard"):
         (tmp_path / "run" / partial).mkdir()
         (tmp_path / "run" / partial / "half.bin").write_bytes(b"h")
     (tmp_path / "run" / "cairn_run.json.cairn-tmp-0123").write_bytes(b"{")
 
     manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
                                 SegmentLog(run.join("metrics"), RETRY))
-    manager.reconcile()
+    manager.reconcile(started={"epoch_3"})
 
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "cairn_run.json", "checkpoint_000001", "epoch_2", "my_refs"]
+        "cairn_run.json", "checkpoint_000001", "epoch_2", "my_refs", "tensorboard"]
     reread = read_index(run, RETRY)
     assert reread is not None
     assert [r.dir_name for r in reread.checkpoints] == ["checkpoint_000001", "epoch_2"]

@@ -90,3 +90,13 @@ def test_overdue_names_missing_ranks_and_waiting_on() -> None:
     assert tracker.overdue(10.0, now=time.monotonic() + 11) == (1, [2])
     assert tracker.waiting_on(2) == 1
     assert tracker.waiting_on(1) is None
+
+
+def test_mixing_an_upload_function_with_the_built_in_upload_is_refused() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(ReportMessage(0, 1, {}, CheckpointIntent(
+        "checkpoint_000001", "SYNC", upload_fn=True), time.time()))
+    verdicts = tracker.on_report(report(1, 1, {"b": 1}))
+    with pytest.raises(ReportError, match=r"mixes checkpoint_upload_fn \(rank 0\) with "
+                                          r"Cairn's own upload \(rank 1\)"):
+        raise verdicts[0].error  # type: ignore[misc]

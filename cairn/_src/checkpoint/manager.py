@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
@@ -24,10 +25,15 @@ from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
-from cairn._src.errors import CairnError
+from cairn._src.errors import (
+    CairnError,
+    CheckpointNotFoundError,
+    ChecksumMismatchError,
+    ManifestError,
+)
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.execution.reports import ReadyCheckpoint
-from cairn._src.run.layout import RESERVED_NAMES
+from cairn._src.run.layout import RESERVED_NAMES, is_default_checkpoint_dir_name
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
@@ -150,11 +156,12 @@ class CheckpointManager:
         keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
         kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
         dropped = [r for r, k in zip(records, keep, strict=True) if not k]
-        self.index = self.index.with_changes(
+        index = self.index.with_changes(
             checkpoints=kept,
             next_report_index=max(self.index.next_report_index, ready.index + 1),
         )
-        write_index(self.run, self.index, self.retry)
+        write_index(self.run, index, self.retry)
+        self.index = index
         seconds = time.perf_counter() - started
         logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
                     ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
@@ -171,15 +178,32 @@ class CheckpointManager:
 
     def _delete(self, record: CheckpointRecord) -> None:
         try:
+            manifest_dir = self.run.join(record.dir_name)
+            # The manifest goes first: a crash half-way leaves a directory without one,
+            # which is never taken for a checkpoint again.
+            delete_file(manifest_dir.join(MANIFEST_NAME), self.retry)
             if record.target_uri is not None and (
                 record.managed or self.config.delete_unmanaged_checkpoints
             ):
-                delete_dir(resolve(record.target_uri), self.retry)
-            delete_dir(self.run.join(record.dir_name), self.retry)
+                target = resolve(record.target_uri)
+                if self._shared_with_kept(target):
+                    logger.info("Keeping the data of %s: a kept checkpoint uses it too",
+                                record.dir_name)
+                else:
+                    delete_dir(target, self.retry)
+            delete_dir(manifest_dir, self.retry)
         except Exception:
             # The index no longer names it: a leftover costs space, never correctness.
             logger.warning("Could not delete dropped checkpoint %s", record.dir_name,
                            exc_info=True)
+
+    def _shared_with_kept(self, target: StorageLocation) -> bool:
+        """Whether a checkpoint still in the index has its data at, in or above ``target``."""
+        for record in self.index.checkpoints:
+            data = self.view(record).data
+            if data == target or is_inside(data, target) or is_inside(target, data):
+                return True
+        return False
 
     def save_index(self, **changes: object) -> None:
         self.index = self.index.with_changes(**changes)
@@ -200,14 +224,16 @@ class CheckpointManager:
             except CairnError as exc:
                 logger.warning("Leaving %s in place: %s", name, exc)
 
-    def reconcile(self) -> None:
+    def reconcile(self, started: Collection[str] = ()) -> None:
         """Settle what a dead driver left behind, before the run goes on.
 
         * A manifest the index does not name (killed between manifest and index): the
           checkpoint is committed, so the index adopts it.
-        * A directory without a manifest (killed mid-upload, whatever its name): never a
-          checkpoint, so it is deleted, unless it holds the data of a checkpoint committed
-          by reference (NO_UPLOAD into the run directory), which has its manifest elsewhere.
+        * A checkpoint directory Cairn created without a manifest (killed mid-upload): never
+          a checkpoint, so it is deleted. Cairn created it if it has a default name or is in
+          ``started`` (explicit names, recorded before their upload began). Other
+          directories (the user's logs, data of a NO_UPLOAD report still being written)
+          are left alone.
         * Temporary files of interrupted atomic writes: deleted.
         """
         known = {r.dir_name for r in self.index.checkpoints}
@@ -243,22 +269,28 @@ class CheckpointManager:
             records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
             next_index = max(self.index.next_report_index, records[-1].report_index + 1)
             self.save_index(checkpoints=tuple(records), next_report_index=next_index)
-        holding_references = self._top_level_names_of_references()
+        holding_references = self.names_holding_references()
         for name in partial:
-            if name not in holding_references:
+            created = is_default_checkpoint_dir_name(name) or name in started
+            if created and name not in holding_references:
                 delete_dir(self.run.join(name), self.retry)
                 logger.info("Deleted %s: a directory without a manifest", name)
 
-    def _top_level_names_of_references(self) -> set[str]:
+    def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""
         names = set()
         for record in self.index.checkpoints:
-            if record.target_uri is None:
-                continue
-            target = resolve(record.target_uri)
-            if is_inside(target, self.run):
-                names.add(target.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0])
+            if record.target_uri is not None:
+                name = self.entry_holding(resolve(record.target_uri))
+                if name is not None:
+                    names.add(name)
         return names
+
+    def entry_holding(self, location: StorageLocation) -> str | None:
+        """The run-directory entry ``location`` lies in, or None when outside the run."""
+        if not is_inside(location, self.run):
+            return None
+        return location.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0]
 
     def choose_resume(self) -> CheckpointView | None:
         """The latest committed checkpoint that verifies; corrupt ones are skipped.
@@ -272,9 +304,11 @@ class CheckpointManager:
             try:
                 manifest = read_manifest(view.manifest_at, self.retry)
                 if manifest is None:
-                    raise CairnError(f"{view.manifest_at.display()} has no manifest")
+                    raise ManifestError(f"{view.manifest_at.display()} has no manifest")
                 verify_directory(view.data, manifest.files, retry=self.retry)
-            except (CairnError, OSError) as exc:
+            except (ChecksumMismatchError, CheckpointNotFoundError, ManifestError) as exc:
+                # Only damage drops a checkpoint; a storage outage fails the attempt instead
+                # (it counts as a failure and the next attempt tries again).
                 logger.warning(
                     "Not resuming from %s (report %d): %s. Falling back to the previous "
                     "committed checkpoint.", record.dir_name, record.report_index, exc,

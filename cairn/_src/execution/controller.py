@@ -95,6 +95,7 @@ class _Attempt:
     commits_in_flight: int = 0
     first_report_seen: bool = False
     train_started: bool = False
+    announced_dirs: set[str] = field(default_factory=set)
     last_commit_t: float | None = None
 
 
@@ -262,7 +263,10 @@ class Controller:
             resumed_from=resume.dir_name if resume else None,
             next_report_index=self._next_report_index,
         )
+        # Names of committed checkpoints, and of run-directory entries holding the data
+        # of checkpoints committed by reference: an upload there would overwrite them.
         used = {r.dir_name for r in self._manager.index.checkpoints}
+        used |= self._manager.names_holding_references()
         attempt = _Attempt(
             number=number,
             tracker=ReportTracker(self._scaling.num_workers, used_dir_names=used),
@@ -349,10 +353,7 @@ class Controller:
                         traceback="",
                     ))
             if time.monotonic() >= next_flush:
-                if self._history.dirty:
-                    self._history.flush()
-                if self._events.dirty:
-                    self._events.flush()
+                self._flush_logs()
                 next_flush = time.monotonic() + _HISTORY_FLUSH_S
             if not attempt.failures:
                 self._check_progress(attempt, timeout_s)
@@ -393,8 +394,8 @@ class Controller:
                 attempt.connected.add(rank)
                 # Registrations first: the setup holds locations that only resolve once the
                 # worker knows the run's custom schemes.
-                connection.send(("registrations", self._payload[2]))
-                connection.send(self._setup_message(attempt, rank))
+                self._send(attempt, rank, ("registrations", self._payload[2]))
+                self._send(attempt, rank, self._setup_message(attempt, rank))
                 if len(attempt.connected) == len(attempt.workers):
                     self._machine.transition(ControllerState.RUNNING, "all workers connected")
                     self._events.append({"type": "workers_ready", "attempt": attempt.number,
@@ -455,6 +456,35 @@ class Controller:
                 traceback=message.traceback, exception=message.exception,
             ))
 
+    def _send(self, attempt: _Attempt, rank: int, message: object) -> None:
+        """Send to one worker; a worker gone meanwhile becomes that rank's failure."""
+        connection = attempt.connections.get(rank)
+        if connection is None:
+            return
+        try:
+            connection.send(message)
+        except OSError:
+            attempt.connections.pop(rank, None)
+            connection.close()
+            if rank not in attempt.done and not any(f.rank == rank for f in attempt.failures):
+                attempt.failures.append(self._describe_lost(attempt, rank))
+
+    def _broadcast(self, attempt: _Attempt, message: object) -> None:
+        for rank in list(attempt.connections):
+            self._send(attempt, rank, message)
+
+    def _flush_logs(self) -> None:
+        """Persist the metrics history and event log; a storage error is logged, not fatal
+        (the records stay buffered and go out with the next flush)."""
+        for log in (self._history, self._events):
+            if not log.dirty:
+                continue
+            try:
+                log.flush()
+            except Exception:
+                logger.warning("Could not write a run log; retrying with the next flush",
+                               exc_info=True)
+
     def _on_report(self, attempt: _Attempt, message: ReportMessage) -> None:
         self._next_report_index = max(self._next_report_index, message.index + 1)
         if not attempt.first_report_seen:
@@ -472,14 +502,21 @@ class Controller:
                 hook = getattr(callback, "on_report", None)
                 if hook is not None:
                     hook(message.index, message.metrics)
-        for verdict in attempt.tracker.on_report(message):
-            connection = attempt.connections.get(verdict.rank)
-            if connection is None:
-                continue
-            if verdict.error is None:
-                connection.send(ProceedMessage(verdict.index))
-            else:
-                connection.send(RejectMessage(verdict.index, verdict.error))
+        verdicts = attempt.tracker.on_report(message)
+        intent = message.checkpoint
+        if (intent is not None and intent.explicit_dir_name and intent.mode != "NO_UPLOAD"
+                and any(v.error is None for v in verdicts)
+                and intent.dir_name not in attempt.announced_dirs):
+            # Written before the upload starts: a driver that dies mid-upload leaves a
+            # directory the next driver knows it may delete.
+            attempt.announced_dirs.add(intent.dir_name)
+            self._events.append({"type": "checkpoint_started", "dir_name": intent.dir_name,
+                                 "index": message.index, "t": time.time()})
+            self._flush_logs()
+        for verdict in verdicts:
+            reply = (ProceedMessage(verdict.index) if verdict.error is None
+                     else RejectMessage(verdict.index, verdict.error))
+            self._send(attempt, verdict.rank, reply)
         self._enqueue_ready(attempt)
 
     def _enqueue_ready(self, attempt: _Attempt) -> None:
@@ -503,6 +540,9 @@ class Controller:
             message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
         else:
             attempt.last_commit_t = time.time()
+            holder = self._manager.entry_holding(outcome.view.data)
+            if holder is not None:
+                attempt.tracker.mark_used(holder)
             self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
                                  "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
             message = CommittedMessage(ready.index, outcome.view)
@@ -510,11 +550,7 @@ class Controller:
                 hook = getattr(callback, "on_checkpoint", None)
                 if hook is not None:
                     hook(outcome.view.dir_name, ready.metrics)
-        for connection in list(attempt.connections.values()):
-            try:
-                connection.send(message)
-            except OSError:
-                pass
+        self._broadcast(attempt, message)
 
     def _on_upload_failed(self, attempt: _Attempt, message: UploadFailedMessage) -> None:
         if self._run_config.checkpoint_config.upload_failure_policy != "skip":
@@ -526,14 +562,9 @@ class Controller:
                        message.index, message.rank, message.error)
         if pending is not None and pending.dir_name is not None:
             self._manager.delete_uncommitted([pending.dir_name])
-        if pending is not None and pending.dir_name is not None:
             attempt.skipped_dirs[message.index] = pending.dir_name
-        skipped = CommittedMessage(message.index, None, skipped=True, error=reason)
-        for connection in list(attempt.connections.values()):
-            try:
-                connection.send(skipped)
-            except OSError:
-                pass
+        self._broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
+                                                  error=reason))
 
     # --- ends of attempts ----------------------------------------------------------------
 
@@ -569,8 +600,7 @@ class Controller:
             "ranks": list(failure.ranks), "reason": failure.reason.splitlines()[0],
             "last_commit_t": attempt.last_commit_t or attempt.started_at,
         })
-        self._events.flush()
-        self._history.flush()
+        self._flush_logs()
         error = WorkerGroupError(failure.reason)
         for callback in self._run_config.callbacks:
             hook = getattr(callback, "on_failure", None)

@@ -30,6 +30,7 @@ class CheckpointIntent:
     reference: StorageLocation | None = None
     explicit_dir_name: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    upload_fn: bool = False
 
 
 @dataclass(frozen=True)

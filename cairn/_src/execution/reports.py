@@ -139,6 +139,14 @@ class ReportTracker:
                     f"(rank {rank if other.mode == 'NO_UPLOAD' else other_rank}); every rank "
                     "that passes a checkpoint must use the same kind of mode."
                 )
+            if other.upload_fn != intent.upload_fn:
+                with_fn = other_rank if other.upload_fn else rank
+                without = rank if other.upload_fn else other_rank
+                return ReportError(
+                    f"Report {pending.index} mixes checkpoint_upload_fn (rank {with_fn}) with "
+                    f"Cairn's own upload (rank {without}); every rank that passes a checkpoint "
+                    "must pass the same checkpoint_upload_fn, or none."
+                )
             if by_reference and other.reference != intent.reference:
                 assert other.reference is not None and intent.reference is not None
                 return ReportError(
@@ -161,6 +169,10 @@ class ReportTracker:
     def _forget_if_metric_only(self, pending: PendingReport) -> None:
         if len(pending.arrived) == self.world_size and not pending.intents:
             del self._pending[pending.index]
+
+    def mark_used(self, name: str) -> None:
+        """``name`` may no longer be a checkpoint_dir_name (it holds committed data)."""
+        self._used.add(name)
 
     def on_uploaded(self, message: UploadedMessage) -> None:
         pending = self._pending.get(message.index)

@@ -333,7 +333,7 @@ class WorkerSession:
         intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
                                   explicit_dir_name=job.dir_name
                                   != default_checkpoint_dir_name(job.index),
-                                  metadata=job.metadata)
+                                  metadata=job.metadata, upload_fn=job.upload_fn is not None)
         self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
 
     def _run_upload(self, job: _UploadJob) -> None:
@@ -449,6 +449,12 @@ class WorkerSession:
             if isinstance(message, ProceedMessage | RejectMessage):
                 with self._state_lock:
                     waiter = self._proceed.get(message.index)
+                    if (waiter is None and isinstance(message, RejectMessage)
+                            and not isinstance(message.error, CheckpointSkippedError)
+                            and self._async_error is None):
+                        # Nobody waits on a refused NO_UPLOAD report: the error is raised
+                        # at this rank's next report() or when its function returns.
+                        self._async_error = message.error
                 if waiter is not None:
                     waiter.set(message)
                 if isinstance(message, RejectMessage):

@@ -55,10 +55,19 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
     try:
-        for hook in cloudpickle.loads(setup.setup_hooks):
+        try:
+            hooks = cloudpickle.loads(setup.setup_hooks)
+            train_fn = cloudpickle.loads(setup.train_fn)
+            config = cloudpickle.loads(setup.config)
+        except Exception as exc:
+            # The same in every attempt: a module the worker cannot import, say.
+            raise ConfigError(
+                f"The worker could not load the train function or its config: "
+                f"{type(exc).__name__}: {exc}. Define it in a module the workers can import "
+                "(the driver's sys.path is passed on) or in the script you run."
+            ) from exc
+        for hook in hooks:
             hook(session.context)
-        train_fn = cloudpickle.loads(setup.train_fn)
-        config = cloudpickle.loads(setup.config)
         # Start-up and recovery end here, for goodput.
         session.send(TimingMessage(rank, "train_start", 0.0, time.time()))
         value = train_fn(config) if setup.pass_config else train_fn()

@@ -20,6 +20,7 @@ METRICS_DIR = "metrics"
 EVENTS_DIR = "events"
 RESERVED_NAMES = frozenset({INDEX_NAME, LEASE_NAME, METRICS_DIR, EVENTS_DIR})
 
+_DEFAULT_DIR_NAME = re.compile(r"^checkpoint_\d{6,}$")
 # A single path component that is safe on every backend: no separators, no leading dot
 # (hidden files are skipped by some listings), nothing a shell or URL would mangle.
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,199}$")
@@ -27,6 +28,10 @@ _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,199}$")
 
 def default_checkpoint_dir_name(report_index: int) -> str:
     return f"checkpoint_{report_index:06d}"
+
+
+def is_default_checkpoint_dir_name(name: str) -> bool:
+    return bool(_DEFAULT_DIR_NAME.match(name))
 
 
 def is_safe_dir_name(name: str) -> bool:

@@ -108,12 +108,19 @@ class SegmentLog:
                 pending, self._pending = self._pending, []
             while pending:
                 room = self._records_per_segment - len(self._open_lines)
-                self._open_lines.extend(pending[:room])
+                lines = self._open_lines + pending[:room]
+                data = b"\n".join(lines) + b"\n"
+                try:
+                    write_bytes_atomic(
+                        self._directory.join(_segment_name(self._segment)), data, self._retry
+                    )
+                except BaseException:
+                    # Nothing is lost: the records go back in front of newer ones.
+                    with self._lock:
+                        self._pending = pending + self._pending
+                    raise
+                self._open_lines = lines
                 pending = pending[room:]
-                data = b"\n".join(self._open_lines) + b"\n"
-                write_bytes_atomic(
-                    self._directory.join(_segment_name(self._segment)), data, self._retry
-                )
                 if len(self._open_lines) >= self._records_per_segment:
                     self._segment += 1
                     self._open_lines = []

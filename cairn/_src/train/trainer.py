@@ -146,8 +146,17 @@ class Trainer:
         history = SegmentLog(run.join(METRICS_DIR), retry)
         manager = CheckpointManager(run, self.run_config.checkpoint_config, retry,
                                     index or RunIndex(), history)
+        events = read_log(run.join(EVENTS_DIR), retry)
+        if index is None and any(e.get("type") == "commit" for e in events):
+            # The index is gone but the run committed checkpoints: rebuild it from them.
+            logger.warning("%s has no run index but committed checkpoints; rebuilding it "
+                           "from the manifests", run.display())
+            manager.index = rebuild_index(run, retry)
+            index = manager.index
         if index is not None:
-            manager.reconcile()
+            started = {str(e["dir_name"]) for e in events
+                       if e.get("type") == "checkpoint_started" and "dir_name" in e}
+            manager.reconcile(started)
         return manager
 
 
