@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import workloads
@@ -194,3 +195,28 @@ def test_callbacks_follow_the_run_in_order(run_config: RunConfigFactory) -> None
 def test_callbacks_must_be_a_list() -> None:
     with pytest.raises(cairn.ConfigError, match=r"RunConfig.callbacks=.* must be a list"):
         cairn.RunConfig(callbacks=Recorder())  # type: ignore[arg-type]
+
+
+def test_a_silent_peer_on_the_controller_port_does_not_block_workers(
+    run_config: RunConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from cairn._src.execution.local_backend import LocalBackend
+
+    silent: list[socket.socket] = []
+    start = LocalBackend.start
+
+    def start_after_a_silent_peer(self: LocalBackend, num_workers: int, bootstrap: Any,
+                                  **kwargs: Any) -> Any:
+        # Connects first and never says a word (a port scan, a health check).
+        silent.append(socket.create_connection(bootstrap.address))
+        return start(self, num_workers, bootstrap, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, "start", start_after_a_silent_peer)
+    result = Trainer(workloads.counting, train_loop_config={"steps": 2},
+                     scaling_config=ScalingConfig(num_workers=2),
+                     run_config=run_config()).fit()
+    assert result.metrics == {"step": 1, "rank": 0}
+    for sock in silent:
+        sock.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn import ManifestError
+from cairn import ManifestError, RunLeaseError
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, read_index, write_index
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
@@ -86,3 +86,14 @@ def test_index_round_trip_and_bad_versions(tmp_path: Path) -> None:
     (tmp_path / "cairn_run.json").write_text("{oops")
     with pytest.raises(ManifestError, match=r"is not valid JSON"):
         read_index(run, RETRY)
+
+
+def test_a_second_fit_in_the_same_process_is_refused(tmp_path: Path) -> None:
+    run = resolve(str(tmp_path))
+    first = RunLease(run, RETRY)
+    first.acquire()
+    try:
+        with pytest.raises(RunLeaseError, match=r"is held by another live driver"):
+            RunLease(run, RETRY).acquire()
+    finally:
+        first.release()

@@ -15,11 +15,18 @@ import logging
 import os
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+    wait,
+)
 from typing import Any
 
 import cloudpickle
@@ -29,7 +36,7 @@ from cairn._src.config import RunConfig, ScalingConfig
 from cairn._src.errors import ConfigError, ReportError, WorkerGroupError
 from cairn._src.execution.backend import WorkerHandle, make_backend
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
-from cairn._src.execution.local_backend import Bootstrap, disable_nagle
+from cairn._src.execution.local_backend import Bootstrap, abort_connection, disable_nagle
 from cairn._src.execution.messages import (
     CheckpointView,
     CommittedMessage,
@@ -44,7 +51,7 @@ from cairn._src.execution.messages import (
     UploadFailedMessage,
 )
 from cairn._src.execution.progress import check_progress
-from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker
+from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker, describe_ranks
 from cairn._src.execution.state import ControllerState, StateMachine
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures
 from cairn._src.run.segment_log import SegmentLog
@@ -57,6 +64,10 @@ logger = logging.getLogger(__name__)
 _FAILURE_GRACE_S = 0.2
 _HISTORY_FLUSH_S = 1.0
 _LAST_MESSAGE_GRACE_S = 2.0
+_HANDSHAKE_TIMEOUT_S = 10.0
+# Workers that have not connected by then are reported (a node that cannot reach the
+# controller, an interpreter that hangs while importing).
+_WORKER_START_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -152,7 +163,7 @@ class Controller:
         self._machine = StateMachine()
         self._authkey = secrets.token_bytes(32)
         self._backend = make_backend(scaling, run_config)
-        self._listener = Listener((self._backend.bind_host, 0), authkey=self._authkey)
+        self._listener = Listener((self._backend.bind_host, 0))
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
@@ -187,16 +198,37 @@ class Controller:
     def _accept_loop(self) -> None:
         while not self._closing:
             try:
+                # The listener has no authkey: the handshake runs on a thread of its own,
+                # with a deadline, so a peer that connects and says nothing (a port scan on
+                # a cluster node) cannot hold up the workers behind it.
                 connection = self._listener.accept()
-                disable_nagle(connection)
-                hello = connection.recv()
-            except Exception:
+            except OSError:
                 if self._closing:
                     return
-                # A peer without the run's secret, or one that hung up mid-handshake.
-                logger.warning("Refused a connection to the controller", exc_info=True)
                 continue
-            self._post("connection", (connection, hello))
+            if self._closing:
+                connection.close()
+                return
+            threading.Thread(target=self._handshake, args=(connection,),
+                             name="cairn-handshake", daemon=True).start()
+
+    def _handshake(self, connection: Connection) -> None:
+        deadline = threading.Timer(_HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
+        deadline.start()
+        try:
+            deliver_challenge(connection, self._authkey)
+            answer_challenge(connection, self._authkey)
+            disable_nagle(connection)
+            hello = connection.recv()
+        except Exception as exc:
+            connection.close()
+            if not self._closing:
+                # A peer without the run's secret, or one that stalled or hung up.
+                logger.warning("Refused a connection to the controller: %s", exc)
+            return
+        finally:
+            deadline.cancel()
+        self._post("connection", (connection, hello))
 
     def _commit_loop(self) -> None:
         while True:
@@ -357,6 +389,7 @@ class Controller:
                 next_flush = time.monotonic() + _HISTORY_FLUSH_S
             if not attempt.failures:
                 self._check_progress(attempt, timeout_s)
+                self._check_started(attempt)
             if attempt.failures:
                 if failure_deadline is None:
                     failure_deadline = time.monotonic() + _FAILURE_GRACE_S
@@ -369,6 +402,16 @@ class Controller:
                 continue
             if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
                 return None
+
+    def _check_started(self, attempt: _Attempt) -> None:
+        if len(attempt.connected) == len(attempt.workers):
+            return
+        if time.time() - attempt.started_at > _WORKER_START_TIMEOUT_S:
+            missing = sorted({w.rank for w in attempt.workers} - attempt.connected)
+            attempt.failures.append(WorkerFailure(
+                rank=missing[0], traceback="",
+                summary=f"{describe_ranks(missing)} did not connect to the controller within "
+                f"{_WORKER_START_TIMEOUT_S:g}s of starting"))
 
     def _check_progress(self, attempt: _Attempt, timeout_s: float) -> None:
         problem = check_progress(attempt.tracker, attempt.done,
@@ -621,7 +664,7 @@ class Controller:
         self._closing = True
         try:
             # accept() does not return when the listener closes under it: knock once.
-            Client(self._listener.address, authkey=self._authkey).close()
+            socket.create_connection(("127.0.0.1", self._listener.address[1]), 5).close()
         except OSError:
             pass
         self._acceptor.join(5.0)

@@ -60,6 +60,20 @@ def disable_nagle(connection: Any) -> None:
         sock.close()
 
 
+def abort_connection(connection: Any) -> None:
+    """Wake any thread blocked reading ``connection``: it sees the end of the stream."""
+    try:
+        sock = socket.socket(fileno=os.dup(connection.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 class _ExitWatcher:
     """Something ``multiprocessing.connection.wait`` can wait on that fires at exit."""
 

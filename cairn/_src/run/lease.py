@@ -4,7 +4,8 @@ A driver writes ``lease.json`` (host, pid, a random token, a heartbeat time) whe
 starts and renews it every ``ttl_s / 3`` seconds. Another driver is refused while the
 lease is live: its process still exists (same host) or its heartbeat is younger than the
 TTL (another host). A lease whose driver is dead is taken over. The write is followed by a
-read-back of the token, so two drivers starting together cannot both believe they won.
+read-back of the token, which catches most races between two drivers starting together;
+storage without a conditional write cannot rule out every interleaving.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cairn._src.storage.retry import RetryPolicy
 logger = logging.getLogger(__name__)
 
 LEASE_VERSION = 1
+_SETTLE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,16 @@ def _process_exists(pid: int) -> bool:
 
 
 def is_live(lease: LeaseInfo, *, now: float | None = None) -> bool:
-    """Whether the driver named by ``lease`` may still be running."""
-    if lease.host == socket.gethostname():
-        return lease.pid != os.getpid() and _process_exists(lease.pid)
-    return (now or time.time()) - lease.heartbeat_at < lease.ttl_s
+    """Whether the driver named by ``lease`` may still be running.
+
+    On this host a dead process settles it at once (a driver killed with ``kill -9`` is
+    taken over without waiting for its heartbeat to age). Otherwise, and for another
+    ``fit()`` in this very process, a heartbeat younger than the TTL means live.
+    """
+    fresh = (now or time.time()) - lease.heartbeat_at < lease.ttl_s
+    if lease.host == socket.gethostname() and lease.pid != os.getpid():
+        return _process_exists(lease.pid)
+    return fresh
 
 
 class RunLease:
@@ -107,6 +115,9 @@ class RunLease:
             logger.info("Taking over the lease of a dead driver (host %s, pid %d)",
                         current.host, current.pid)
         self._write()
+        # A driver that read the lease as free at the same moment writes within this
+        # window; reading back after it leaves one of the two holding the lease.
+        time.sleep(_SETTLE_S)
         check = self._read()
         if check is None or check.token != self._token:
             holder = f"host {check.host}, pid {check.pid}" if check else "unknown"
@@ -120,6 +131,14 @@ class RunLease:
     def _renew(self) -> None:
         while not self._stop.wait(self._ttl_s / 3):
             try:
+                current = self._read()
+                if current is not None and current.token != self._token:
+                    # Someone took the run over (this driver looked dead to it): stop
+                    # renewing rather than fight over the lease; the error names the cause.
+                    logger.error("Another driver (host %s, pid %d) took over the lease of "
+                                 "this run; this driver no longer holds it", current.host,
+                                 current.pid)
+                    return
                 self._write()
             except Exception:
                 logger.warning("Could not renew the run lease", exc_info=True)
