@@ -65,6 +65,7 @@ _FAILURE_GRACE_S = 0.2
 _HISTORY_FLUSH_S = 1.0
 _LAST_MESSAGE_GRACE_S = 2.0
 _HANDSHAKE_TIMEOUT_S = 10.0
+_MESSAGES_PER_WAKE = 1000
 # Workers that have not connected by then are reported (a node that cannot reach the
 # controller, an interpreter that hangs while importing).
 _WORKER_START_TIMEOUT_S = 300.0
@@ -374,7 +375,7 @@ class Controller:
                     # An exit can be reported before the worker's last message is readable
                     # (Ray reports a finished actor task through its own channel).
                     connection.poll(_LAST_MESSAGE_GRACE_S)
-                    self._read_connection(attempt, worker.rank, connection)
+                    self._read_connection(attempt, worker.rank, connection, everything=True)
                 if worker.rank not in attempt.done and not any(
                     f.rank == worker.rank for f in attempt.failures
                 ):
@@ -446,10 +447,15 @@ class Controller:
             elif kind == "committed":
                 self._on_committed(attempt, *payload)
 
-    def _read_connection(self, attempt: _Attempt, rank: int, connection: Connection) -> None:
+    def _read_connection(self, attempt: _Attempt, rank: int, connection: Connection, *,
+                         everything: bool = False) -> None:
         try:
-            while connection.poll():
+            # Bounded, so one chatty rank cannot hold up the others' exits and commits;
+            # after the worker exited, everything it sent is read.
+            read = 0
+            while (everything or read < _MESSAGES_PER_WAKE) and connection.poll():
                 self._handle(attempt, connection.recv())
+                read += 1
         except (EOFError, OSError):
             attempt.connections.pop(rank, None)
             connection.close()
@@ -597,7 +603,14 @@ class Controller:
 
     def _on_upload_failed(self, attempt: _Attempt, message: UploadFailedMessage) -> None:
         if self._run_config.checkpoint_config.upload_failure_policy != "skip":
-            return  # the worker raises; its error fails the attempt
+            # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
+            # next report(), while training goes on past a lost checkpoint.
+            if not any(f.rank == message.rank for f in attempt.failures):
+                attempt.failures.append(WorkerFailure(
+                    rank=message.rank, traceback="",
+                    summary=f"The upload of report {message.index}'s checkpoint failed "
+                    f"after retries: {message.error}"))
+            return
         reason = (f"The checkpoint of report {message.index} was skipped: rank "
                   f"{message.rank}: {message.error}")
         pending = attempt.tracker.skip(message.index, reason)

@@ -344,6 +344,8 @@ class WorkerSession:
         with self._state_lock:
             self._proceed.pop(job.index, None)
         if isinstance(answer, RejectMessage):
+            if job.write is not None:
+                shutil.rmtree(job.checkpoint.path, ignore_errors=True)
             self._fail_handle(job.index, answer.error)
             if isinstance(answer.error, CheckpointSkippedError):
                 return  # another rank's part failed to upload; the report is skipped
