@@ -28,8 +28,15 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import make_checkpoint_dir
+
 from cairn._src.storage.location import resolve
-from cairn._src.storage.transfer import FileEntry, download_directory, upload_directory
+from cairn._src.storage.transfer import (
+    FileEntry,
+    download_directory,
+    upload_directory,
+)
 
 TARGET_RATIO = 1.5
 
@@ -42,26 +49,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=8, help="Cairn's max_workers")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     return parser.parse_args(argv)
-
-
-def make_files(root: str, size_mib: float, num_files: int) -> int:
-    """Write ``num_files`` incompressible files totalling ``size_mib`` MiB; return bytes."""
-    total = int(size_mib * 2**20)
-    os.makedirs(root, exist_ok=True)
-    block = bytearray(os.urandom(2**20))
-    per_file = total // num_files
-    counter = 0
-    for index in range(num_files):
-        size = per_file + (total - per_file * num_files if index == num_files - 1 else 0)
-        with open(os.path.join(root, f"shard_{index:03d}.bin"), "wb") as f:
-            remaining = size
-            while remaining > 0:
-                counter += 1
-                block[:8] = counter.to_bytes(8, "little")  # No two MiB are equal.
-                chunk = min(remaining, len(block))
-                f.write(memoryview(block)[:chunk])
-                remaining -= chunk
-    return total
 
 
 def warm(root: str) -> None:
@@ -88,7 +75,7 @@ def measure(
     src = os.path.join(scratch, "src")
     stored = os.path.join(scratch, "stored")
     out = os.path.join(scratch, "out")
-    make_files(src, size_mib, num_files)
+    make_checkpoint_dir(src, size_mib, num_files)
     warm(src)
     local = pafs.LocalFileSystem()
 
