@@ -138,3 +138,31 @@ def test_read_damaged_manifest_names_its_location(tmp_path: Path) -> None:
     fileio.write_bytes_atomic(ckpt.join(MANIFEST_NAME), b"truncated{")
     with pytest.raises(ManifestError, match=rf"manifest .*ck/{MANIFEST_NAME} is not valid JSON"):
         read_manifest(ckpt)
+
+
+def test_target_path_round_trips_and_old_manifests_read() -> None:
+    manifest = make(target_path="/data/refs/ckpt")
+    again = Manifest.from_json(manifest.to_json(), where="test")
+    assert again.target_path == "/data/refs/ckpt" and again.target_uri is None
+    old = json.loads(make().to_json())
+    del old["target_path"]
+    assert Manifest.from_json(json.dumps(old).encode(), where="old").target_path is None
+
+
+@pytest.mark.parametrize(
+    "bad", ["relative/x", "/a/../b", "/a//b", "/a/", "//a", "/a\x00b", "/a\\b"]
+)
+def test_target_path_must_be_normalized_absolute(bad: str) -> None:
+    with pytest.raises(UnsafePathError, match=r"Manifest\.target_path=.* is not a normalized "
+                       r"absolute path"):
+        make(target_path=bad)
+    document = json.loads(make().to_json())
+    document["target_path"] = bad
+    with pytest.raises(ManifestError,
+                       match=r"The manifest there is invalid: Manifest\.target_path"):
+        Manifest.from_json(json.dumps(document).encode(), where="there")
+
+
+def test_target_path_and_target_uri_exclude_each_other() -> None:
+    with pytest.raises(ConfigError, match="are both set; a reference has one location"):
+        make(target_path="/data/x", target_uri="s3://b/x")

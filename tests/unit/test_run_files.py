@@ -97,3 +97,17 @@ def test_a_second_fit_in_the_same_process_is_refused(tmp_path: Path) -> None:
             RunLease(run, RETRY).acquire()
     finally:
         first.release()
+
+
+def test_index_record_target_path_round_trips_and_is_validated() -> None:
+    from cairn._src.errors import UnsafePathError
+
+    record = CheckpointRecord(dir_name="ref", report_index=2, target_path="/data/ref",
+                              managed=False)
+    index = RunIndex(checkpoints=(record,))
+    again = RunIndex.from_json(index.to_json(), where="test")
+    assert again.checkpoints[0].target_path == "/data/ref"
+    old = CheckpointRecord.from_json({"dir_name": "a", "report_index": 1})
+    assert old.target_path is None
+    with pytest.raises(UnsafePathError, match=r"CheckpointRecord\.target_path='data' is not"):
+        CheckpointRecord(dir_name="x", report_index=1, target_path="data")

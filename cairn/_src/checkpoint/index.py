@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cairn._src.checkpoint.manifest import read_manifest
-from cairn._src.errors import ManifestError
+from cairn._src.errors import ConfigError, ManifestError
 from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES
 from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.paths import check_absolute_path
 from cairn._src.storage.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,10 @@ class CheckpointRecord:
 
     ``dir_name`` names the directory under the run that holds the manifest. ``target_uri``
     is set for checkpoints registered by reference (NO_UPLOAD, ``checkpoint_upload_fn``)
-    whose data lives elsewhere; ``managed`` is True when the data lives inside the run
-    directory and so is Cairn's to delete.
+    whose data lives elsewhere; ``target_path`` instead, for a reference on the run's own
+    storage filesystem object (an absolute ``/``-separated path on it, which may have no
+    URI); at most one of the two is set. ``managed`` is True when the data lives inside the
+    run directory and so is Cairn's to delete.
     """
 
     dir_name: str
@@ -44,6 +47,17 @@ class CheckpointRecord:
     attempt: int = 0
     committed_at: float = 0.0
     size_bytes: int = 0
+    target_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_path is not None:
+            check_absolute_path(self.target_path, argument="CheckpointRecord.target_path")
+            if self.target_uri is not None:
+                raise ConfigError(
+                    f"CheckpointRecord.target_uri={self.target_uri!r} and "
+                    f"CheckpointRecord.target_path={self.target_path!r} are both set; a "
+                    "reference has one location."
+                )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +73,7 @@ class CheckpointRecord:
             attempt=int(data.get("attempt", 0)),
             committed_at=float(data.get("committed_at", 0.0)),
             size_bytes=int(data.get("size_bytes", 0)),
+            target_path=data.get("target_path"),
         )
 
 
@@ -176,7 +191,8 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
                 report_index=manifest.report_index,
                 metrics=dict(manifest.metrics),
                 target_uri=target,
-                managed=target is None,
+                target_path=manifest.target_path,
+                managed=target is None and manifest.target_path is None,
                 committed_at=manifest.created_at,
                 size_bytes=sum(f.size for f in manifest.files.values()),
             )

@@ -10,7 +10,7 @@ Format (``version`` 1), UTF-8 JSON::
 
     {"version": 1, "checksum_algorithm": "xxh3_128", "created_at": 1700000000.0,
      "report_index": 3, "ranks": [0, 1], "metrics": {...}, "metadata": {...},
-     "target_uri": null,
+     "target_uri": null, "target_path": null,
      "files": {"model/weights.pt": {"size": 123, "checksum": "<32 hex digits>"}}}
 """
 
@@ -27,7 +27,7 @@ from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestErro
 from cairn._src.storage.checksum import CHECKSUM_ALGORITHM, FileEntry
 from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
-from cairn._src.storage.paths import check_relative_path
+from cairn._src.storage.paths import check_absolute_path, check_relative_path
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,9 @@ class Manifest:
     # Where the data is when it is not next to the manifest (a checkpoint registered by
     # reference): a URI that resolve() maps back to it. None: the manifest's directory.
     target_uri: str | None = None
+    # A reference on the run's own storage filesystem object (which may have no URI): the
+    # absolute path of its data on that filesystem. At most one of the two is set.
+    target_path: str | None = None
     created_at: float = field(default_factory=time.time)
     checksum_algorithm: str = CHECKSUM_ALGORITHM
     version: int = MANIFEST_VERSION
@@ -117,6 +120,13 @@ class Manifest:
                 f"Manifest.target_uri={self.target_uri!r} must be None or a non-empty URI "
                 "string."
             )
+        if self.target_path is not None:
+            check_absolute_path(self.target_path, argument="Manifest.target_path")
+            if self.target_uri is not None:
+                raise ConfigError(
+                    f"Manifest.target_uri={self.target_uri!r} and Manifest.target_path="
+                    f"{self.target_path!r} are both set; a reference has one location."
+                )
         if not isinstance(self.created_at, (int, float)) or not math.isfinite(self.created_at):
             raise ConfigError(
                 f"Manifest.created_at={self.created_at!r} must be a finite number of seconds."
@@ -136,6 +146,7 @@ class Manifest:
             "report_index": self.report_index,
             "ranks": list(self.ranks),
             "target_uri": self.target_uri,
+            "target_path": self.target_path,
             "metrics": self.metrics,
             "metadata": self.metadata,
             "files": {
@@ -181,6 +192,7 @@ class Manifest:
                 metrics=_field(document, "metrics", dict, {}),
                 ranks=tuple(_field(document, "ranks", list, [])),
                 target_uri=_field(document, "target_uri", (str, type(None)), None),
+                target_path=_field(document, "target_path", (str, type(None)), None),
                 created_at=float(_field(document, "created_at", (int, float))),
                 checksum_algorithm=_field(document, "checksum_algorithm", str),
                 version=version,

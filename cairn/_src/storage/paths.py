@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import stat
 
 from cairn._src.errors import (
@@ -57,6 +58,33 @@ def check_relative_path(rel: str, *, argument: str = "path") -> str:
             f"{argument}={rel!r} names no file; pass a non-empty relative path."
         )
     return "/".join(parts)
+
+
+def check_absolute_path(value: object, *, argument: str = "path") -> str:
+    """Return ``value`` if it is a normalized absolute ``/``-separated path, else raise.
+
+    Accepted: a str that starts with ``/``, with no empty, ``.`` or ``..`` component, no
+    trailing slash, no backslash and no NUL (``/a/b``). Such a path names one location on
+    a storage filesystem object without any resolution step that could disagree with a
+    later check. Raises :class:`UnsafePathError` naming ``argument``.
+    """
+    if not isinstance(value, str):
+        raise UnsafePathError(
+            f"{argument}={value!r} must be a str, got {type(value).__name__}; pass an "
+            "absolute '/'-separated path such as '/data/ckpt'."
+        )
+    if (
+        not value.startswith("/")
+        or value.startswith("//")
+        or "\\" in value
+        or "\x00" in value
+        or posixpath.normpath(value) != value
+    ):
+        raise UnsafePathError(
+            f"{argument}={value!r} is not a normalized absolute path; pass an absolute "
+            "'/'-separated path with no '.', '..' or empty components, such as '/data/ckpt'."
+        )
+    return value
 
 
 def list_local_files(local_dir: str) -> dict[str, int]:
