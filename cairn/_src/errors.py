@@ -37,12 +37,34 @@ class UnsafePathError(CairnError, ValueError):
     """A relative path inside a checkpoint would escape it (``..``, absolute, symlink)."""
 
 
-class ChecksumMismatchError(StorageError):
-    """Data read back from storage does not match the checksum recorded at commit."""
+class CheckpointDamagedError(StorageError):
+    """What storage holds is not what Cairn committed there: the data is damaged.
+
+    The root of every damage error that verification, restore and the readers of Cairn's
+    own files raise. Resume treats each subclass as damage (the checkpoint is skipped and
+    the previous one used); any other :class:`StorageError` is an outage, not damage.
+    """
 
 
-class ManifestError(StorageError):
-    """A checkpoint manifest is missing, not valid JSON, or of an unknown version."""
+class ChecksumMismatchError(CheckpointDamagedError):
+    """Data read back from storage does not match the size or checksum recorded at commit."""
+
+
+class NotARegularFileError(ChecksumMismatchError):
+    """A file a manifest lists is a symbolic link, a directory, a FIFO, a socket or a device.
+
+    Cairn reads regular files only, so that a read can neither block nor follow a link
+    out of the checkpoint.
+    """
+
+
+class MissingCheckpointFileError(CheckpointDamagedError, CheckpointNotFoundError):
+    """A file that a committed checkpoint's manifest lists does not exist on storage."""
+
+
+class ManifestError(CheckpointDamagedError):
+    """A file Cairn reads back (a checkpoint manifest, the run index, a log record, the
+    lease) is not valid JSON, has the wrong shape or an unknown version."""
 
 
 class ReportError(CairnError, ValueError):
