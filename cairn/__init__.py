@@ -17,21 +17,25 @@ from cairn._src.errors import (
     CheckpointNotFoundError,
     ChecksumMismatchError,
     CollectiveTimeoutError,
+    ConfigDeprecationError,
     ConfigError,
+    ControllerError,
     ManifestError,
     ReportError,
     RunLeaseError,
+    RunNotFoundError,
     StorageError,
     TrainingFailedError,
     UnknownSchemeError,
     UnsafePathError,
     WorkerGroupError,
+    WorkerProcessError,
 )
 from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.goodput.summary import GoodputSummary
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.train.api import get_checkpoint, get_context, report
-from cairn._src.train.callbacks import Callback
+from cairn._src.train.callbacks import Callback, UserCallback
 from cairn._src.train.context import TrainContext
 from cairn._src.train.result import Result
 from cairn._src.train.trainer import Trainer
@@ -48,7 +52,9 @@ __all__ = [
     "CheckpointUploadMode",
     "ChecksumMismatchError",
     "CollectiveTimeoutError",
+    "ConfigDeprecationError",
     "ConfigError",
+    "ControllerError",
     "FailureConfig",
     "GoodputSummary",
     "ManifestError",
@@ -58,6 +64,7 @@ __all__ = [
     "RetryPolicy",
     "RunConfig",
     "RunLeaseError",
+    "RunNotFoundError",
     "ScalingConfig",
     "StorageError",
     "TrainContext",
@@ -65,7 +72,9 @@ __all__ = [
     "TrainingFailedError",
     "UnknownSchemeError",
     "UnsafePathError",
+    "UserCallback",
     "WorkerGroupError",
+    "WorkerProcessError",
     "get_checkpoint",
     "get_context",
     "report",

@@ -171,8 +171,8 @@ def print_result(result: cairn.Result) -> None:
     print(f"attempts          {goodput.attempts} ({goodput.failures} failure, recovered)")
     print(f"final metrics     {format_metrics(result.metrics or {})}")
     print(f"returned by rank 0 {result.return_value}")
-    print("\n== kept checkpoints: the best 3 by test_accuracy, best first, plus the latest and "
-          "the one the last attempt resumed from ==")
+    print("\n== kept checkpoints, worst to best: the best 3 by test_accuracy, plus the latest "
+          "and the one the last attempt resumed from ==")
     for checkpoint, metrics in result.best_checkpoints:
         print(f"  {os.path.basename(checkpoint.path)}  {format_metrics(metrics)}")
     assert result.checkpoint is not None

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cairn._src.errors import ConfigError
+from cairn._src import migration
+from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.storage.retry import RetryPolicy
 
 
@@ -63,16 +64,56 @@ class ScalingConfig:
 
     ``backend`` picks who starts the worker processes: ``"local"`` (processes on this
     machine, the default) or ``"ray"`` (actors on a Ray cluster).
+
+    ``accelerator_type`` (for example ``"A100"``) asks a cluster for nodes with that
+    accelerator, as in Ray Train: the ``ray`` backend adds the resource
+    ``accelerator_type:<type>`` (0.001 per worker, see :attr:`additional_resources_per_worker`).
+    The ``local`` backend runs on this machine, whatever its accelerator: the value is
+    accepted and recorded, and selects nothing.
     """
 
     num_workers: int = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
+    accelerator_type: str | None = None
     backend: str = "local"
+    trainer_resources: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.trainer_resources is not migration.DEPRECATED:
+            raise ConfigDeprecationError(migration.TRAINER_RESOURCES)
         _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+        if self.accelerator_type is not None and not (
+            isinstance(self.accelerator_type, str) and self.accelerator_type
+        ):
+            raise ConfigError(
+                f"ScalingConfig.accelerator_type={self.accelerator_type!r} must be a non-empty "
+                "string (for example 'A100') or None."
+            )
+        if self.resources_per_worker is not None:
+            if not isinstance(self.resources_per_worker, dict) or not all(
+                isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float))
+                and v >= 0 for k, v in self.resources_per_worker.items()
+            ):
+                raise ConfigError(
+                    f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must "
+                    "be a dict of resource names to numbers >= 0 (for example {'CPU': 2})."
+                )
+            gpus = self.resources_per_worker.get("GPU", 0)
+            if not self.use_gpu and gpus > 0:
+                raise ConfigError(
+                    "`use_gpu` is False but `GPU` was found in `resources_per_worker`. "
+                    "Either set `use_gpu` to True or remove `GPU` from "
+                    "`resources_per_worker` (ScalingConfig.resources_per_worker="
+                    f"{self.resources_per_worker!r})."
+                )
+            if self.use_gpu and "GPU" in self.resources_per_worker and gpus == 0:
+                raise ConfigError(
+                    "`use_gpu` is True but `GPU` is set to 0 in `resources_per_worker`. "
+                    "Either set `use_gpu` to False or request a positive number of `GPU` "
+                    "in `resources_per_worker`."
+                )
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"ScalingConfig.backend={self.backend!r} is not one of "
@@ -86,6 +127,39 @@ class ScalingConfig:
                 + ", ".join(repr(s) for s in strategies)
                 + "."
             )
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        return self._resources_per_worker_not_none.get("CPU", 0)
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        return self._resources_per_worker_not_none.get("GPU", 0)
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        """Resources per worker besides CPU and GPU (the accelerator-type constraint too)."""
+        return {k: v for k, v in self._resources_per_worker_not_none.items()
+                if k not in ("CPU", "GPU")}
+
+    @property
+    def _resources_per_worker_not_none(self) -> dict[str, float]:
+        # As Ray Train: a GPU worker asks for no CPU by default (nodes have more CPUs than
+        # GPUs), a CPU worker for one CPU; resources given as 0 are dropped.
+        if self.resources_per_worker is None:
+            resources: dict[str, float] = {"GPU": 1} if self.use_gpu else {"CPU": 1}
+        else:
+            resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        if self.accelerator_type:
+            resources[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return resources
+
+    @property
+    def total_resources(self) -> dict[str, float]:
+        """What the whole worker group asks for: per-worker resources times num_workers."""
+        return {k: v * self.num_workers for k, v in self._resources_per_worker_not_none.items()}
 
 
 UploadFailurePolicy = Literal["fail", "skip"]
@@ -112,8 +186,13 @@ class CheckpointConfig:
     max_pending_uploads: int = 2
     upload_failure_policy: UploadFailurePolicy = "fail"
     delete_unmanaged_checkpoints: bool = False
+    checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for removed in ("checkpoint_frequency", "checkpoint_at_end"):
+            if getattr(self, removed) is not migration.DEPRECATED:
+                raise ConfigDeprecationError(migration.checkpoint_config_message(removed))
         if self.num_to_keep is not None:
             _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
         if self.checkpoint_score_attribute is not None and not (
@@ -149,8 +228,11 @@ class FailureConfig:
 
     max_failures: int = 0
     collective_timeout_s: float = 600.0
+    fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.fail_fast is not migration.DEPRECATED:
+            raise ConfigDeprecationError(migration.FAIL_FAST)
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
         _check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)
 
@@ -179,8 +261,22 @@ class RunConfig:
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     worker_env: dict[str, str] | None = None
     log_to_driver: bool = True
+    sync_config: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    verbose: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    stop: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    progress_reporter: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    log_to_file: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for removed in migration.RUN_CONFIG_REMOVED:
+            if getattr(self, removed) is not migration.DEPRECATED:
+                raise ConfigDeprecationError(migration.run_config_message(removed))
+        # Ray Train's RunConfig takes None for these and fills in the defaults.
+        defaults = {"checkpoint_config": CheckpointConfig, "failure_config": FailureConfig,
+                    "callbacks": tuple, "storage_retry": RetryPolicy}
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default())
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name:
                 raise ConfigError(f"RunConfig.name={self.name!r} must be a non-empty string.")
@@ -205,8 +301,18 @@ class RunConfig:
         if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks,
                                                                        Sequence):
             raise ConfigError(
-                f"RunConfig.callbacks={self.callbacks!r} must be a list of cairn.Callback."
+                f"RunConfig.callbacks={self.callbacks!r} must be a list of cairn.Callback or "
+                "cairn.UserCallback objects."
             )
+        from cairn._src.train.callbacks import HOOK_NAMES
+
+        for callback in self.callbacks:
+            if not any(callable(getattr(callback, hook, None)) for hook in HOOK_NAMES):
+                raise ConfigError(
+                    f"RunConfig.callbacks contains {callback!r}, which has none of the "
+                    f"callback hooks ({', '.join(HOOK_NAMES)}): pass cairn.Callback or "
+                    "cairn.UserCallback subclasses (Ray Tune callbacks do not apply)."
+                )
         if not isinstance(self.storage_retry, RetryPolicy):
             raise ConfigError(
                 f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."

@@ -87,9 +87,81 @@ class CollectiveTimeoutError(CairnError, TimeoutError):
     """Ranks did not all reach the same report within the collective timeout."""
 
 
-class WorkerGroupError(CairnError):
-    """One or more workers failed; the message groups ranks with their tracebacks."""
+class ConfigDeprecationError(CairnError, DeprecationWarning):
+    """An argument Ray Train removed in its v2 API was passed.
+
+    Raised, not warned, as Ray Train raises ``DeprecationWarning``: code written
+    ``except DeprecationWarning`` or ``pytest.raises(DeprecationWarning)`` catches it. The
+    message says what to do instead.
+    """
+
+
+class RunNotFoundError(CheckpointNotFoundError, RuntimeError):
+    """A run directory does not exist, or is not a Cairn run.
+
+    A ``RuntimeError`` as in Ray Train (``Result.from_path``), and a
+    ``FileNotFoundError``.
+    """
+
+
+class ResultLookupError(CairnError, RuntimeError):
+    """``Result.get_best_checkpoint`` has nothing to return: no checkpoints, or none with
+    the metric asked for (a ``RuntimeError``, as in Ray Train)."""
+
+
+class WorkerProcessError(CairnError, RuntimeError):
+    """A worker failed without an exception from its train function: it exited, was
+    killed, lost its connection, did not start, or did not keep up with the other ranks.
+
+    Stands in ``WorkerGroupError.worker_failures`` for such ranks, and for an exception
+    that could not be unpickled in the driver (its text and traceback are kept).
+    """
 
 
 class TrainingFailedError(CairnError):
-    """The run failed for good: the failure budget is spent or the failure is fatal."""
+    """``fit()`` failed for good: the failure budget is spent or the failure is fatal.
+
+    Either a :class:`WorkerGroupError` (workers failed) or a :class:`ControllerError`
+    (the driver failed, a callback included), as in Ray Train.
+    """
+
+
+class WorkerGroupError(TrainingFailedError):
+    """One or more workers failed; the message groups ranks with their tracebacks.
+
+    ``worker_failures`` maps each failed rank to its exception: the object the train
+    function raised (unpickled from the worker), or a :class:`WorkerProcessError`.
+    ``run_path``, when known, is where the run's committed checkpoints stay.
+    """
+
+    def __init__(
+        self,
+        error_message: str,
+        worker_failures: dict[int, BaseException] | None = None,
+        run_path: str | None = None,
+    ) -> None:
+        text = "Training failed due to worker errors:\n" + error_message
+        if run_path:
+            text += (f"\nThe run's committed checkpoints and metrics stay at {run_path} "
+                     "(Result.from_path).")
+        super().__init__(text)
+        self.error_message = error_message
+        self.worker_failures: dict[int, BaseException] = dict(worker_failures or {})
+        self.run_path = run_path
+
+    def __reduce__(self) -> tuple[type, tuple[str, dict[int, BaseException], str | None]]:
+        return (self.__class__, (self.error_message, self.worker_failures, self.run_path))
+
+
+class ControllerError(TrainingFailedError):
+    """The driver's side of the run failed, for example a callback raised.
+
+    ``controller_failure`` is the original exception.
+    """
+
+    def __init__(self, controller_failure: BaseException) -> None:
+        super().__init__("Training failed due to controller error:\n" + str(controller_failure))
+        self.controller_failure = controller_failure
+
+    def __reduce__(self) -> tuple[type, tuple[BaseException]]:
+        return (self.__class__, (self.controller_failure,))

@@ -2,7 +2,8 @@
 a checkpoint, and in-memory snapshots that upload in the background.
 
 The names follow ``ray.train.torch`` (``TorchTrainer``, ``TorchConfig``,
-``prepare_model``, ``prepare_data_loader``, ``get_device``); see docs/torch.md.
+``prepare_model``, ``prepare_data_loader``, ``get_device``, ``get_devices``,
+``enable_reproducibility``); see docs/torch.md.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.data_loader import PreparedDataLoader, prepare_data_loader
 from cairn._src.torch.model import prepare_model
-from cairn._src.torch.placement import get_device
+from cairn._src.torch.placement import get_device, get_devices
+from cairn._src.torch.reproducibility import enable_reproducibility
 from cairn._src.torch.snapshot import report_snapshot
 from cairn._src.torch.trainer import TorchTrainer
 from cairn._src.torch.training_state import (
@@ -24,7 +26,9 @@ __all__ = [
     "TorchConfig",
     "TorchTrainer",
     "TrainingState",
+    "enable_reproducibility",
     "get_device",
+    "get_devices",
     "load_training_state",
     "prepare_data_loader",
     "prepare_model",

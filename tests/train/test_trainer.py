@@ -123,7 +123,8 @@ def test_retention_keeps_the_best_and_the_latest(run_config: RunConfigFactory) -
     kept = sorted(n for n in os.listdir(run_dir(config)) if n.startswith("checkpoint_"))
     # Best two by score: steps 1 (9) and 3 (7); plus the latest, step 4.
     assert kept == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
-    assert [m["score"] for _, m in result.best_checkpoints] == [9, 7, 0]
+    # Ray Train's order: worst to best by the score attribute.
+    assert [m["score"] for _, m in result.best_checkpoints] == [0, 7, 9]
     assert result.checkpoint is not None
     assert result.checkpoint.path.endswith("checkpoint_000005")
 

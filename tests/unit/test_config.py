@@ -58,3 +58,57 @@ def test_retry_policy() -> None:
         RetryPolicy(max_attempts=0)
     policy = RetryPolicy(initial_backoff_s=1.0, max_backoff_s=3.0, jitter=False)
     assert [policy.backoff(n) for n in range(3)] == [1.0, 2.0, 3.0]
+
+
+def test_accelerator_type_as_in_ray_train() -> None:
+    scaling = ScalingConfig(num_workers=2, use_gpu=True, accelerator_type="A100")
+    assert scaling.accelerator_type == "A100"
+    assert scaling._resources_per_worker_not_none == {"GPU": 1, "accelerator_type:A100": 0.001}
+    assert scaling.total_resources == {"GPU": 2, "accelerator_type:A100": 0.002}
+    assert scaling.additional_resources_per_worker == {"accelerator_type:A100": 0.001}
+    # As in Ray Train, CPU workers may ask for nodes with an accelerator type too.
+    cpu = ScalingConfig(num_workers=2, accelerator_type="A100")
+    assert cpu.total_resources == {"CPU": 2, "accelerator_type:A100": 0.002}
+    assert ScalingConfig().total_resources == {"CPU": 1}
+    assert ScalingConfig(use_gpu=True).total_resources == {"GPU": 1}
+
+
+@pytest.mark.parametrize("value", ["", 100, True])
+def test_accelerator_type_must_be_a_string(value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"ScalingConfig.accelerator_type={value!r} must be a "
+                       r"non-empty string \(for example 'A100'\) or None"):
+        ScalingConfig(accelerator_type=value)  # type: ignore[arg-type]
+
+
+def test_gpu_resources_need_use_gpu() -> None:
+    assert ScalingConfig(num_workers=2, use_gpu=True,
+                         resources_per_worker={"CPU": 1}).total_resources == {"CPU": 2, "GPU": 2}
+    with pytest.raises(ConfigError, match=r"`use_gpu` is False but `GPU` was found in "
+                       r"`resources_per_worker`"):
+        ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"GPU": 1})
+    with pytest.raises(ConfigError, match=r"`use_gpu` is True but `GPU` is set to 0"):
+        ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0})
+    with pytest.raises(ConfigError, match=r"ScalingConfig.resources_per_worker=\{'CPU': -1\} "
+                       r"must be a dict of resource names to numbers >= 0"):
+        ScalingConfig(resources_per_worker={"CPU": -1})
+
+
+def test_run_config_takes_none_for_defaults_as_ray_does() -> None:
+    config = RunConfig(checkpoint_config=None, failure_config=None,  # type: ignore[arg-type]
+                       callbacks=None)  # type: ignore[arg-type]
+    assert config.checkpoint_config == CheckpointConfig()
+    assert config.failure_config == FailureConfig()
+    assert tuple(config.callbacks) == ()
+
+
+def test_callbacks_without_any_hook_are_refused() -> None:
+    class TuneCallback:
+        def on_trial_result(self) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"RunConfig.callbacks contains .*TuneCallback.*, which "
+                       r"has none of the callback hooks \(on_report, .*after_report, "
+                       r"after_exception\)"):
+        RunConfig(callbacks=[TuneCallback()])
+    import cairn
+
+    RunConfig(callbacks=[cairn.Callback(), cairn.UserCallback()])

@@ -10,11 +10,12 @@ def test_exported_members() -> None:
     assert cairn.__all__ == [
         "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
         "CheckpointNotFoundError", "CheckpointUploadMode", "ChecksumMismatchError",
-        "CollectiveTimeoutError", "ConfigError", "FailureConfig", "GoodputSummary",
-        "ManifestError", "ReportError", "ReportHandle", "Result", "RetryPolicy", "RunConfig",
-        "RunLeaseError", "ScalingConfig", "StorageError", "TrainContext", "Trainer",
-        "TrainingFailedError", "UnknownSchemeError", "UnsafePathError", "WorkerGroupError",
-        "get_checkpoint", "get_context", "report",
+        "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError", "ControllerError",
+        "FailureConfig", "GoodputSummary", "ManifestError", "ReportError", "ReportHandle",
+        "Result", "RetryPolicy", "RunConfig", "RunLeaseError", "RunNotFoundError",
+        "ScalingConfig", "StorageError", "TrainContext", "Trainer", "TrainingFailedError",
+        "UnknownSchemeError", "UnsafePathError", "UserCallback", "WorkerGroupError",
+        "WorkerProcessError", "get_checkpoint", "get_context", "report",
     ]
     for name in cairn.__all__:
         assert getattr(cairn, name).__module__.startswith("cairn")
@@ -28,3 +29,9 @@ def test_errors_share_one_root_and_builtins() -> None:
     assert issubclass(cairn.CheckpointNotFoundError, FileNotFoundError)
     assert issubclass(cairn.ConfigError, ValueError)
     assert issubclass(cairn.CollectiveTimeoutError, TimeoutError)
+    # As Ray Train raises them: code written for Ray catches Cairn's errors.
+    assert issubclass(cairn.WorkerGroupError, cairn.TrainingFailedError)
+    assert issubclass(cairn.ControllerError, cairn.TrainingFailedError)
+    assert issubclass(cairn.ConfigDeprecationError, DeprecationWarning)
+    assert issubclass(cairn.RunNotFoundError, RuntimeError)
+    assert issubclass(cairn.RunNotFoundError, FileNotFoundError)

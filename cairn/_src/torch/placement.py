@@ -30,6 +30,15 @@ def get_device() -> torch.device:
     return _worker_device if _worker_device is not None else torch.device("cpu")
 
 
+def get_devices() -> list[torch.device]:
+    """Every device this worker trains on, as Ray Train's ``get_devices()``.
+
+    A Cairn worker has one device (one GPU per worker with ``use_gpu=True``), so this is
+    ``[get_device()]``: ``[cuda:<n>]`` on a GPU worker, ``[cpu]`` otherwise.
+    """
+    return [get_device()]
+
+
 def rank_and_world_size() -> tuple[int, int]:
     """``(rank, world size)``: from the Cairn worker's context, else from an initialized
     ``torch.distributed`` process group, else ``(0, 1)``."""

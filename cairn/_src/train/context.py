@@ -3,16 +3,67 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
+from cairn._src import migration
+from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.location import StorageLocation
 
 
 @dataclass(frozen=True)
 class RunStorage:
-    """Where the run lives: ``get_context().get_storage()``."""
+    """Where the run lives: ``get_context().get_storage()``.
+
+    Offers the attributes of Ray Train's ``StorageContext`` that ``checkpoint_upload_fn``
+    code uses: ``storage_filesystem``, ``storage_fs_path``, ``experiment_dir_name``,
+    ``experiment_fs_path`` and ``build_checkpoint_path_from_name(name)``. Paths are inside
+    :attr:`storage_filesystem` (on S3 ``"bucket/prefix/run"``, no scheme), as in Ray.
+    """
 
     run: StorageLocation
+
+    @property
+    def storage_filesystem(self) -> Any:
+        """The ``pyarrow.fs.FileSystem`` the run lives on."""
+        return self.run.filesystem
+
+    @property
+    def experiment_fs_path(self) -> str:
+        """The run directory's path inside :attr:`storage_filesystem`."""
+        return self.run.path
+
+    @property
+    def experiment_dir_name(self) -> str:
+        """The run directory's name (``RunConfig.name``)."""
+        return self.run.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def storage_fs_path(self) -> str:
+        """The path of the storage root (the run directory's parent) in the filesystem."""
+        parent = self.run.path.rstrip("/").rsplit("/", 1)[0]
+        return parent or "/"
+
+    def build_checkpoint_path_from_name(self, checkpoint_name: str) -> str:
+        """The path, inside :attr:`storage_filesystem`, of the checkpoint directory named
+        ``checkpoint_name`` in the run directory (where an upload function writes it)."""
+        if not isinstance(checkpoint_name, str) or not checkpoint_name:
+            raise ConfigError(
+                f"build_checkpoint_path_from_name(checkpoint_name={checkpoint_name!r}): the "
+                "name must be a non-empty string, such as the dir_name given to "
+                "checkpoint_upload_fn."
+            )
+        return self.run.join(checkpoint_name).path
+
+    def extract_checkpoint_dir_name_from_path(self, checkpoint_path: str) -> str:
+        """The checkpoint's name, relative to the run directory, from its path."""
+        prefix = self.run.path.rstrip("/") + "/"
+        if not checkpoint_path.startswith(prefix):
+            raise ConfigError(
+                f"Checkpoint path {checkpoint_path} is not under the experiment directory "
+                f"{self.run.path}."
+            )
+        return checkpoint_path[len(prefix):]
 
     @property
     def filesystem(self) -> object:
@@ -73,3 +124,21 @@ class TrainContext:
 
     def get_storage(self) -> RunStorage:
         return self.storage
+
+    # Ray Train v2 refuses these Ray Tune era methods with a DeprecationWarning; so does
+    # Cairn, with what to use instead.
+
+    def get_metadata(self) -> NoReturn:
+        raise ConfigDeprecationError(migration.GET_METADATA)
+
+    def get_trial_name(self) -> NoReturn:
+        raise ConfigDeprecationError(migration.trial_method_message("get_trial_name"))
+
+    def get_trial_id(self) -> NoReturn:
+        raise ConfigDeprecationError(migration.trial_method_message("get_trial_id"))
+
+    def get_trial_resources(self) -> NoReturn:
+        raise ConfigDeprecationError(migration.trial_method_message("get_trial_resources"))
+
+    def get_trial_dir(self) -> NoReturn:
+        raise ConfigDeprecationError(migration.trial_method_message("get_trial_dir"))

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.checkpoint.index import RunIndex, read_index
 from cairn._src.checkpoint.manager import checkpoint_view
 from cairn._src.checkpoint.retention import best_first
 from cairn._src.config import CheckpointConfig
-from cairn._src.errors import CheckpointNotFoundError
+from cairn._src.errors import (
+    ConfigDeprecationError,
+    ConfigError,
+    ResultLookupError,
+    RunNotFoundError,
+)
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
@@ -22,33 +28,92 @@ from cairn._src.storage.retry import RetryPolicy
 if TYPE_CHECKING:
     import pandas
 
+_INDEX_FILE = "cairn_run.json"
 
-@dataclass
+_CONFIG_DEPRECATED = (
+    "The `config` property for a `Result` is deprecated, since it is only relevant in the "
+    "context of Ray Tune (Ray Train v2 raises the same). The train_loop_config you passed to "
+    "the Trainer is the run's config; read it from there."
+)
+
+
 class Result:
-    """What a run produced.
+    """What a run produced, with Ray Train's fields and Cairn's.
 
     * ``metrics``: the last metrics rank 0 reported;
     * ``checkpoint``: the latest committed checkpoint;
-    * ``best_checkpoints``: ``(checkpoint, metrics)`` of every kept checkpoint, best first
-      by the run's score attribute (latest first without one);
-    * ``metrics_dataframe``: the whole metrics history (every rank-0 report, every attempt);
-    * ``path``: the run directory; ``error``: why the run failed, or None;
+    * ``error``: why the run failed (a :class:`~cairn.TrainingFailedError`), or None;
+    * ``path``: the run directory as a path inside :attr:`filesystem`, as Ray Train gives
+      it: on S3 ``"bucket/runs/name"``, so ``checkpoint.path.startswith(result.path)``
+      holds for the run's own checkpoints; :attr:`uri` is the same place as a URI
+      (credentials removed);
+    * ``best_checkpoints``: ``(checkpoint, metrics)`` of every kept checkpoint, in Ray
+      Train's order: worst to best by ``CheckpointConfig.checkpoint_score_attribute``
+      (ties: the earlier report first), or in report order without one;
+    * ``metrics_dataframe``: the whole metrics history (every rank-0 report, every
+      attempt), read from storage when first asked for, unless given;
     * ``return_value``: what rank 0's train function returned;
     * ``goodput``: the run's goodput summary.
+
+    ``Result(metrics=..., checkpoint=..., error=..., path=...)`` builds one by hand, as in
+    Ray Train; such a result has no run to read a history or goodput from.
     """
 
-    metrics: dict[str, Any] | None
-    checkpoint: Checkpoint | None
-    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]]
-    path: str
-    error: BaseException | None = None
-    return_value: Any = None
-    filesystem: Any = None
-    _run: StorageLocation | None = field(default=None, repr=False)
-    _retry: RetryPolicy = field(default_factory=RetryPolicy, repr=False)
+    def __init__(
+        self,
+        metrics: dict[str, Any] | None,
+        checkpoint: Checkpoint | None,
+        error: BaseException | None,
+        path: str,
+        metrics_dataframe: pandas.DataFrame | None = None,
+        best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] | None = None,
+        _storage_filesystem: pafs.FileSystem | None = None,
+        return_value: Any = None,
+        *,
+        uri: str | None = None,
+        _run: StorageLocation | None = None,
+        _retry: RetryPolicy | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.checkpoint = checkpoint
+        self.error = error
+        self.path = path
+        self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = list(
+            best_checkpoints or [])
+        self.return_value = return_value
+        self.uri = uri
+        self._metrics_dataframe = metrics_dataframe
+        self._storage_filesystem = _storage_filesystem
+        self._run = _run
+        self._retry = _retry or RetryPolicy()
+
+    def __repr__(self) -> str:
+        shown: dict[str, Any] = {"metrics": self.metrics, "path": self.path,
+                                 "filesystem": self.filesystem.type_name,
+                                 "checkpoint": self.checkpoint}
+        if self.error is not None:
+            shown = {"error": type(self.error).__name__, **shown}
+        return "Result(\n" + ",\n".join(f"  {k}={v!r}" for k, v in shown.items()) + "\n)"
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The filesystem :attr:`path` lies in (the local one for a result built by hand)."""
+        if self._storage_filesystem is not None:
+            return self._storage_filesystem
+        if self._run is not None:
+            return self._run.filesystem
+        return pafs.LocalFileSystem()
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """Refused as Ray Train v2 refuses it (a ``DeprecationWarning``)."""
+        raise ConfigDeprecationError(_CONFIG_DEPRECATED)
 
     @property
     def metrics_dataframe(self) -> pandas.DataFrame:
+        """Every rank-0 report of every attempt, one row each (nested keys joined by ``/``)."""
+        if self._metrics_dataframe is not None:
+            return self._metrics_dataframe
         import pandas
 
         records = read_log(self._run.join(METRICS_DIR), self._retry) if self._run else []
@@ -72,6 +137,33 @@ class Result:
             return summarize([])
         return summarize(read_log(self._run.join(EVENTS_DIR), self._retry))
 
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The kept checkpoint whose ``metric`` is the highest (``mode="max"``) or lowest
+        (``"min"``); on a tie, the first in :attr:`best_checkpoints`.
+
+        ``metric`` may name a nested value with ``/`` (``"val/loss"``). Checkpoints whose
+        metrics lack it are ignored. As in Ray Train, raises a ``RuntimeError``
+        (:class:`ResultLookupError`) without checkpoints or when no checkpoint has the
+        metric, and a ``ValueError`` (:class:`ConfigError`) for a bad ``mode``.
+        """
+        if not self.best_checkpoints:
+            raise ResultLookupError("No checkpoint exists in the trial directory!")
+        if mode not in ("max", "min"):
+            raise ConfigError(
+                f'Unsupported mode: {mode}. Please choose from ["min", "max"]! '
+                f"(get_best_checkpoint(mode={mode!r}))"
+            )
+        scored = [(checkpoint, value) for checkpoint, metrics in self.best_checkpoints
+                  if (value := _lookup(metrics, metric)) is not None]
+        if not scored:
+            known = sorted((self.metrics or {}).keys())
+            raise ResultLookupError(
+                f"Invalid metric name {metric}! You may choose from the following metrics: "
+                f"{known}."
+            )
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda pair: pair[1])[0]
+
     @classmethod
     def from_path(
         cls,
@@ -80,19 +172,60 @@ class Result:
         *,
         checkpoint_config: CheckpointConfig | None = None,
     ) -> Result:
-        """Load the result of a run from its directory (finished, failed or running)."""
-        run = resolve(path, storage_filesystem)
+        """Load the result of a run from its directory (finished, failed or running).
+
+        ``path`` is a path or URI; with ``storage_filesystem``, a path inside that
+        filesystem (as Ray Train takes it). ``checkpoint_config`` orders
+        :attr:`best_checkpoints` by its score attribute (report order without one).
+        Raises :class:`RunNotFoundError` (a ``RuntimeError`` and a ``FileNotFoundError``)
+        when the directory does not exist or is not a Cairn run.
+        """
+        text = os.fspath(path)
+        stripped = text.rstrip("/") or text
+        run = resolve(stripped, storage_filesystem)
         retry = RetryPolicy()
+        if not _exists(run):
+            raise RunNotFoundError(f"Experiment folder {run.display()} doesn't exist!")
         index = read_index(run, retry)
         if index is None:
-            raise CheckpointNotFoundError(
-                f"{run.display()} is not a Cairn run directory (it has no run index). Pass "
-                "the directory RunConfig(storage_path=..., name=...) points to."
+            raise RunNotFoundError(
+                f"Failed to restore the Result object: {_INDEX_FILE} doesn't exist in the "
+                f"experiment folder {run.display()}. Make sure that this is an output "
+                "directory created by a Cairn run: the directory RunConfig(storage_path=..., "
+                "name=...) points to."
             )
         history = read_log(run.join(METRICS_DIR), retry)
         metrics = history[-1].get("metrics") if history else None
         return build_result(run, index, checkpoint_config or CheckpointConfig(),
                             metrics=metrics, retry=retry)
+
+
+def _lookup(metrics: dict[str, Any], metric: str) -> Any:
+    if metric in metrics:
+        return metrics[metric]
+    value: Any = metrics
+    for part in metric.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _exists(run: StorageLocation) -> bool:
+    try:
+        info = run.filesystem.get_file_info(run.path)
+    except OSError:
+        return False
+    return bool(info.type == pafs.FileType.Directory)
+
+
+def ray_order(
+    records: list[Any], score_attribute: str | None, score_order: str
+) -> list[Any]:
+    """Checkpoint records in Ray Train's ``best_checkpoints`` order: worst to best by the
+    score attribute (ties: the earlier report first), report order without one."""
+    return list(reversed(best_first(records, score_attribute,
+                                    "min" if score_order == "min" else "max")))
 
 
 def build_result(
@@ -105,19 +238,20 @@ def build_result(
     return_value: Any = None,
     retry: RetryPolicy | None = None,
 ) -> Result:
-    retry = retry or RetryPolicy()
     latest = index.latest
-    ordered = best_first(list(index.checkpoints), config.checkpoint_score_attribute,
-                         config.checkpoint_score_order)
+    ordered = ray_order(list(index.checkpoints), config.checkpoint_score_attribute,
+                        config.checkpoint_score_order)
     return Result(
         metrics=metrics,
         checkpoint=checkpoint_from_view(checkpoint_view(run, latest)) if latest else None,
+        error=error,
+        path=run.path,
         best_checkpoints=[(checkpoint_from_view(checkpoint_view(run, r)), dict(r.metrics))
                           for r in ordered],
-        path=run.uri or run.path,
-        error=error,
+        _storage_filesystem=run.filesystem,
         return_value=return_value,
-        filesystem=run.filesystem,
+        # The URI without credentials (the display form redacts them).
+        uri=run.display() if run.uri is not None else None,
         _run=run,
         _retry=retry,
     )

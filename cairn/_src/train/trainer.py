@@ -6,18 +6,26 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
+from cairn._src import migration
 from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
-from cairn._src.errors import ConfigError, ManifestError, TrainingFailedError
+from cairn._src.errors import (
+    ConfigDeprecationError,
+    ConfigError,
+    ControllerError,
+    ManifestError,
+    TrainingFailedError,
+)
 from cairn._src.execution.controller import Controller, TrainSpec
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.result import Result, build_result
 
 logger = logging.getLogger(__name__)
@@ -116,16 +124,25 @@ class Trainer:
         result = build_result(run, manager.index, self.run_config.checkpoint_config,
                               metrics=outcome.last_metrics or None, error=outcome.error,
                               return_value=outcome.return_value, retry=retry)
-        for callback in self.run_config.callbacks:
-            hook = getattr(callback, "on_run_end", None)
-            if hook is not None:
-                hook(result)
+        call_hooks(self.run_config.callbacks, "on_run_end", result)
         if outcome.error is not None:
-            raise TrainingFailedError(
-                f"Training failed: {outcome.error}\nThe run's committed checkpoints and metrics "
-                f"stay at {run.display()} (Result.from_path)."
-            ) from outcome.error
+            # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's
+            # exception (or a ControllerError); its text names where the run stays.
+            if isinstance(outcome.error, TrainingFailedError):
+                raise outcome.error
+            raise ControllerError(outcome.error) from outcome.error
         return result
+
+    @classmethod
+    def restore(cls, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused, as Ray Train v2 refuses it (``DeprecationWarning``): call ``fit()``
+        again with the same ``RunConfig(name=..., storage_path=...)`` to continue a run."""
+        raise ConfigDeprecationError(migration.TRAINER_RESTORE)
+
+    @classmethod
+    def can_restore(cls, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused, as Ray Train v2 refuses it (``DeprecationWarning``); see :meth:`restore`."""
+        raise ConfigDeprecationError(migration.TRAINER_RESTORE)
 
     def _open_run(self, run: StorageLocation, retry: RetryPolicy) -> CheckpointManager:
         try:

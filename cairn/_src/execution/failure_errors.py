@@ -1,0 +1,51 @@
+"""The error ``fit()`` raises when workers fail: a :class:`WorkerGroupError` carrying each
+failed rank's own exception, as Ray Train's ``worker_failures``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import cloudpickle
+
+from cairn._src.errors import WorkerGroupError, WorkerProcessError
+from cairn._src.execution.worker_errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+
+def worker_exceptions(failures: Sequence[WorkerFailure]) -> dict[int, BaseException]:
+    """``{rank: exception}`` for every failed rank, ordered by rank.
+
+    A rank's first failure counts. Its exception is the object its train function raised,
+    unpickled here; a rank that failed without one (it exited, was killed, lost its
+    connection, hung), or whose exception cannot be unpickled in the driver, gets a
+    :class:`WorkerProcessError` with the failure's text and traceback.
+    """
+    found: dict[int, BaseException] = {}
+    for failure in failures:
+        if failure.rank in found:
+            continue
+        exception: object = None
+        if failure.exception is not None:
+            try:
+                exception = cloudpickle.loads(failure.exception)
+            except Exception as exc:  # a class the driver cannot import, say
+                logger.warning("The exception of rank %d cannot be unpickled in the driver "
+                               "(%s: %s); keeping its text", failure.rank,
+                               type(exc).__name__, exc)
+        if not isinstance(exception, BaseException):
+            text = failure.summary
+            if failure.traceback:
+                text += "\n" + failure.traceback.rstrip()
+            exception = WorkerProcessError(text)
+        found[failure.rank] = exception
+    return dict(sorted(found.items()))
+
+
+def worker_group_error(
+    failures: Sequence[WorkerFailure], reason: str, run_path: str | None = None
+) -> WorkerGroupError:
+    """The error for an attempt that failed with ``failures`` (``reason``: their grouped
+    text); ``run_path`` is where its committed checkpoints stay."""
+    return WorkerGroupError(reason, worker_exceptions(failures), run_path)
