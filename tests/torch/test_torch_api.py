@@ -18,7 +18,14 @@ from cairn._src.torch.process_group import (
     choose_backend,
     destroy_process_group,
 )
-from cairn.torch import TorchConfig, TorchTrainer, get_device, prepare_model
+from cairn.torch import (
+    TorchConfig,
+    TorchTrainer,
+    enable_reproducibility,
+    get_device,
+    get_devices,
+    prepare_model,
+)
 
 
 def test_public_names_are_pinned_and_sorted() -> None:
@@ -133,3 +140,40 @@ def test_prepare_model_outside_a_group() -> None:
         prepare_model(3)  # type: ignore[arg-type]
     with pytest.raises(cairn.ConfigError, match=r"move_to_device='cuda'"):
         prepare_model(model, move_to_device="cuda")  # type: ignore[arg-type]
+
+
+def test_get_devices_outside_a_worker_is_the_cpu() -> None:
+    assert get_devices() == [torch.device("cpu")] == [get_device()]
+
+
+@pytest.fixture
+def restore_determinism() -> object:
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    yield None
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.benchmark = saved[1]
+    if saved[2] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[2]
+
+
+def test_enable_reproducibility_seeds_and_makes_torch_deterministic(
+    restore_determinism: object,
+) -> None:
+    import random
+
+    import numpy
+
+    enable_reproducibility(seed=3)
+    first = (random.random(), float(numpy.random.rand()), float(torch.rand(1)))
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.benchmark is False
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    enable_reproducibility(3)
+    assert (random.random(), float(numpy.random.rand()), float(torch.rand(1))) == first
+    enable_reproducibility()  # Ray's default seed, 0
+    with pytest.raises(cairn.ConfigError,
+                       match=r"enable_reproducibility\(seed='7'\): the seed must be an integer"):
+        enable_reproducibility(seed="7")  # type: ignore[arg-type]
