@@ -65,11 +65,11 @@ class ScalingConfig:
     ``backend`` picks who starts the worker processes: ``"local"`` (processes on this
     machine, the default) or ``"ray"`` (actors on a Ray cluster).
 
-    ``accelerator_type`` (for example ``"A100"``) asks a cluster for nodes with that
-    accelerator, as in Ray Train: the ``ray`` backend adds the resource
-    ``accelerator_type:<type>`` (0.001 per worker, see :attr:`additional_resources_per_worker`).
-    The ``local`` backend runs on this machine, whatever its accelerator: the value is
-    accepted and recorded, and selects nothing.
+    ``accelerator_type`` (for example ``"A100"``) names the accelerator the workers' nodes
+    must have, as in Ray Train: it becomes the resource ``accelerator_type:<type>`` (0.001
+    per worker) in :attr:`additional_resources_per_worker` and :attr:`total_resources`, for
+    a cluster scheduler. The ``local`` backend runs on this machine, whatever its
+    accelerator: the value is accepted and recorded, and selects nothing.
     """
 
     num_workers: int = 1
