@@ -12,6 +12,7 @@ from cairn._src.checkpoint.manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     Manifest,
+    check_json_value,
     read_manifest,
     write_manifest,
 )
@@ -84,20 +85,71 @@ def test_not_an_object() -> None:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"files": {"a": {"size": -1, "checksum": "x"}}}, r"files\['a'\]"),
-        ({"files": {"a": {"size": "3", "checksum": "x"}}}, r"files\['a'\]"),
-        ({"files": {"../../x": {"size": 1, "checksum": "x"}}}, r"'\.\.' component"),
-        ({"files": []}, "field 'files'"),
-        ({"report_index": "3"}, "field 'report_index'"),
-        ({"report_index": True}, "field 'report_index'"),
-        ({"created_at": None}, "field 'created_at'"),
-        ({"ranks": [0, "1"]}, "Manifest.ranks"),
+        ({"files": {"a": {"size": -1, "checksum": "x"}}},
+         r"field \"files\['a'\]\.size\" is -1 \(int\); expected an integer >= 0\."),
+        ({"files": {"a": {"size": "3", "checksum": "x"}}},
+         r"field \"files\['a'\]\.size\" is '3' \(str\); expected an integer >= 0"),
+        ({"files": {"a": {"size": 3, "checksum": "x"}}},
+         r"field \"files\['a'\]\.checksum\" is 'x' \(str\); expected 32 lowercase hex"),
+        ({"files": {"../../x": {"size": 1, "checksum": "x"}}},
+         r"field \"files\['\.\./\.\./x'\]\" is '\.\./\.\./x' \(str\); expected a key that "
+         r"is a normalized relative path such as 'model/weights\.pt'\."),
+        ({"files": {"a//b": {"size": 1, "checksum": "ab" * 16}}},
+         r"field \"files\['a//b'\]\" is 'a//b' \(str\); expected a key that is a normalized "
+         r"relative path such as 'model/weights\.pt'\. The checkpoint is damaged"),
+        ({"files": []}, r"field 'files' is a list of 0 values; expected an object of relative "
+                        r"path -> \{'size', 'checksum'\}\."),
+        ({"report_index": "3"},
+         r"field 'report_index' is '3' \(str\); expected null or an integer >= 0\."),
+        ({"report_index": True},
+         r"field 'report_index' is True \(bool\); expected null or an integer >= 0\."),
+        ({"created_at": None}, r"field 'created_at' is None \(NoneType\); expected a finite "
+                               r"number\."),
+        ({"created_at": math.inf}, r"field 'created_at' is inf \(float\); expected a finite"),
+        ({"ranks": [0, "1"]}, r"field 'ranks\[1\]' is '1' \(str\); expected an integer >= 0\."),
+        ({"checksum_algorithm": "md5"},
+         r"field 'checksum_algorithm' is 'md5' \(str\); expected one of xxh3_128\."),
+        ({"metrics": {"a": 1, "deep": json.loads("[" * 600 + "]" * 600)}},
+         r"field 'metrics' is an object with 2 keys; expected an object nested at most 512 "
+         r"levels deep\."),
+        ({"target_path": "relative"},
+         r"field 'target_path' is 'relative' \(str\); expected null or a normalized absolute"),
     ],
 )
 def test_invalid_fields(change: dict[str, object], match: str) -> None:
     document = {**json.loads(make().to_json()), **change}
-    with pytest.raises(ManifestError, match=match):
+    with pytest.raises(ManifestError, match=r"^The manifest x is invalid: " + match):
         Manifest.from_json(json.dumps(document).encode(), where="x")
+
+
+def test_a_file_and_a_file_under_it_are_refused() -> None:
+    document = json.loads(make().to_json())
+    document["files"] = {"x": {"size": 1, "checksum": "ab" * 16},
+                         "x/y/z": {"size": 1, "checksum": "ab" * 16}}
+    with pytest.raises(ManifestError, match=r"^The manifest x is invalid: Manifest\.files lists "
+                       r"both 'x' and 'x/y/z': 'x' cannot be a file and a directory at once\."):
+        Manifest.from_json(json.dumps(document).encode(), where="x")
+    with pytest.raises(UnsafePathError, match=r"lists both 'a' and 'a/b'"):
+        make(files={"a": ENTRY, "a/b": ENTRY})
+    make(files={"a": ENTRY, "ab/c": ENTRY, "a.b/c": ENTRY})  # Prefixes of names are fine.
+
+
+def test_json_nested_beyond_the_parser_is_a_manifest_error() -> None:
+    deep = b'{"version": 1, "metadata": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with pytest.raises(ManifestError, match=r"^The manifest x is not a file Cairn wrote: its "
+                       r"JSON is nested too deeply to parse\."):
+        Manifest.from_json(deep, where="x")
+
+
+def test_user_metadata_depth_is_limited() -> None:
+    nested: dict[str, object] = {}
+    inner = nested
+    for _ in range(70):
+        inner["a"] = {}
+        inner = inner["a"]  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"^metadata is nested more than 64 levels deep"):
+        check_json_value(nested, argument="metadata")
+    make(metadata=nested)  # Read back from storage, deeper values still load.
 
 
 def test_missing_field() -> None:
@@ -159,7 +211,8 @@ def test_target_path_must_be_normalized_absolute(bad: str) -> None:
     document = json.loads(make().to_json())
     document["target_path"] = bad
     with pytest.raises(ManifestError,
-                       match=r"The manifest there is invalid: Manifest\.target_path"):
+                       match=r"The manifest there is invalid: field 'target_path' is .*; expected "
+                       r"null or a normalized absolute path such as '/data/ckpt'\."):
         Manifest.from_json(json.dumps(document).encode(), where="there")
 
 

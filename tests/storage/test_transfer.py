@@ -13,6 +13,7 @@ from stores import DeniedStore, FailureSchedule, FlakyStore, flaky_location
 from cairn._src.errors import (
     CheckpointNotFoundError,
     ConfigError,
+    MissingCheckpointFileError,
     NotADirectoryCheckpointError,
     StorageError,
     UnsafePathError,
@@ -86,7 +87,8 @@ def test_download_of_a_missing_file_names_it(
 ) -> None:
     entries = upload_directory(str(src), dest)
     entries["sub/gone"] = FileEntry(3, "0" * 32)
-    with pytest.raises(CheckpointNotFoundError, match=r"download .*bucket/ck/sub/gone"):
+    with pytest.raises(MissingCheckpointFileError,
+                       match=r"File 'sub/gone' of 'bucket/ck' .* does not exist: it was deleted"):
         download_directory(dest, str(tmp_path / "out"), files=entries)
 
 
@@ -133,8 +135,8 @@ def test_retries_give_up_and_leave_no_partial_file(src: Path, tmp_path: Path) ->
 def test_failed_download_mid_stream_leaves_no_partial_file(src: Path, tmp_path: Path) -> None:
     local = resolve(str(tmp_path / "remote"))
     entries = upload_directory(str(src), local, files=["sub/f2"])
-    # Fail the 2nd call on each path: the open succeeds, the first read fails.
-    mid_stream = FailureSchedule(every=2, cap=1000)
+    # Fail the 3rd call on each path: the stat and the open succeed, the first read fails.
+    mid_stream = FailureSchedule(every=3, cap=1000)
     flaky = flaky_location(local, mid_stream)
     out = tmp_path / "out"
     with pytest.raises(StorageError, match="injected transient failure in read"):

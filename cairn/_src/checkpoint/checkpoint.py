@@ -28,6 +28,7 @@ from cairn._src.checkpoint.manifest import (
     read_manifest,
     write_manifest,
 )
+from cairn._src.checkpoint.verified import verify_local_once
 from cairn._src.errors import CheckpointNotFoundError, ManifestError, NotADirectoryCheckpointError
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, local_root, resolve
@@ -172,9 +173,12 @@ class Checkpoint:
     def as_directory(self) -> Iterator[str]:
         """A local directory with the checkpoint's files, for the ``with`` block.
 
-        A local checkpoint yields its own path (no copy: do not modify it). A remote one
-        is downloaded (and verified when committed) to a temporary directory that is
-        deleted when the block exits.
+        A local checkpoint yields its own path (no copy: do not modify it); when it is
+        committed, every file is first verified against the manifest, once per process
+        (see :mod:`.verified`: a later call re-reads only when a file's size, modification
+        time or inode changed). A remote one is downloaded (and verified when committed)
+        to a temporary directory that is deleted when the block exits. Damage raises a
+        :class:`~cairn._src.errors.CheckpointDamagedError` before the block runs.
         """
         local = self._local_path()
         if local is not None:
@@ -186,6 +190,7 @@ class Checkpoint:
                 raise NotADirectoryCheckpointError(
                     f"Checkpoint path {local!r} is a file, not a directory."
                 )
+            self._verify_local_once(local)
             yield local
             return
         target = self.to_directory()
@@ -193,6 +198,22 @@ class Checkpoint:
             yield target
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+    def _verify_local_once(self, local: str) -> None:
+        where = self._manifest_location.join(MANIFEST_NAME)
+        try:
+            data = read_bytes(where, self._retry)
+        except CheckpointNotFoundError:
+            return  # Not committed: a directory a training loop wrote, nothing to check.
+        manifest = Manifest.from_json(data, where=where.display())
+        names = sorted(manifest.files)
+        verify_local_once(
+            manifest_where=where.display(),
+            manifest_bytes=data,
+            data_root=local,
+            names=names,
+            verify=lambda: verify_directory(self._location, manifest.files, retry=self._retry),
+        )
 
     def get_metadata(self) -> dict[str, Any]:
         """The user metadata: from the manifest when committed, else ``.metadata.json``."""

@@ -16,7 +16,8 @@ from typing import Any
 
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.errors import ConfigError, ManifestError
-from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES
+from cairn._src.run import schema
+from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES, is_stored_dir_name
 from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path
@@ -64,17 +65,56 @@ class CheckpointRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckpointRecord:
+        """A record from its JSON object, which :data:`RECORD_SCHEMA` has accepted."""
         return cls(
-            dir_name=str(data["dir_name"]),
-            report_index=int(data["report_index"]),
+            dir_name=data["dir_name"],
+            report_index=data["report_index"],
             metrics=dict(data.get("metrics") or {}),
             target_uri=data.get("target_uri"),
-            managed=bool(data.get("managed", True)),
-            attempt=int(data.get("attempt", 0)),
+            managed=data.get("managed", True),
+            attempt=data.get("attempt", 0),
             committed_at=float(data.get("committed_at", 0.0)),
-            size_bytes=int(data.get("size_bytes", 0)),
+            size_bytes=data.get("size_bytes", 0),
             target_path=data.get("target_path"),
         )
+
+
+_INDEX_HINT = ("Cairn rebuilds it from the checkpoint manifests (`cairn rebuild-index` does it "
+               "by hand).")
+RECORD_SCHEMA = schema.Object(
+    {
+        "dir_name": schema.DIR_NAME,
+        "report_index": schema.COUNT,
+        "metrics": schema.USER_JSON,
+        "target_uri": schema.Nullable(schema.URI),
+        "target_path": schema.Nullable(schema.ABSOLUTE_PATH),
+        "managed": schema.Boolean(),
+        "attempt": schema.COUNT,
+        "committed_at": schema.TIME,
+        "size_bytes": schema.COUNT,
+    },
+    required=frozenset({"dir_name", "report_index"}),
+    noun="a checkpoint record (an object with 'dir_name' and 'report_index')",
+)
+INDEX_SCHEMA = schema.Document(
+    "run index",
+    schema.Object(
+        {
+            "version": schema.Integer(),
+            "layout_version": schema.Integer(minimum=1),
+            "next_report_index": schema.Integer(minimum=1),
+            "attempts": schema.COUNT,
+            "failures": schema.COUNT,
+            "resumed_from": schema.Nullable(schema.DIR_NAME),
+            "created_at": schema.TIME,
+            "updated_at": schema.TIME,
+            "checkpoints": schema.ListOf(RECORD_SCHEMA, noun="checkpoint records"),
+        },
+        required=frozenset({"version", "checkpoints"}),
+        noun="a JSON object",
+    ),
+    hint=_INDEX_HINT,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,29 +163,42 @@ class RunIndex:
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> RunIndex:
-        try:
-            body = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(
-                f"The run index {where} is not valid JSON ({exc}). Rebuild it from the "
-                "checkpoint manifests with `cairn inspect --rebuild-index`."
-            ) from exc
+        """Parse the index; ``where`` (redacted) names it in errors.
+
+        Raises :class:`ManifestError` for invalid JSON (nested too deeply included), an
+        unknown version, a field that does not match :data:`INDEX_SCHEMA` (the message
+        names the field and what it should be) or two records with the same directory.
+        One pass over the document.
+        """
+        body = schema.load_json(data, what="run index", where=where, hint=_INDEX_HINT)
         version = body.get("version") if isinstance(body, dict) else None
-        if version != INDEX_VERSION:
+        if type(version) is not int or version != INDEX_VERSION:
+            shown = version if type(version) is int or version is None else "unreadable"
             raise ManifestError(
-                f"The run index {where} has version {version!r}; this Cairn reads version "
+                f"The run index {where} has version {shown!r}; this Cairn reads version "
                 f"{INDEX_VERSION}. Upgrade Cairn, or rebuild the index from the manifests."
             )
+        schema.validate(body, INDEX_SCHEMA, where=where)
+        records = tuple(CheckpointRecord.from_json(r) for r in body["checkpoints"])
+        seen: set[str] = set()
+        for record in records:
+            if record.dir_name in seen:
+                raise ManifestError(
+                    f"The run index {where} is invalid: two checkpoint records name the "
+                    f"directory {record.dir_name!r}. {_INDEX_HINT}"
+                )
+            seen.add(record.dir_name)
+        now = time.time()
         return cls(
-            checkpoints=tuple(CheckpointRecord.from_json(r) for r in body["checkpoints"]),
-            next_report_index=int(body.get("next_report_index", 1)),
-            attempts=int(body.get("attempts", 0)),
-            failures=int(body.get("failures", 0)),
+            checkpoints=records,
+            next_report_index=body.get("next_report_index", 1),
+            attempts=body.get("attempts", 0),
+            failures=body.get("failures", 0),
             resumed_from=body.get("resumed_from"),
-            created_at=float(body.get("created_at", time.time())),
-            updated_at=float(body.get("updated_at", time.time())),
+            created_at=float(body.get("created_at", now)),
+            updated_at=float(body.get("updated_at", now)),
             version=version,
-            layout_version=int(body.get("layout_version", LAYOUT_VERSION)),
+            layout_version=body.get("layout_version", LAYOUT_VERSION),
         )
 
 
@@ -175,7 +228,7 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
         previous = None
     records = []
     for name in list_dir_names(run, retry):
-        if name in RESERVED_NAMES:
+        if name in RESERVED_NAMES or not is_stored_dir_name(name):
             continue
         try:
             manifest = read_manifest(run.join(name), retry)

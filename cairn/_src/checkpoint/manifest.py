@@ -20,11 +20,14 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError, UnsafePathError
-from cairn._src.storage.checksum import CHECKSUM_ALGORITHM, FileEntry
+from cairn._src.run import schema
+from cairn._src.run.layout import MANIFEST_NAME
+from cairn._src.storage.checksum import ALGORITHMS, CHECKSUM_ALGORITHM, FileEntry
 from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path, check_relative_path
@@ -32,21 +35,63 @@ from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_NAME = "_cairn_manifest.json"
 MANIFEST_VERSION = 1
 _READABLE_VERSIONS = (1,)
+_HINT = "The checkpoint is damaged; delete it or restore the manifest from a backup."
+
+_FILE_ENTRY = schema.Object(
+    {"size": schema.COUNT, "checksum": schema.CHECKSUM},
+    required=frozenset({"size", "checksum"}),
+    noun="{'size': int >= 0, 'checksum': 32 hex digits}",
+)
+MANIFEST_SCHEMA = schema.Document(
+    "manifest",
+    schema.Object(
+        {
+            "version": schema.Integer(),
+            "checksum_algorithm": schema.String(
+                expected=f"one of {', '.join(sorted(ALGORITHMS))}",
+                test=ALGORITHMS.__contains__,
+            ),
+            "created_at": schema.TIME,
+            "report_index": schema.Nullable(schema.COUNT),
+            "ranks": schema.ListOf(schema.COUNT, noun="ranks (integers >= 0)"),
+            "target_uri": schema.Nullable(schema.URI),
+            "target_path": schema.Nullable(schema.ABSOLUTE_PATH),
+            "metrics": schema.USER_JSON,
+            "metadata": schema.USER_JSON,
+            "files": schema.MapOf(schema.RELATIVE_PATH, _FILE_ENTRY,
+                                  noun="relative path -> {'size', 'checksum'}"),
+        },
+        required=frozenset({"files", "created_at", "checksum_algorithm"}),
+        noun="a JSON object",
+    ),
+    hint=_HINT,
+)
 
 
-def check_json_value(value: Any, *, argument: str, error: type[Exception] = ConfigError) -> None:
+def check_json_value(
+    value: Any,
+    *,
+    argument: str,
+    error: type[Exception] = ConfigError,
+    max_depth: int = schema.MAX_USER_DEPTH,
+) -> None:
     """Raise ``error`` unless ``value`` is a dict with str keys that JSON can encode.
 
     NaN and infinities are accepted (metrics such as a diverged loss are legitimate), as
-    Python's json module reads them back.
+    Python's json module reads them back. Nesting deeper than ``max_depth`` levels is
+    refused (measured without recursion), so a RecursionError never escapes.
     """
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise error(
-            f"{argument}={value!r} must be a dict with str keys, got "
+            f"{argument}={_short(value)} must be a dict with str keys, got "
             f"{type(value).__name__}."
+        )
+    if schema.nesting_depth(value, max_depth) > max_depth:
+        raise error(
+            f"{argument} is nested more than {max_depth} levels deep; flatten it (for "
+            "example 'a/b/c' keys instead of nested dicts)."
         )
     try:
         json.dumps(value)
@@ -56,6 +101,33 @@ def check_json_value(value: Any, *, argument: str, error: type[Exception] = Conf
             f"dicts with str keys): {exc}. Convert the value first, for example "
             "tensor.item() or str(path)."
         ) from exc
+
+
+def _short(value: object, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_no_file_under_file(names: Iterable[str], *, argument: str) -> None:
+    """Raise :class:`UnsafePathError` when one name is a parent directory of another.
+
+    ``x`` and ``x/y`` cannot both be files: restoring one would fail on the other. Linear
+    in the total length of the names.
+    """
+    files = set(names)
+    for rel in files:
+        cut = rel.rfind("/")
+        while cut > 0:
+            parent = rel[:cut]
+            if parent in files:
+                raise UnsafePathError(
+                    f"{argument} lists both {parent!r} and {rel!r}: {parent!r} cannot be a "
+                    "file and a directory at once."
+                )
+            cut = rel.rfind("/", 0, cut)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +152,8 @@ class Manifest:
     def __post_init__(self) -> None:
         if not isinstance(self.files, dict):
             raise ConfigError(
-                f"Manifest.files={self.files!r} must be a dict of relative path -> FileEntry."
+                f"Manifest.files={_short(self.files)} must be a dict of relative path -> "
+                "FileEntry."
             )
         for rel, entry in self.files.items():
             if check_relative_path(rel, argument="Manifest.files key") != rel:
@@ -96,8 +169,12 @@ class Manifest:
                 raise ConfigError(
                     f"Manifest.files[{rel!r}]={entry!r} must be a FileEntry(size, checksum)."
                 )
-        check_json_value(self.metadata, argument="Manifest.metadata")
-        check_json_value(self.metrics, argument="Manifest.metrics")
+        check_no_file_under_file(self.files, argument="Manifest.files")
+        # Values read back may be nested deeper than users may report now (older data).
+        check_json_value(self.metadata, argument="Manifest.metadata",
+                         max_depth=schema.MAX_STORED_DEPTH)
+        check_json_value(self.metrics, argument="Manifest.metrics",
+                         max_depth=schema.MAX_STORED_DEPTH)
         if self.report_index is not None and (
             isinstance(self.report_index, bool)
             or not isinstance(self.report_index, int)
@@ -111,7 +188,7 @@ class Manifest:
             for rank in self.ranks
         ):
             raise ConfigError(
-                f"Manifest.ranks={self.ranks!r} must be a tuple of ints >= 0."
+                f"Manifest.ranks={_short(self.ranks)} must be a tuple of ints >= 0."
             )
         if self.target_uri is not None and (
             not isinstance(self.target_uri, str) or not self.target_uri
@@ -160,69 +237,42 @@ class Manifest:
     def from_json(cls, data: bytes, *, where: str) -> Manifest:
         """Parse a manifest; ``where`` (a redacted location) names it in errors.
 
-        Raises :class:`ManifestError` for invalid JSON, an unknown version or a bad field.
+        Raises :class:`ManifestError` for invalid JSON (nested too deeply included), an
+        unknown version, or a field that does not match the manifest's schema; the
+        message names the field and what it should be.
         """
-        try:
-            document = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ManifestError(
-                f"The manifest {where} is not valid JSON ({exc}); the checkpoint is "
-                "damaged. Delete it or restore the manifest from a backup."
-            ) from exc
+        document = schema.load_json(data, what="manifest", where=where, hint=_HINT)
         if not isinstance(document, dict):
             raise ManifestError(
                 f"The manifest {where} holds a JSON {type(document).__name__}, not an "
                 "object; the checkpoint is damaged."
             )
         version = document.get("version")
-        if version not in _READABLE_VERSIONS:
+        if type(version) is not int or version not in _READABLE_VERSIONS:
             readable = ", ".join(str(v) for v in _READABLE_VERSIONS)
             raise ManifestError(
-                f"The manifest {where} has version {version!r}; this Cairn reads versions "
-                f"{readable}. Upgrade Cairn to read checkpoints written by a newer one."
+                f"The manifest {where} has version {_short(version)}; this Cairn reads "
+                f"versions {readable}. Upgrade Cairn to read checkpoints written by a newer one."
             )
+        schema.validate(document, MANIFEST_SCHEMA, where=where)
         try:
-            files = {
-                rel: _file_entry(raw, rel) for rel, raw in _field(document, "files", dict).items()
-            }
             return cls(
-                files=files,
-                metadata=_field(document, "metadata", dict, {}),
-                report_index=_field(document, "report_index", (int, type(None)), None),
-                metrics=_field(document, "metrics", dict, {}),
-                ranks=tuple(_field(document, "ranks", list, [])),
-                target_uri=_field(document, "target_uri", (str, type(None)), None),
-                target_path=_field(document, "target_path", (str, type(None)), None),
-                created_at=float(_field(document, "created_at", (int, float))),
-                checksum_algorithm=_field(document, "checksum_algorithm", str),
+                files={
+                    rel: FileEntry(size=raw["size"], checksum=raw["checksum"])
+                    for rel, raw in document["files"].items()
+                },
+                metadata=document.get("metadata") or {},
+                report_index=document.get("report_index"),
+                metrics=document.get("metrics") or {},
+                ranks=tuple(document.get("ranks") or ()),
+                target_uri=document.get("target_uri"),
+                target_path=document.get("target_path"),
+                created_at=float(document["created_at"]),
+                checksum_algorithm=document["checksum_algorithm"],
                 version=version,
             )
-        except (ConfigError, UnsafePathError, KeyError, TypeError) as exc:
-            raise ManifestError(f"The manifest {where} is invalid: {exc}") from exc
-
-
-_MISSING = object()
-
-
-def _field(document: dict[str, Any], name: str, kind: Any, default: Any = _MISSING) -> Any:
-    value = document.get(name, default)
-    if value is _MISSING:
-        raise KeyError(f"field {name!r} is missing")
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise TypeError(f"field {name!r} is {value!r}, of the wrong type")
-    return value
-
-
-def _file_entry(raw: Any, rel: str) -> FileEntry:
-    if (
-        not isinstance(raw, dict)
-        or not isinstance(raw.get("size"), int)
-        or isinstance(raw.get("size"), bool)
-        or raw["size"] < 0
-        or not isinstance(raw.get("checksum"), str)
-    ):
-        raise TypeError(f"files[{rel!r}]={raw!r} must be {{'size': int >= 0, 'checksum': str}}")
-    return FileEntry(size=raw["size"], checksum=raw["checksum"])
+        except (ConfigError, UnsafePathError) as exc:
+            raise ManifestError(f"The manifest {where} is invalid: {exc} {_HINT}") from exc
 
 
 def read_manifest(

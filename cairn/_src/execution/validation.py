@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from cairn._src.errors import ReportError
-from cairn._src.run.layout import RESERVED_NAMES, is_safe_dir_name
+from cairn._src.run.layout import (
+    RESERVED_NAMES,
+    RESERVED_PREFIX,
+    has_safe_characters,
+    is_reserved_name,
+    looks_like_default_dir_name,
+)
+from cairn._src.run.schema import MAX_USER_DEPTH, nesting_depth
+from cairn._src.storage.fileio import TEMPORARY_MARK
 
 
 def _to_json_value(value: Any) -> Any:
@@ -35,6 +43,13 @@ def validate_metrics(metrics: object) -> dict[str, Any]:
                 f"report(metrics=...) has the key {key!r} of type {type(key).__name__}; "
                 "metric names must be strings."
             )
+    if nesting_depth(metrics, MAX_USER_DEPTH) > MAX_USER_DEPTH:
+        # Measured without recursion: json.dumps would raise RecursionError, which is
+        # not a bad-input error and would be retried as a worker failure.
+        raise ReportError(
+            f"report(metrics=...) is nested more than {MAX_USER_DEPTH} levels deep; "
+            "report flat metrics (for example 'a/b/c' keys instead of nested dicts)."
+        )
     try:
         text = json.dumps(metrics, default=_to_json_value, allow_nan=True)
     except (TypeError, ValueError):
@@ -81,16 +96,39 @@ def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None) -> 
 
 
 def check_dir_name(name: object) -> str:
-    if not isinstance(name, str) or not is_safe_dir_name(name):
-        reserved = ", ".join(sorted(RESERVED_NAMES))
+    """``name`` if a report may use it as ``checkpoint_dir_name``, else :class:`ReportError`.
+
+    Accepted: one path component of letters, digits and ``_.-=`` (the whole string; a
+    trailing newline is refused), that is none of the run's own entries (any letter
+    case) and not a default name (``checkpoint_000003``), which a later report without
+    ``checkpoint_dir_name`` may need.
+    """
+    if not isinstance(name, str) or not has_safe_characters(name):
         raise ReportError(
-            f"report(checkpoint_dir_name={name!r}) is not a safe directory name: use one path "
-            "component of letters, digits and '_', '-', '.', '=' (not starting with '.' or "
-            f"'-', no '..', at most 200 characters, not one of {reserved})."
+            f"report(checkpoint_dir_name={_short(name)}) is not a safe directory name: use "
+            "one path component of letters, digits and '_', '-', '.', '=' (not starting "
+            "with '.' or '-', no '..', no whitespace, at most 200 characters)."
+        )
+    if is_reserved_name(name):
+        reserved = ", ".join(repr(n) for n in sorted(RESERVED_NAMES))
+        raise ReportError(
+            f"report(checkpoint_dir_name={name!r}) names one of Cairn's own entries in the "
+            f"run directory; choose another name (reserved: {reserved}, any name starting "
+            f"with {RESERVED_PREFIX!r} or containing {TEMPORARY_MARK!r}, in any letter case)."
+        )
+    if looks_like_default_dir_name(name):
+        raise ReportError(
+            f"report(checkpoint_dir_name={name!r}) has the form of the names Cairn gives "
+            "checkpoints itself ('checkpoint_' and 6 or more digits), which a later report "
+            "may need; choose another name, or leave checkpoint_dir_name out to get the "
+            "default one."
         )
     return name
 
 
 def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a deeply nested {type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

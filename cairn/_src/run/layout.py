@@ -1,4 +1,4 @@
-"""The layout of a run directory on storage (versioned).
+"""The layout of a run directory on storage (versioned), and the names it reserves.
 
 ``<storage>/<run>/`` holds:
 
@@ -6,24 +6,39 @@
 * ``lease.json``: which driver owns the run right now;
 * ``metrics/``: the metrics history, JSON-lines segments;
 * ``events/``: the goodput event log, JSON-lines segments;
-* one directory per checkpoint report, each committed by its manifest.
+* one directory per checkpoint report, each committed by its manifest
+  (``_cairn_manifest.json``); default names are ``checkpoint_<report index, 6 digits>``;
+* briefly, temporary files of atomic writes (names containing ``.cairn-tmp-``).
+
+A checkpoint name a user chooses may collide with none of these: not a reserved name (in
+any letter case, since some file systems ignore case), nothing starting with ``_cairn``
+(names Cairn may add later), no temporary-file mark, and not a default name, which a later
+report could need.
 """
 
 from __future__ import annotations
 
 import re
 
+from cairn._src.storage.fileio import TEMPORARY_MARK
+
 LAYOUT_VERSION = 1
 INDEX_NAME = "cairn_run.json"
 LEASE_NAME = "lease.json"
 METRICS_DIR = "metrics"
 EVENTS_DIR = "events"
-RESERVED_NAMES = frozenset({INDEX_NAME, LEASE_NAME, METRICS_DIR, EVENTS_DIR})
+MANIFEST_NAME = "_cairn_manifest.json"
+RESERVED_NAMES = frozenset({INDEX_NAME, LEASE_NAME, METRICS_DIR, EVENTS_DIR, MANIFEST_NAME})
+RESERVED_PREFIX = "_cairn"
+_RESERVED_FOLDED = frozenset(name.casefold() for name in RESERVED_NAMES)
 
-_DEFAULT_DIR_NAME = re.compile(r"^checkpoint_\d{6,}$")
+_DEFAULT_DIR_NAME = re.compile(r"checkpoint_\d{6,}")
+_DEFAULT_DIR_NAME_FOLDED = re.compile(r"checkpoint_\d{6,}", re.IGNORECASE)
 # A single path component that is safe on every backend: no separators, no leading dot
 # (hidden files are skipped by some listings), nothing a shell or URL would mangle.
-_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,199}$")
+# Matched with fullmatch: '$' would also match before a trailing newline.
+_SAFE_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,199}")
+_MAX_STORED_NAME_BYTES = 255
 
 
 def default_checkpoint_dir_name(report_index: int) -> str:
@@ -31,8 +46,45 @@ def default_checkpoint_dir_name(report_index: int) -> str:
 
 
 def is_default_checkpoint_dir_name(name: str) -> bool:
-    return bool(_DEFAULT_DIR_NAME.match(name))
+    """Whether ``name`` is a name Cairn gives checkpoints itself (``checkpoint_000003``)."""
+    return bool(_DEFAULT_DIR_NAME.fullmatch(name))
+
+
+def looks_like_default_dir_name(name: str) -> bool:
+    """Whether ``name`` is, in any letter case, a name Cairn gives checkpoints itself."""
+    return bool(_DEFAULT_DIR_NAME_FOLDED.fullmatch(name))
+
+
+def is_reserved_name(name: str) -> bool:
+    """Whether ``name`` is, or could be mistaken for, one of Cairn's own entries."""
+    return (
+        name.casefold() in _RESERVED_FOLDED
+        or name.casefold().startswith(RESERVED_PREFIX)
+        or TEMPORARY_MARK in name
+    )
+
+
+def has_safe_characters(name: str) -> bool:
+    """Whether ``name`` is one short path component of letters, digits and ``_.-=``."""
+    return bool(_SAFE_COMPONENT.fullmatch(name)) and ".." not in name
 
 
 def is_safe_dir_name(name: str) -> bool:
-    return bool(_SAFE_COMPONENT.match(name)) and name not in RESERVED_NAMES and ".." not in name
+    """Whether a user may choose ``name`` for a checkpoint (default names aside)."""
+    return has_safe_characters(name) and not is_reserved_name(name)
+
+
+def is_stored_dir_name(name: str) -> bool:
+    """Whether ``name``, read back from an index or a log, can name a checkpoint directory.
+
+    Looser than :func:`is_safe_dir_name` (older versions accepted more), but never a path
+    that leaves the run directory or one of Cairn's own entries.
+    """
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and not any(ch in name for ch in "/\\\x00")
+        and len(name.encode("utf-8", "surrogatepass")) <= _MAX_STORED_NAME_BYTES
+        and name not in RESERVED_NAMES
+        and TEMPORARY_MARK not in name
+    )

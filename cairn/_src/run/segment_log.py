@@ -17,6 +17,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from cairn._src.errors import CheckpointDamagedError, ManifestError
+from cairn._src.run import schema
+from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
@@ -39,31 +42,104 @@ def _segment_numbers(directory: StorageLocation, retry: RetryPolicy) -> list[int
     return sorted(numbers)
 
 
-def _parse_segment(data: bytes, where: str) -> Iterator[dict[str, Any]]:
+_LOG_HINT = "The record is skipped."
+METRICS_RECORD = schema.Document(
+    "metrics record",
+    schema.Object(
+        {
+            "report_index": schema.Integer(minimum=1),
+            "attempt": schema.COUNT,
+            "time": schema.TIME,
+            "metrics": schema.USER_JSON,
+            "checkpoint_dir_name": schema.DIR_NAME,
+        },
+        required=frozenset({"report_index", "metrics"}),
+        noun="a metrics record (an object with 'report_index' and 'metrics')",
+    ),
+    hint=_LOG_HINT,
+)
+_OPTIONAL_TIME = schema.Nullable(schema.TIME)
+EVENT_RECORD = schema.Document(
+    "event record",
+    schema.Object(
+        {
+            "type": schema.String(),
+            "t": schema.TIME,
+            "attempt": schema.COUNT,
+            "rank": schema.COUNT,
+            "ranks": schema.ListOf(schema.COUNT, noun="ranks (integers >= 0)"),
+            "seconds": schema.Number(minimum=0),
+            "bytes": schema.COUNT,
+            "index": schema.Nullable(schema.COUNT),
+            "dir_name": schema.DIR_NAME,
+            "resume": schema.Nullable(schema.DIR_NAME),
+            "kind": schema.String(),
+            "reason": schema.String(empty=True),
+            "last_commit_t": _OPTIONAL_TIME,
+            "attempt_t": _OPTIONAL_TIME,
+        },
+        required=frozenset({"type", "t"}),
+        noun="an event record (an object with 'type' and 't')",
+    ),
+    hint=_LOG_HINT,
+)
+_ANY_RECORD = schema.Document("log record", schema.Object({}, noun="a JSON object"),
+                              hint=_LOG_HINT)
+# The schema of a log follows from where the layout puts it.
+_RECORD_SCHEMAS = {METRICS_DIR: METRICS_RECORD, EVENTS_DIR: EVENT_RECORD}
+
+
+def _parse_segment(
+    data: bytes, where: str, document: schema.Document, skipped: list[str]
+) -> Iterator[dict[str, Any]]:
     for line_number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
+        at = f"{where} line {line_number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            # A torn last line from a crash mid-write on a backend without atomic
-            # writes: everything before it is intact.
-            logger.warning("Skipping unreadable line %d of %s", line_number, where)
+            record = schema.validate(
+                schema.load_json(line, what=document.what, where=at), document, where=at
+            )
+        except ManifestError as exc:
+            # A torn last line from a crash mid-write on a backend without atomic writes,
+            # or a record someone else wrote: everything else is still usable.
+            skipped.append(str(exc))
             continue
-        if isinstance(record, dict):
-            yield record
+        yield record
 
 
-def read_log(directory: StorageLocation, retry: RetryPolicy) -> list[dict[str, Any]]:
-    """Every record of the log, in order."""
+def read_log(
+    directory: StorageLocation,
+    retry: RetryPolicy,
+    *,
+    document: schema.Document | None = None,
+) -> list[dict[str, Any]]:
+    """Every valid record of the log, in order.
+
+    Each record is checked against ``document`` (by default the schema of the log the
+    layout keeps in ``directory``: metrics or events). Records that are not valid JSON or
+    do not match, and segments that cannot be read as a file Cairn wrote (a FIFO, a
+    device, a directory, too large), are skipped, counted, and reported in one warning;
+    an outage (any other :class:`StorageError`) is raised.
+    """
+    if document is None:
+        document = _RECORD_SCHEMAS.get(directory.path.rstrip("/").rpartition("/")[2],
+                                       _ANY_RECORD)
     records: list[dict[str, Any]] = []
+    skipped: list[str] = []
     for number in _segment_numbers(directory, retry):
         location = directory.join(_segment_name(number))
         try:
             data = read_bytes(location, retry)
         except FileNotFoundError:
             continue
-        records.extend(_parse_segment(data, location.display()))
+        except CheckpointDamagedError as exc:
+            skipped.append(str(exc))
+            continue
+        records.extend(_parse_segment(data, location.display(), document, skipped))
+    if skipped:
+        logger.warning("Skipped %d unreadable or invalid records of %s; the first: %s",
+                       len(skipped), directory.display(), skipped[0])
     return records
 
 

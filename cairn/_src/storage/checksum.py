@@ -33,6 +33,8 @@ REMOTE_CHUNK_BYTES = 8 << 20
 _POOL_LIMIT_BYTES = 64 << 20
 
 _ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128}
+# The checksum algorithms this Cairn can verify.
+ALGORITHMS = frozenset(_ALGORITHMS)
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,25 @@ def stream_copy(
     progress: Callable[[int], None],
     cancelled: Callable[[], bool],
     raw_sink: bool = False,
+    limit: int | None = None,
 ) -> int:
     """Copy ``source`` to ``sink`` (or only read it when ``sink`` is None), hashing it.
 
     Reads into the reused ``buffer``: no allocation per chunk. ``raw_sink`` means the sink
-    is an unbuffered OS file whose ``write`` may write less than asked. Returns the bytes
-    copied. Stops with :class:`TransferCancelled` when ``cancelled()`` turns true, so that
-    one failed file ends the others of a transfer quickly.
+    is an unbuffered OS file whose ``write`` may write less than asked. With ``limit``, at
+    most that many bytes are read (a bounded read of a file that may be endless). Returns
+    the bytes copied. Stops with :class:`TransferCancelled` when ``cancelled()`` turns
+    true, so that one failed file ends the others of a transfer quickly.
     """
     total = 0
+    whole = len(buffer)
     while True:
-        count = source.readinto(buffer)
+        if limit is not None and limit - total < whole:
+            if total >= limit:
+                return total
+            count = source.readinto(buffer[: limit - total])
+        else:
+            count = source.readinto(buffer)
         if not count:
             return total
         view = buffer[:count]

@@ -18,7 +18,8 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError, CheckpointNotFoundError, StorageError
-from cairn._src.storage.location import StorageLocation, supports_atomic_rename
+from cairn._src.storage.location import StorageLocation, local_root, supports_atomic_rename
+from cairn._src.storage.reader import read_small_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,10 @@ T = TypeVar("T")
 
 # In the name of a file being written; one left behind by a crash is garbage.
 TEMPORARY_MARK = ".cairn-tmp-"
+# The most a small file Cairn reads back may hold (manifests, the index, the lease, log
+# segments, metadata): far above what it writes (an index of 100,000 checkpoints is about
+# 40 MB), and a bound on what a file swapped in by someone else can make it read.
+MAX_SMALL_FILE_BYTES = 256 << 20
 
 _OBJECT_STORE_TYPES = frozenset({"s3", "gcs", "abfs"})
 
@@ -69,14 +74,16 @@ def parent_path(path: str) -> str:
     return head if head or not path.startswith("/") else "/"
 
 
-def read_bytes(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bytes:
-    """The whole content of the file at ``loc``."""
+def read_bytes(
+    loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY, *, limit: int = MAX_SMALL_FILE_BYTES
+) -> bytes:
+    """The whole content of the regular file at ``loc``, at most ``limit`` bytes.
 
-    def read() -> bytes:
-        with loc.filesystem.open_input_stream(loc.path) as stream:
-            return bytes(stream.read())
-
-    return storage_call(read, loc, retry, "read")
+    Bounded and typed (see :func:`~cairn._src.storage.reader.read_small_file`): a FIFO, a
+    device or a directory raises :class:`NotARegularFileError` without blocking, a larger
+    file :class:`ManifestError` without being read.
+    """
+    return storage_call(lambda: read_small_file(loc, limit=limit), loc, retry, "read")
 
 
 def write_bytes_atomic(
@@ -162,12 +169,25 @@ def _relative(base: str, path: str) -> str:
 
 
 def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, int]:
-    """Every file under ``loc``, recursively: relative ``/``-path -> size. ``{}`` if missing."""
-    return {
-        _relative(loc.path, info.path): int(info.size or 0)
-        for info in _select(loc, True, retry)
-        if info.type == pafs.FileType.File
-    }
+    """Every file under ``loc``, recursively: relative ``/``-path -> size. ``{}`` if missing.
+
+    On local storage an entry that is neither a file nor a directory (a FIFO, a socket, a
+    device, or a link to one) raises :class:`StorageError`, as uploads refuse them:
+    reading one could block or never end. Links are listed as what they point to; the
+    bounded reader refuses them when the files are read.
+    """
+    files: dict[str, int] = {}
+    local = local_root(loc.filesystem) is not None
+    for info in _select(loc, True, retry):
+        if info.type == pafs.FileType.File:
+            files[_relative(loc.path, info.path)] = int(info.size or 0)
+        elif local and info.type == pafs.FileType.Unknown:
+            raise StorageError(
+                f"{info.path!r} in {loc.display()} is not a regular file (a FIFO, socket or "
+                "device, or a link to one); checkpoints may contain regular files and "
+                "directories only."
+            )
+    return files
 
 
 def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:

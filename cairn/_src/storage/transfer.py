@@ -12,6 +12,7 @@ Thread-safety: every function here may be called from several threads at once; t
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import time
@@ -22,8 +23,11 @@ import pyarrow.fs as pafs
 
 from cairn._src.errors import (
     CairnError,
-    CheckpointNotFoundError,
+    CheckpointDamagedError,
     ChecksumMismatchError,
+    NotARegularFileError,
+    StorageError,
+    UnsafePathError,
 )
 from cairn._src.storage.checksum import (
     BUFFERS,
@@ -53,6 +57,7 @@ from cairn._src.storage.parallel import (
     run_parallel,
 )
 from cairn._src.storage.paths import check_relative_path, list_local_files
+from cairn._src.storage.reader import local_os_path, open_regular_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -187,20 +192,28 @@ def download_directory(
 
     ``files`` (relpath -> expected entry, e.g. from a manifest) names what to copy; by
     default every file under ``src``, whose listed sizes are then all that can be
-    checked. With ``verify``, each file's size and checksum are compared while it streams
-    and a mismatch raises :class:`ChecksumMismatchError` naming the file, the expected and
-    the actual values. Every file is written under a temporary name and renamed once
-    complete (and verified), so no half-written file ever has its final name. Unsafe
-    relative paths (``..``, absolute) raise :class:`UnsafePathError` before anything is
-    written.
+    checked. Every file is read by the bounded, typed reader (:mod:`.reader`): regular
+    files only, no link followed (except, without ``files``, links inside a local
+    directory that :func:`list_local_files` accepts), at most the expected size plus one
+    byte. A size that differs raises :class:`ChecksumMismatchError` naming the file; with
+    ``verify`` the checksum is compared too while the file streams. Every file is written
+    under a short temporary name in its directory (it fits wherever the final name does)
+    and renamed once complete and verified, so no half-written file ever has its final
+    name. Unsafe relative paths (``..``, absolute) raise :class:`UnsafePathError` before
+    anything is written.
     """
     check_workers(max_workers)
     local_dir = os.fspath(local_dir)
     expected: dict[str, FileEntry | int]
-    if files is None:
-        expected = dict(list_files(src, retry))
-    else:
+    follow_links = False
+    if files is not None:
         expected = dict(files)
+    elif local_os_path(src) is not None:
+        # A user's local directory (not committed): list it as an upload would.
+        expected = dict(list_local_files(str(local_os_path(src))))
+        follow_links = True
+    else:
+        expected = dict(list_files(src, retry))
     checked = {check_relative_path(rel, argument="files"): rel for rel in expected}
     directories = {os.path.dirname(os.path.join(local_dir, *rel.split("/"))) for rel in checked}
     for directory in sorted(directories | {local_dir}):
@@ -209,26 +222,27 @@ def download_directory(
     chunk, workers = _plan(src.filesystem, max_workers)
 
     def task_for(rel: str, want: FileEntry | int) -> Callable[[Cancelled], None]:
-        source = src.join(rel)
         final = os.path.join(local_dir, *rel.split("/"))
-        what = f"download {source.display()} to {final!r}"
+        what = f"download {src.join(rel).display()} to {final!r}"
+        want_size = want.size if isinstance(want, FileEntry) else want
 
         def attempt(cancelled: Cancelled) -> None:
             report, undo = counting(shared)
             hasher = new_hasher() if verify and isinstance(want, FileEntry) else None
-            temporary = f"{final}{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}"
+            temporary = _temporary_sibling(final)
             try:
                 with (
-                    src.filesystem.open_input_stream(source.path) as stream,
+                    open_regular_file(
+                        src, rel, expected_size=want_size, follow_links=follow_links
+                    ) as opened,
                     BUFFERS.borrow(chunk) as buffer,
-                    open(temporary, "wb", buffering=0) as sink,
+                    _create_new(temporary) as sink,
                 ):
                     size = stream_copy(
-                        stream, sink, buffer, hasher=hasher, progress=report,
-                        cancelled=cancelled, raw_sink=True,
+                        opened.stream, sink, buffer, hasher=hasher, progress=report,
+                        cancelled=cancelled, raw_sink=True, limit=opened.limit,
                     )
-                if verify:
-                    _check(src, rel, want, size, hasher)
+                _check(src, rel, want, size, hasher)
                 os.replace(temporary, final)
             except BaseException:
                 undo()
@@ -255,6 +269,22 @@ def download_directory(
     )
 
 
+def _temporary_sibling(final: str) -> str:
+    """A fresh name next to ``final`` that fits wherever ``final`` does.
+
+    Short (23 characters) whatever the final name's length: a suffix on a legal
+    255-byte name would exceed the file system's name limit (ENAMETOOLONG).
+    """
+    return os.path.join(os.path.dirname(final), f"{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def _create_new(path: str) -> io.FileIO:
+    # O_EXCL | O_NOFOLLOW: never write through something that already has this name.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    return io.FileIO(os.open(path, flags, 0o666), "wb", closefd=True)
+
+
 def _remove_local(path: str) -> None:
     try:
         os.remove(path)
@@ -269,7 +299,8 @@ def _check(
     if size != want_size:
         raise ChecksumMismatchError(
             f"File {rel!r} of {directory.display()} is corrupt: expected {want_size} bytes, "
-            f"read {size}. The file was changed or truncated after it was committed."
+            f"read {'more' if size > want_size else size}. The file was changed or "
+            "truncated after it was committed."
         )
     if isinstance(want, FileEntry) and hasher is not None:
         actual = hasher.hexdigest()  # type: ignore[attr-defined]
@@ -292,15 +323,22 @@ def _read_and_hash(
     def attempt(cancelled: Cancelled) -> FileEntry:
         hasher = new_hasher()
         with (
-            loc.filesystem.open_input_stream(source.path) as stream,
+            open_regular_file(
+                loc, rel, expected_size=None if want is None else want.size
+            ) as opened,
             BUFFERS.borrow(chunk) as buffer,
         ):
             size = stream_copy(
-                stream, None, buffer, hasher=hasher, progress=lambda _: None,
-                cancelled=cancelled,
+                opened.stream, None, buffer, hasher=hasher, progress=lambda _: None,
+                cancelled=cancelled, limit=opened.limit,
             )
         if want is not None:
             _check(loc, rel, want, size, hasher)
+        elif opened.size is not None and size != opened.size:
+            raise StorageError(
+                f"File {rel!r} of {loc.display()} changed while Cairn read it ({opened.size} "
+                "bytes when opened); finish writing a checkpoint before reporting it."
+            )
         return FileEntry(size=size, checksum=hasher.hexdigest())
 
     def task(cancelled: Cancelled) -> FileEntry:
@@ -323,7 +361,11 @@ def compute_entries(
 ) -> dict[str, FileEntry]:
     """Read ``files`` (relative to ``loc``) from storage and return their entries.
 
-    For checkpoints that are already on storage (registered by reference).
+    For checkpoints that are already on storage (registered by reference), read in place
+    by the bounded, typed reader: a symbolic link anywhere in a file's path, or a file
+    that is not a regular one, raises :class:`UnsafePathError` naming it, since
+    restoring it later would read data from outside the checkpoint (SYNC uploads refuse
+    such links too).
     """
     check_workers(max_workers)
     names = sorted({check_relative_path(rel, argument="files") for rel in files})
@@ -331,6 +373,13 @@ def compute_entries(
     results, errors = run_parallel(
         tasks, _plan(loc.filesystem, max_workers)[1], collect_all=False
     )
+    for error in errors.values():
+        if isinstance(error, NotARegularFileError):
+            raise UnsafePathError(
+                f"The checkpoint registered by reference at {loc.display()} cannot be "
+                f"committed: {error} Copy the data into the directory instead of linking "
+                "to it: a checkpoint is read in place and may contain regular files only."
+            ) from error
     raise_first(errors)
     return {rel: results[rel] for rel in names}
 
@@ -344,9 +393,13 @@ def verify_directory(
 ) -> None:
     """Check that every file of ``files`` under ``loc`` has the recorded size and checksum.
 
-    Reads everything, then raises for the bad files in path order: a
-    :class:`CheckpointNotFoundError` when the first bad file is missing, else a
-    :class:`ChecksumMismatchError`; the message names up to five bad files.
+    Every file goes through the bounded, typed reader (:mod:`.reader`): it is read only
+    if it is a regular file of the recorded size, and never past that size. Reads
+    everything, then raises for the damaged files in path order, with the class of the
+    first one: :class:`MissingCheckpointFileError` (missing), :class:`NotARegularFileError`
+    (a link, directory, FIFO or device) or :class:`ChecksumMismatchError`, all
+    :class:`CheckpointDamagedError`; the message names up to five. Without damage, the
+    first other error (an outage) is raised as it is.
     """
     check_workers(max_workers)
     tasks = {
@@ -356,10 +409,12 @@ def verify_directory(
     _, errors = run_parallel(tasks, _plan(loc.filesystem, max_workers)[1], collect_all=True)
     if not errors:
         return
-    bad = sorted(errors)
+    # An outage cannot make a file look damaged (a failed read raises, it returns no short
+    # data): one damaged file makes the checkpoint damaged, whatever else failed.
+    bad = sorted(rel for rel, exc in errors.items() if isinstance(exc, CheckpointDamagedError))
+    if not bad:
+        raise errors[min(errors)]
     first = errors[bad[0]]
-    if not isinstance(first, (CheckpointNotFoundError, ChecksumMismatchError)):
-        raise first
     lines = [str(errors[rel]) for rel in bad[:_MAX_NAMED_FAILURES]]
     if len(bad) > _MAX_NAMED_FAILURES:
         lines.append(f"... and {len(bad) - _MAX_NAMED_FAILURES} more bad files")
