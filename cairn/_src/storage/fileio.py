@@ -80,8 +80,8 @@ def read_bytes(
     """The whole content of the regular file at ``loc``, at most ``limit`` bytes.
 
     Bounded and typed (see :func:`~cairn._src.storage.reader.read_small_file`): a FIFO, a
-    device or a directory raises :class:`NotARegularFileError` without blocking, a larger
-    file :class:`ManifestError` without being read.
+    device or a directory raises :class:`ManifestError` without blocking, and so does a
+    larger file, without being read.
     """
     return storage_call(lambda: read_small_file(loc, limit=limit), loc, retry, "read")
 

@@ -264,8 +264,8 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     local storage a link is followed (the file need not sit inside a checkpoint), but the
     result must be a regular file, opened without blocking and checked before the read;
     elsewhere at most ``limit + 1`` bytes are requested. Raises ``FileNotFoundError`` when
-    it is missing, :class:`NotARegularFileError` for a directory, FIFO or device, and
-    :class:`ManifestError` when it is larger than ``limit`` (Cairn never wrote it).
+    it is missing, and :class:`ManifestError` (damage: Cairn never wrote such a file) for
+    a directory, a FIFO or a device, or when it is larger than ``limit``.
     """
     path = local_os_path(location)
     if path is None:
@@ -278,7 +278,7 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     with io.FileIO(fd, "rb", closefd=True) as stream:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotARegularFileError(
+            raise ManifestError(
                 f"{location.display()} is {describe_mode(info.st_mode)}, not a regular file; "
                 "Cairn reads regular files only. Replace it with the file Cairn wrote there."
             )
