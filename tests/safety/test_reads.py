@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from guards import bounded
 
 from cairn import Checkpoint, ChecksumMismatchError, ManifestError, UnsafePathError
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -37,42 +37,7 @@ from cairn._src.storage.transfer import (
     verify_directory,
 )
 
-T = TypeVar("T")
 RETRY = RetryPolicy(max_attempts=1)
-HANG_GUARD_S = 120.0
-
-
-def bounded(fn: Callable[[], T]) -> T:
-    """``fn()``, run on a daemon thread; the test fails (not hangs) if it never returns."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True, name="bounded-read")
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    if thread.is_alive():
-        pytest.fail(f"the call blocked for {HANG_GUARD_S:.0f}s: a read that never ends")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")  # type: ignore[return-value]
-
-
-@pytest.fixture
-def fifos() -> Iterator[list[str]]:
-    """FIFOs a test makes; on teardown each gets a writer that closes at once, so a reader
-    wrongly blocked on one sees end-of-file and its thread ends."""
-    made: list[str] = []
-    yield made
-    for path in made:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass  # No reader is blocked on it (ENXIO): nothing to release.
 
 
 def make_fifo(path: Path, fifos: list[str]) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import safety_workloads
+from guards import bounded
 
 import cairn
 from cairn import Checkpoint, ScalingConfig, Trainer, TrainingFailedError
@@ -20,40 +19,7 @@ from cairn._src.checkpoint.manifest import MANIFEST_NAME
 from cairn._src.cli.main import main as cli_main
 from cairn._src.errors import NotARegularFileError
 
-T = TypeVar("T")
 RunConfigFactory = Callable[..., cairn.RunConfig]
-HANG_GUARD_S = 240.0
-
-
-def bounded(fn: Callable[[], T]) -> T:
-    """``fn()`` on a daemon thread; the test fails, rather than hangs, if it never returns."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True, name="bounded-call")
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    if thread.is_alive():
-        pytest.fail(f"the call blocked for {HANG_GUARD_S:.0f}s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")  # type: ignore[return-value]
-
-
-@pytest.fixture
-def fifos() -> Iterator[list[str]]:
-    made: list[str] = []
-    yield made
-    for path in made:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass
 
 
 def run_dir(config: cairn.RunConfig) -> Path:
