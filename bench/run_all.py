@@ -45,7 +45,7 @@ sys.modules.setdefault("bench._ray_reference", _ray_reference)
 
 Row = _harness.Row
 
-MODULES = ("transfer", "report", "recovery", "goodput", "snapshot")
+MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory")
 """Benchmark modules, in the order they run and appear in the table."""
 
 RAY_REFERENCE = "ray-reference"
