@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError, UnsafePathError
-from cairn._src.run import schema
-from cairn._src.run.layout import MANIFEST_NAME
+from cairn._src.run import layout, schema
 from cairn._src.storage.checksum import ALGORITHMS, CHECKSUM_ALGORITHM, FileEntry
 from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
@@ -35,6 +34,7 @@ from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
+MANIFEST_NAME = layout.MANIFEST_NAME
 MANIFEST_VERSION = 1
 _READABLE_VERSIONS = (1,)
 _HINT = "The checkpoint is damaged; delete it or restore the manifest from a backup."

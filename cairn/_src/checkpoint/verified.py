@@ -69,7 +69,7 @@ VERIFIED = VerifiedCache()
 
 def file_signature(root: str, names: Iterable[str]) -> Signature:
     """``(size, mtime_ns, inode, mode)`` of each file as ``lstat`` sees it (None: missing)."""
-    signature = []
+    signature: list[tuple[int, int, int, int] | None] = []
     for rel in names:
         try:
             info = os.lstat(os.path.join(root, *rel.split("/")))

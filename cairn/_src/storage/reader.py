@@ -130,12 +130,12 @@ def open_regular_file(
     if info.type != pafs.FileType.File:
         kind = "a directory" if info.type == pafs.FileType.Directory else "not a regular file"
         raise _not_regular(directory, rel, kind)
-    size = None if info.size is None else int(info.size)
-    if size is not None:
-        _check_size(directory, rel, expected_size, size)
-    bound = expected_size if expected_size is not None else size
+    stored = None if info.size is None else int(info.size)
+    if stored is not None:
+        _check_size(directory, rel, expected_size, stored)
+    bound = expected_size if expected_size is not None else stored
     with directory.filesystem.open_input_stream(source.path) as stream:
-        yield OpenedFile(stream, size, None if bound is None else bound + 1)
+        yield OpenedFile(stream, stored, None if bound is None else bound + 1)
 
 
 def _check_size(directory: StorageLocation, rel: str, expected: int | None, size: int) -> None:
