@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from guards import bounded
+from guards import bounded, release_fifos
 
 from cairn import Checkpoint, ChecksumMismatchError, ManifestError, UnsafePathError
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -38,6 +38,14 @@ from cairn._src.storage.transfer import (
 )
 
 RETRY = RetryPolicy(max_attempts=1)
+
+
+@pytest.fixture
+def fifos() -> Iterator[list[str]]:
+    """FIFOs a test makes (append their paths); released on teardown."""
+    made: list[str] = []
+    yield made
+    release_fifos(made)
 
 
 def make_fifo(path: Path, fifos: list[str]) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import safety_workloads
-from guards import bounded
+from guards import bounded, release_fifos
 
 import cairn
 from cairn import Checkpoint, ScalingConfig, Trainer, TrainingFailedError
@@ -20,6 +20,14 @@ from cairn._src.cli.main import main as cli_main
 from cairn._src.errors import NotARegularFileError
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
+
+
+@pytest.fixture
+def fifos() -> Iterator[list[str]]:
+    """FIFOs a test makes (append their paths); released on teardown."""
+    made: list[str] = []
+    yield made
+    release_fifos(made)
 
 
 def run_dir(config: cairn.RunConfig) -> Path:
