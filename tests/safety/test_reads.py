@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from guards import bounded, release_fifos
 
-from cairn import Checkpoint, ChecksumMismatchError, ManifestError, UnsafePathError
+from cairn import Checkpoint, ChecksumMismatchError, ManifestError, StorageError, UnsafePathError
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.errors import (
     CheckpointDamagedError,
@@ -26,7 +26,7 @@ from cairn._src.errors import (
 )
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.checksum import new_hasher, stream_copy
-from cairn._src.storage.fileio import read_bytes
+from cairn._src.storage.fileio import list_files, read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import (
@@ -272,6 +272,19 @@ def test_a_reference_with_a_linked_directory_is_refused_at_commit(tmp_path: Path
     with pytest.raises(UnsafePathError, match=r"the directory 'data' on the way to file "
                                               r"'data/key' is a symbolic link"):
         compute_entries(resolve(str(reference)), ["data/key"], retry=RETRY)
+
+
+def test_a_reference_holding_a_fifo_is_refused_when_listed(tmp_path: Path,
+                                                          fifos: list[str]) -> None:
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "state").write_bytes(b"{}")
+    make_fifo(reference / "pipe", fifos)
+    with pytest.raises(StorageError, match=r"'.*/reference/pipe' in .*reference is not a regular "
+                                           r"file \(a FIFO, socket or device, or a link to one\); "
+                                           r"checkpoints may contain regular files and "
+                                           r"directories only\."):
+        bounded(lambda: list_files(resolve(str(reference)), RETRY))
 
 
 # --- long names (item 10) --------------------------------------------------------------------

@@ -68,7 +68,7 @@ EVENT_RECORD = schema.Document(
             "attempt": schema.COUNT,
             "rank": schema.COUNT,
             "ranks": schema.ListOf(schema.COUNT, noun="ranks (integers >= 0)"),
-            "seconds": schema.Number(minimum=0),
+            "seconds": schema.TIME,
             "bytes": schema.COUNT,
             "index": schema.Nullable(schema.COUNT),
             "dir_name": schema.DIR_NAME,

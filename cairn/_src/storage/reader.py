@@ -47,7 +47,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _FILE_FLAGS = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC | getattr(os, "O_BINARY", 0)
-_DIR_FLAGS = os.O_RDONLY | _NOFOLLOW | _DIRECTORY | _CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | _NOFOLLOW | _DIRECTORY | _NONBLOCK | _CLOEXEC
 # Walking with directory descriptors keeps every component check and open on the same
 # directory; without dir_fd (Windows) each component is checked by its full path.
 _HAS_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and bool(
@@ -173,7 +173,8 @@ def _open_local(root: str, rel: str, directory: StorageLocation) -> tuple[int, i
     if not _HAS_DIR_FD:
         return _open_local_by_path(root, parts, rel, directory)
     try:
-        dir_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        # O_NONBLOCK: even a FIFO in the checkpoint directory's place cannot block.
+        dir_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _NONBLOCK | _CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         raise _missing(directory, rel) from None
     try:
