@@ -256,10 +256,16 @@ def test_a_reference_with_a_link_to_a_file_outside_is_refused_at_commit(tmp_path
     (reference / "state").write_bytes(b"{}")
     (reference / "passwd").symlink_to(secret)
     with pytest.raises(UnsafePathError,
-                       match=r"The checkpoint registered by reference at .*reference cannot be "
-                             r"committed: In .*reference, file 'passwd' is a symbolic link; .* "
-                             r"Copy the data into the directory instead of linking to it"):
+                       match=r"The checkpoint at .*reference cannot be committed: In "
+                             r".*reference, file 'passwd' is a symbolic link; .* Copy the data "
+                             r"into the directory instead of linking to it: a checkpoint "
+                             r"registered by reference is read in place"):
         compute_entries(resolve(str(reference)), ["state", "passwd"], retry=RETRY)
+    # A local directory about to be uploaded follows its (already checked) links.
+    (reference / "inner").symlink_to(reference / "state")
+    entries = compute_entries(resolve(str(reference)), ["inner"], retry=RETRY,
+                              follow_links=True)
+    assert entries["inner"].size == 2
 
 
 def test_a_reference_with_a_linked_directory_is_refused_at_commit(tmp_path: Path) -> None:

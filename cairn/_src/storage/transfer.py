@@ -313,7 +313,8 @@ def _check(
 
 
 def _read_and_hash(
-    loc: StorageLocation, rel: str, retry: RetryPolicy, want: FileEntry | None
+    loc: StorageLocation, rel: str, retry: RetryPolicy, want: FileEntry | None,
+    follow_links: bool = False,
 ) -> Callable[[Cancelled], FileEntry]:
     source = loc.join(rel)
     what = f"read {source.display()}"
@@ -324,7 +325,8 @@ def _read_and_hash(
         hasher = new_hasher()
         with (
             open_regular_file(
-                loc, rel, expected_size=None if want is None else want.size
+                loc, rel, expected_size=None if want is None else want.size,
+                follow_links=follow_links,
             ) as opened,
             BUFFERS.borrow(chunk) as buffer,
         ):
@@ -358,27 +360,31 @@ def compute_entries(
     *,
     retry: RetryPolicy = DEFAULT_RETRY,
     max_workers: int = 8,
+    follow_links: bool = False,
 ) -> dict[str, FileEntry]:
     """Read ``files`` (relative to ``loc``) from storage and return their entries.
 
     For checkpoints that are already on storage (registered by reference), read in place
     by the bounded, typed reader: a symbolic link anywhere in a file's path, or a file
     that is not a regular one, raises :class:`UnsafePathError` naming it, since
-    restoring it later would read data from outside the checkpoint (SYNC uploads refuse
-    such links too).
+    restoring it later would read the link's target, outside the checkpoint. (SYNC
+    uploads copy what a link inside the directory points to, and refuse links out of
+    it; a reference is never copied, so it may hold no link at all.) ``follow_links`` is
+    for a user's local directory about to be uploaded, whose links
+    :func:`list_local_files` already checked: they are then followed.
     """
     check_workers(max_workers)
     names = sorted({check_relative_path(rel, argument="files") for rel in files})
-    tasks = {rel: _read_and_hash(loc, rel, retry, None) for rel in names}
+    tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links) for rel in names}
     results, errors = run_parallel(
         tasks, _plan(loc.filesystem, max_workers)[1], collect_all=False
     )
     for error in errors.values():
         if isinstance(error, NotARegularFileError):
             raise UnsafePathError(
-                f"The checkpoint registered by reference at {loc.display()} cannot be "
-                f"committed: {error} Copy the data into the directory instead of linking "
-                "to it: a checkpoint is read in place and may contain regular files only."
+                f"The checkpoint at {loc.display()} cannot be committed: {error} Copy the "
+                "data into the directory instead of linking to it: a checkpoint registered "
+                "by reference is read in place and may contain regular files only."
             ) from error
     raise_first(errors)
     return {rel: results[rel] for rel in names}
