@@ -92,6 +92,17 @@ ALL_REPORTED = ("needs: get_all_reported_checkpoints() that returns; today it bl
                 "after metric-only reports")
 
 XFAIL: dict[str, str] = {
+    "test_persistence.py::test_trainer[*-nfs]":
+        SAME_FILE + " (ranks 1 and 2 both write checkpoint.pkl); the test also needs "
+        "get_all_reported_checkpoints() and collective.barrier()",
+    "test_persistence.py::test_trainer[*-cloud]":
+        SAME_FILE + " (ranks 1 and 2 both write checkpoint.pkl); the test also needs "
+        "get_all_reported_checkpoints() and collective.barrier()",
+    "test_persistence.py::test_trainer[*-custom_fs]":
+        "needs: RunConfig(storage_filesystem=pyarrow.fs.PyFileSystem(FSSpecHandler(...)), "
+        "storage_path='mock_bucket') (issue 9 item 1); today ConfigError: 'RunConfig(storage_path="
+        "\"'mock_bucket' on a py::fsspec+dir filesystem\") is storage that worker processes "
+        "cannot reach ...'. Then the same needs as [*-nfs]",
     "test_result.py::test_result_repr":
         "needs: Checkpoint's repr as Ray writes it, 'Checkpoint(filesystem=local, "
         "path=/bucket/path/ckpt0)' (Cairn: \"Checkpoint('/bucket/path/ckpt0')\")",
