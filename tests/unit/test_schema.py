@@ -105,7 +105,7 @@ def test_nesting_deeper_than_the_parser_is_a_manifest_error() -> None:
     ],
 )
 def test_unreadable_indexes(data: bytes, message: str) -> None:
-    with pytest.raises(ManifestError, match="^The run index /runs/r/cairn_run.json ") as caught:
+    with pytest.raises(ManifestError, match=r"^The run index /runs/r/cairn_run\.json ") as caught:
         RunIndex.from_json(data, where=WHERE)
     assert message in str(caught.value)
 
