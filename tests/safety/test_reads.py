@@ -310,3 +310,18 @@ def test_damage_classes_share_one_root() -> None:
     for cls in (ChecksumMismatchError, NotARegularFileError, MissingCheckpointFileError,
                 ManifestError):
         assert issubclass(cls, CheckpointDamagedError)
+
+
+def test_an_uncommitted_local_directory_copies_as_an_upload_would(tmp_path: Path) -> None:
+    # Links inside are followed (as SYNC uploads follow them); a link out is refused.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "real").write_bytes(b"real")
+    (plain / "inner").symlink_to(plain / "real")
+    out = Checkpoint.from_directory(plain).to_directory(str(tmp_path / "out"))
+    assert Path(out, "inner").read_bytes() == b"real" and not Path(out, "inner").is_symlink()
+    (tmp_path / "secret").write_bytes(b"s")
+    (plain / "out_link").symlink_to(tmp_path / "secret")
+    with pytest.raises(UnsafePathError, match=r"is a symbolic link to .*secret', outside the "
+                                              r"checkpoint directory"):
+        Checkpoint.from_directory(plain).to_directory(str(tmp_path / "out2"))
