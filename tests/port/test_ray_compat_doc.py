@@ -1,0 +1,121 @@
+"""docs/ray-compat.md gives every public name of Ray Train v2 a verdict, and lists every
+ported Ray Train test that does not pass.
+
+The names are enumerated from the installed Ray Train (skipped where Ray is not installed):
+``ray.train``, ``ray.train.collective``, ``ray.train.torch`` (``__all__``), Ray's
+``DataParallelTrainer``, and for each class its constructor arguments, enum members and
+public methods and properties; for each function its arguments. Each needs a table row
+``| `name` | *same* / *stricter* / *not supported* | ... |`` in the document.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "ray-compat.md"
+VERDICTS = ("same", "stricter", "not supported")
+ROW = re.compile(r"^\| `(?P<key>[^`]+)` \| \*(?P<verdict>[^*]+)\* \|(?P<note>.*)\|$")
+
+
+def doc_rows() -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        match = ROW.match(line)
+        if match:
+            rows[match["key"]] = (match["verdict"], match["note"].strip())
+    return rows
+
+
+def _parameters(obj: Any) -> list[str]:
+    try:
+        names = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return []
+    return [name for name in names if name not in ("self", "args", "kwargs")
+            and not name.startswith("_")]
+
+
+def _methods(cls: type) -> list[tuple[str, bool]]:
+    if issubclass(cls, enum.Enum):
+        return []
+    found = []
+    for name, value in inspect.getmembers(cls):
+        if name.startswith("_"):
+            continue
+        if issubclass(cls, BaseException) and name in ("add_note", "with_traceback", "args"):
+            continue
+        static = inspect.getattr_static(cls, name, None)
+        if inspect.isfunction(value) or inspect.ismethod(value) or isinstance(
+                static, (property, classmethod, staticmethod)):
+            found.append((name, callable(value)))
+    return found
+
+
+def ray_train_names() -> list[str]:
+    """Every Ray Train v2 name the document must have a row for."""
+    ray_train = pytest.importorskip("ray.train")
+    import ray.train.collective
+    import ray.train.torch
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    keys = []
+    for module, prefix in ((ray_train, ""), (ray.train.collective, "collective."),
+                           (ray.train.torch, "torch.")):
+        names = [name for name in module.__all__
+                 if not isinstance(getattr(module, name), types.ModuleType)]
+        objects = [(name, getattr(module, name)) for name in names]
+        if prefix == "":
+            objects.append(("DataParallelTrainer", DataParallelTrainer))
+        for name, obj in objects:
+            qualified = prefix + name
+            if inspect.isclass(obj):
+                keys.append(qualified)
+                if issubclass(obj, enum.Enum):
+                    keys += [f"{qualified}.{member}" for member in obj.__members__]
+                    continue
+                keys += [f"{qualified}.{parameter}" for parameter in _parameters(obj)]
+                keys += [f"{qualified}.{method}()" if is_callable else f"{qualified}.{method}"
+                         for method, is_callable in _methods(obj)]
+            elif callable(obj):
+                keys.append(f"{qualified}()")
+                keys += [f"{qualified}({parameter}=)" for parameter in _parameters(obj)]
+            else:
+                keys.append(qualified)
+    return keys
+
+
+def test_every_ray_train_name_has_a_verdict() -> None:
+    rows = doc_rows()
+    missing = [key for key in ray_train_names() if key not in rows]
+    assert not missing, f"docs/ray-compat.md has no row for: {missing}"
+
+
+def test_every_row_has_a_verdict_and_a_reason_where_it_differs() -> None:
+    rows = doc_rows()
+    assert len(rows) > 200
+    for key, (verdict, note) in rows.items():
+        assert verdict in VERDICTS, (key, verdict)
+        if verdict != "same":
+            assert note, f"{key} is *{verdict}* without saying what the user meets"
+
+
+def test_every_ported_test_that_does_not_pass_is_listed() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from ray_suite import port_status
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    section = DOC.read_text().split("## Ported Ray Train tests that do not pass", 1)[1]
+    for table in (port_status.SKIP, port_status.STRICT_XFAIL, port_status.XFAIL):
+        for key, reason in table.items():
+            assert f"`{key}`" in section, key
+            assert reason.replace("|", "\\|") in section, key
