@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import (
@@ -72,9 +73,20 @@ def is_inside(location: StorageLocation, directory: StorageLocation) -> bool:
 
 
 def checkpoint_view(run: StorageLocation, record: CheckpointRecord) -> CheckpointView:
-    """Where a committed checkpoint's data and manifest are."""
+    """Where a committed checkpoint's data and manifest are.
+
+    A reference recorded as ``target_path`` is a path on the run's own storage filesystem
+    (``/``-rooted in the record; without the leading ``/`` again when the run's paths
+    have none, as on object stores), so it resolves on ``run``'s store.
+    """
     manifest_at = run.join(record.dir_name)
-    data = resolve(record.target_uri) if record.target_uri is not None else manifest_at
+    if record.target_uri is not None:
+        data = resolve(record.target_uri)
+    elif record.target_path is not None:
+        path = record.target_path if run.path.startswith("/") else record.target_path[1:]
+        data = run.with_path(path)
+    else:
+        data = manifest_at
     return CheckpointView(
         dir_name=record.dir_name,
         report_index=record.report_index,
@@ -118,15 +130,24 @@ class CheckpointManager:
         manifest_at = self.run.join(ready.dir_name)
         entries = ready.entries
         target_uri: str | None = None
+        target_path: str | None = None
         managed = True
         data = manifest_at
         if ready.reference is not None and ready.reference != manifest_at:
             data = ready.reference
+            if data.uri is None:
+                # No URI: a path on the run's own storage filesystem (report() refuses any
+                # other), recorded as a path and read through this driver's store object.
+                data = rebind_to_run(data, self.run, what=f"The checkpoint of report "
+                                     f"{ready.index}")
+                target_path = "/" + data.path.lstrip("/")
+            else:
+                check_persisted_uri(data.uri, what=f"The checkpoint of report {ready.index}")
+                target_uri = data.uri
             # A reference is checksummed here, on the commit thread, so that restoring it
             # later can be verified like any managed checkpoint.
             names = [n for n in list_files(data, self.retry) if n != METADATA_FILE_NAME]
             entries = compute_entries(data, names, retry=self.retry)
-            target_uri = data.uri
             managed = is_inside(data, self.run)
         elif ready.reference is not None:
             names = [n for n in list_files(data, self.retry)
@@ -139,6 +160,7 @@ class CheckpointManager:
             metrics=dict(ready.metrics),
             ranks=ready.ranks,
             target_uri=target_uri,
+            target_path=target_path,
         )
         write_manifest(manifest_at, manifest, self.retry)
         self.history.flush()
@@ -147,6 +169,7 @@ class CheckpointManager:
             report_index=ready.index,
             metrics=dict(ready.metrics),
             target_uri=target_uri,
+            target_path=target_path,
             managed=managed,
             attempt=attempt,
             committed_at=time.time(),

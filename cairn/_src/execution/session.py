@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
+from cairn._src.checkpoint.references import check_reference, check_upload_source
 from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
 from cairn._src.execution.messages import (
@@ -174,6 +175,9 @@ class WorkerSession:
                 f"{type(checkpoint).__name__}. Wrap a directory with "
                 "Checkpoint.from_directory(path)."
             )
+        if mode is not CheckpointUploadMode.NO_UPLOAD:
+            check_upload_source(checkpoint.location, self._setup.run,
+                                what=f"report(checkpoint={checkpoint!r})")
         check_score_attribute(metrics, self._setup.score_attribute)
         if dir_name is not None:
             check_dir_name(dir_name)
@@ -297,16 +301,11 @@ class WorkerSession:
     def _register_reference(
         self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None
     ) -> ReportHandle:
-        location = checkpoint.location
-        if not location.reachable_from_new_process:
-            raise ReportError(
-                f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD) uses a "
-                "filesystem object that a new process cannot reach again, so Cairn could not "
-                "resume from it after a driver restart. Give the checkpoint as a URI: register "
-                "the store with cairn.storage.register_scheme('xyz', factory) (or the "
-                "'cairn.storage' entry point) and pass Checkpoint('xyz://...'), or put it on "
-                "the run's storage."
-            )
+        # Refuses what no new process could reach, credentials in the URI and Cairn's own
+        # data; a path on the run's storage filesystem comes back bound to the run's store.
+        location = check_reference(
+            checkpoint.location, self._setup.run, self._retry,
+            what=f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD)")
         if not is_dir(location, self._retry):
             raise ReportError(
                 f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): "

@@ -6,7 +6,15 @@ factory) into a :class:`StorageLocation`. Internally every backend is a
 
 Resolution order for a URI ``<scheme>://...``: a scheme registered in code or by an entry
 point, then pyarrow's native backends (``s3``, ``gs``/``gcs``, ``hdfs``, ``viewfs``),
-then any fsspec protocol. ``file://`` URIs and plain paths are the local file system.
+then any fsspec protocol. ``file://`` URIs and plain paths are the local file system. A
+string that is a known scheme followed by ``:`` and fewer than two slashes (``s3:/b/x``,
+``s3:b/x``, ``file:/x``) is refused with the corrected URI: it is a typo, not a local path.
+
+Storage objects (a filesystem, an ``ObjectStore``, a factory) travel to other processes
+with cloudpickle, so a ``FileSystemHandler`` whose class is defined in the driver's
+``__main__`` reaches the workers. Credentials in URIs follow the rule of
+:mod:`cairn._src.storage.uris`: ``repr``/``str``/:meth:`StorageLocation.display` never
+show them, and malformed-URI errors are raised without the backend's raw exception.
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -34,14 +44,25 @@ from cairn._src.storage.uris import (
     local_root,
     normalize_path,
     normalize_uri,
+    public_uri,
     redact,
     scheme_of,
     scrub,
     strip_uri,
     supports_atomic_rename,
+    typo_correction,
 )
 
-__all__ = ["StorageLocation", "local_root", "redact", "resolve", "supports_atomic_rename"]
+__all__ = [
+    "StorageLocation",
+    "check_picklable",
+    "check_uri_typo",
+    "local_root",
+    "public_uri",
+    "redact",
+    "resolve",
+    "supports_atomic_rename",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +77,16 @@ class StorageLocation:
 
     ``uri`` is a string a fresh process can pass to :func:`resolve` to reach the same
     place, or ``None`` when the location was built from a filesystem object or factory
-    that no string can name. Pickling follows how the location was made: from a URI it
-    pickles as that URI and resolves again on unpickling (so custom schemes work in
-    workers that imported the registrations); from a filesystem object it pickles that
-    object; from a factory it pickles the factory (cloudpickle handles lambdas).
-    Instances are immutable and thread-safe.
+    that no string can name. ``uri`` may hold credentials (they stay in memory); ``repr``,
+    ``str`` and :meth:`display` mask them, :attr:`public_uri` drops them.
+
+    Pickling follows how the location was made: from a URI it pickles as that URI and
+    resolves again on unpickling (so custom schemes work in workers that imported the
+    registrations); from a filesystem object it pickles that object, from a factory the
+    factory, both with cloudpickle (classes and lambdas of ``__main__`` travel by value).
+    Locations made from one filesystem object or factory, and every location joined from
+    them, keep a store identity across pickling, so :meth:`same_store` knows two copies
+    in different processes for one store. Instances are immutable and thread-safe.
     """
 
     filesystem: pafs.FileSystem
@@ -69,6 +95,9 @@ class StorageLocation:
     # How to rebuild the filesystem in another process: ("uri", base_uri),
     # ("fs", filesystem) or ("factory", factory).
     _source: tuple[str, Any] = field(default=("fs", None), repr=False, compare=False)
+    # Identifies the store object (or factory) a location without a URI was made from;
+    # survives pickling, so copies of one store in several processes are one store.
+    _store_id: str | None = field(default=None, repr=False, compare=False)
 
     def join(self, *parts: str) -> StorageLocation:
         """The location ``parts`` (relative, ``/``-separated) below this one.
@@ -92,13 +121,72 @@ class StorageLocation:
                     quoted = urllib.parse.quote(rel, safe="/")
                 uri = f"{base.rstrip('/')}/{quoted}{question}{query}"
         path = join_path(self.path, rel)
-        return StorageLocation(self.filesystem, path, uri, self._source)
+        return StorageLocation(self.filesystem, path, uri, self._source, self._store_id)
+
+    def with_path(self, path: str) -> StorageLocation:
+        """The location ``path`` (a path inside :attr:`filesystem`) on this same store.
+
+        For a store with no URI the result has no URI either; for a local disk it is the
+        OS path. Used to rebind a path recorded by the run onto the run's own store.
+        """
+        uri = path if self.uri is not None and scheme_of(self.uri) is None else None
+        return StorageLocation(self.filesystem, path, uri, self._source, self._store_id)
 
     def display(self) -> str:
-        """A string for logs and errors, with credentials redacted."""
+        """A string for logs and errors, with credentials masked (see :func:`redact`)."""
         if self.uri is not None:
             return redact(self.uri)
         return f"{self.path!r} on a {self.filesystem.type_name} filesystem"
+
+    @property
+    def public_uri(self) -> str | None:
+        """:attr:`uri` without credentials (see :func:`public_uri`), for what users copy
+        and resolve again (``Result.uri``); ``None`` without a URI."""
+        return public_uri(self.uri) if self.uri is not None else None
+
+    def same_store(self, other: StorageLocation) -> bool:
+        """Whether ``other`` is on the same store, so that paths of the two compare.
+
+        True for one filesystem object, for copies of one store object or factory (also
+        across processes), for URIs with the same scheme, authority and query (local paths
+        are all one store), and for filesystems that ``equals()`` says are equal.
+        """
+        if self.filesystem is other.filesystem:
+            return True
+        if self._store_id is not None and self._store_id == other._store_id:
+            return True
+        if self.uri is not None and other.uri is not None:
+            return _store_key(self.uri) == _store_key(other.uri)
+        try:
+            return bool(self.filesystem.equals(other.filesystem))
+        except Exception:
+            # A user handler's __eq__ may fail on a foreign handler: not the same store.
+            return False
+
+    def contains(self, other: StorageLocation) -> bool:
+        """Whether ``other`` is this location or lies below it, on the same store.
+
+        Local paths are compared after resolving symlinks, so a link to a directory is
+        that directory.
+        """
+        if not self.same_store(other):
+            return False
+        mine, theirs = _comparable_path(self), _comparable_path(other)
+        if mine in ("", "/"):
+            return True
+        return theirs == mine or theirs.startswith(mine.rstrip("/") + "/")
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the store holds its data in this process only (``memory://``, an fsspec
+        ``MemoryFileSystem`` object, pyarrow's mock filesystem): worker processes and new
+        drivers would each see an empty store of their own."""
+        if self.uri is not None and scheme_of(self.uri) in _IN_PROCESS_PROTOCOLS:
+            return True
+        inner = fsspec_filesystem(self.filesystem)
+        if inner is not None and _IN_PROCESS_PROTOCOLS & set(_protocols_of(inner)):
+            return True
+        return bool(self.filesystem.type_name == "mock")
 
     @property
     def reachable_from_new_process(self) -> bool:
@@ -114,10 +202,18 @@ class StorageLocation:
         kind, payload = self._source
         if kind == "fs" and payload is None:
             payload = self.filesystem
-        return (_restore, (kind, payload, self.path, self.uri))
+        if kind in ("fs", "factory"):
+            # cloudpickle, whatever pickler the message travels with: a handler class
+            # defined in the driver's __main__ is sent by value, not by a name the worker
+            # cannot import.
+            payload = bytes(cloudpickle.dumps(payload))
+        return (_restore, (kind, payload, self.path, self.uri, self._store_id))
 
     def __str__(self) -> str:
         return self.display()
+
+    def __repr__(self) -> str:
+        return f"StorageLocation({self.display()!r})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StorageLocation):
@@ -126,7 +222,7 @@ class StorageLocation:
             # One URI names one place, whichever store object each side resolved it to
             # (a factory may return a fresh store per call).
             return (self.uri, self.path) == (other.uri, other.path)
-        return self.path == other.path and bool(self.filesystem.equals(other.filesystem))
+        return self.path == other.path and self.same_store(other)
 
     def __hash__(self) -> int:
         # pyarrow filesystems are unhashable; equal locations have equal paths and URIs.
@@ -136,7 +232,34 @@ class StorageLocation:
 _PERCENT_DECODED_SCHEMES = frozenset({"file"}) | _PYARROW_SCHEMES
 
 
-def _restore(kind: str, payload: Any, path: str, uri: str | None) -> StorageLocation:
+def _store_key(uri: str) -> tuple[str | None, str, str]:
+    """What names the store of ``uri``: scheme, authority unless it is part of the path
+    (a bucket), and query. All local paths are one store."""
+    scheme = scheme_of(uri)
+    if scheme is None:
+        return (None, "", "")
+    base, _, query = uri.partition("?")
+    authority = base[len(scheme) + 3:].partition("/")[0]
+    return (scheme, authority, query)
+
+
+def _comparable_path(location: StorageLocation) -> str:
+    root = local_root(location.filesystem)
+    if root is not None:
+        os_path = join_path(root, location.path.lstrip("/")) if root else location.path
+        return os.path.realpath(os_path)
+    return location.path
+
+
+def _protocols_of(fsspec_fs: Any) -> tuple[str, ...]:
+    protocol = fsspec_fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _restore(kind: str, payload: Any, path: str, uri: str | None,
+             store_id: str | None = None) -> StorageLocation:
+    if kind in ("fs", "factory") and isinstance(payload, bytes):
+        payload = cloudpickle.loads(payload)
     if kind == "uri":
         filesystem = resolve(payload).filesystem
     elif kind == "factory":
@@ -144,7 +267,7 @@ def _restore(kind: str, payload: Any, path: str, uri: str | None) -> StorageLoca
         filesystem = _as_pyarrow(made, what=f"The filesystem factory returned {made!r}, which")
     else:
         filesystem = payload
-    return StorageLocation(filesystem, path, uri, (kind, payload))
+    return StorageLocation(filesystem, path, uri, (kind, payload), store_id)
 
 
 def _as_pyarrow(obj: Any, *, what: str) -> pafs.FileSystem:
@@ -172,6 +295,46 @@ def _location_string(location: object) -> str:
         "a URI such as 's3://bucket/prefix' or 'memory://name', or a path together with "
         "a filesystem."
     )
+
+
+def check_picklable(value: object, *, argument: str) -> None:
+    """Raise :class:`ConfigError` when ``value`` cannot be pickled with cloudpickle.
+
+    The error names the argument and the object, quotes the pickling error and gives the
+    routes that work: a zero-argument factory, or a registered URI scheme.
+    """
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        raise ConfigError(
+            f"{argument}={value!r} cannot be pickled with cloudpickle "
+            f"({type(exc).__name__}: {exc}), so worker processes cannot receive it. Pass a "
+            "zero-argument factory that builds the filesystem in each process instead "
+            "(storage_filesystem=make_filesystem, a function that opens its connections "
+            "when called), or register a URI scheme whose factory builds it "
+            "(cairn.storage.register_scheme('myfs', factory)) and pass "
+            "storage_path='myfs://...'."
+        ) from exc
+
+
+def _known_scheme_set() -> frozenset[str]:
+    return frozenset(_known_schemes())
+
+
+def check_uri_typo(text: str, *, argument: str = "location") -> None:
+    """Raise :class:`ConfigError` when ``text`` is a known scheme with a malformed
+    separator (``s3:/bucket/x``, ``gs:bucket``, ``file:/x``), showing the corrected URI.
+
+    Without this, such a string would be taken for a relative local path and create a
+    directory named ``s3:``.
+    """
+    corrected = typo_correction(text, _known_scheme_set())
+    if corrected is not None:
+        raise ConfigError(
+            f"{argument}={public_uri(text)!r} is not a valid URI: a scheme is followed by "
+            f"'://'; did you mean {public_uri(corrected)!r}? (A local path that starts with "
+            "'<word>:' can be written as './' followed by it.)"
+        )
 
 
 def _local(path: str) -> StorageLocation:
@@ -203,6 +366,7 @@ def resolve(location: str | os.PathLike[str], filesystem: Any = None) -> Storage
         return _resolve_in_filesystem(text, filesystem)
     scheme = scheme_of(text)
     if scheme is None:
+        check_uri_typo(text)
         return _local(text)
     if scheme == "file":
         path = urllib.parse.unquote(urllib.parse.urlsplit(text).path) or "/"
@@ -221,10 +385,11 @@ def _resolve_custom(text: str, scheme: str, factory: registry.Factory) -> Storag
     try:
         made = factory(text)
     except Exception as exc:
+        # Not chained: the factory's exception may quote the URI with its credentials.
         raise StorageError(
             f"The storage factory registered for scheme {scheme!r} failed for "
-            f"{redact(text)!r}: {exc}"
-        ) from exc
+            f"{redact(text)!r}: {type(exc).__name__}: {scrub(str(exc), text)}"
+        ) from None
     fs = _as_pyarrow(
         made, what=f"The factory registered for scheme {scheme!r} returned {made!r}, which"
     )
@@ -241,16 +406,17 @@ def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
         logger.debug("pyarrow cannot handle %s; trying fsspec", redact(text))
         return None
     except pa.ArrowInvalid as exc:
+        # Not chained: pyarrow's exception quotes the raw URI, credentials included.
         raise ConfigError(
             f"location={redact(text)!r} is not a valid {scheme}:// URI: "
             f"{scrub(str(exc), text)}. See "
             "pyarrow.fs.FileSystem.from_uri for the accepted query parameters."
-        ) from exc
+        ) from None
     except OSError as exc:
         hint = " Add '?region=<bucket region>' to the URI." if scheme == "s3" else ""
         raise StorageError(
             f"Could not set up storage for {redact(text)!r}: {scrub(str(exc), text)}.{hint}"
-        ) from exc
+        ) from None
     uri = normalize_uri(text)
     return StorageLocation(fs, normalize_path(path), uri, ("uri", uri))
 
@@ -287,7 +453,7 @@ def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:
         raise ConfigError(
             f"location={redact(text)!r} is not a valid {scheme}:// URI for "
             f"{fs_class.__name__}: {scrub(str(exc), text)}"
-        ) from exc
+        ) from None
     uri = normalize_uri(text)
     return StorageLocation(
         pafs.PyFileSystem(FSSpecHandler(fs)), normalize_path(path), uri, ("uri", uri)
@@ -303,6 +469,7 @@ def _package_hint(scheme: str) -> str | None:
 
 def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
     source: tuple[str, Any]
+    store_id = uuid.uuid4().hex
     if isinstance(filesystem, (pafs.FileSystem, fsspec.AbstractFileSystem)) or is_object_store(
         filesystem
     ):
@@ -334,6 +501,6 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         path = normalize_path(text)
         # A local directory is reachable by its OS path from any process on this machine.
         os_path = join_path(root, path.lstrip("/")) if root else path
-        return StorageLocation(fs, path, os_path, source)
+        return StorageLocation(fs, path, os_path, source, store_id)
     path = text.strip("/") if is_object_store(made) else normalize_path(text)
-    return StorageLocation(fs, path, None, source)
+    return StorageLocation(fs, path, None, source, store_id)

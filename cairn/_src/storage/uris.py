@@ -1,4 +1,15 @@
-"""URI strings and what a pyarrow filesystem is: pure helpers, no storage access."""
+"""URI strings and what a pyarrow filesystem is: pure helpers, no storage access.
+
+Credentials rule: credentials never reach storage or logs. A URI may carry them (a
+password in its user info, or a secret-looking query parameter such as ``secret_key=``,
+``access_key=``, ``token=``, ``session_token=`` or ``password=``) only while it stays in
+memory, as ``RunConfig(storage_path=...)`` may. Everything shown or written uses a
+credential-free form: :func:`redact` (secrets masked as ``***``, for messages that should
+show where a secret was) or :func:`public_uri` (secrets removed, so the result still
+resolves with credentials from the environment). A URI Cairn must persist (a NO_UPLOAD
+reference, the checkpoint a ``checkpoint_upload_fn`` returns) must not carry credentials
+at all: :func:`credentials_in` names what it carries, and ``report()`` refuses it.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +20,88 @@ import pyarrow.fs as pafs
 from pyarrow.fs import FSSpecHandler
 
 SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# "scheme:" followed by anything but "//": a URI with a malformed separator, or a path.
+_ALMOST_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?!//)(.*)$", re.DOTALL)
 # Query parameters whose values are credentials. Matched as substrings of the lower-cased
 # name, so 'aws_secret_access_key' and 'x-amz-security-token' are caught too.
 _SECRET_WORDS = (
     "secret", "password", "passwd", "token", "access_key", "key_id", "credential",
     "signature", "sas", "sig", "auth", "private",
 )
+
+
+def _split_authority(uri: str) -> tuple[str, str, str, str] | None:
+    """``(head, authority, rest_after_authority, query)`` of a URI with a scheme, else None."""
+    match = SCHEME_RE.match(uri)
+    if match is None:
+        return None
+    head = match.group(0)
+    rest, question, query = uri[len(head):].partition("?")
+    authority, slash, tail = rest.partition("/")
+    return head, authority, slash + tail, query if question else ""
+
+
+def _is_secret_parameter(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+def credentials_in(uri: str) -> list[str]:
+    """What credentials ``uri`` carries, in words (empty when none): for error messages.
+
+    Names the query parameters, never their values.
+    """
+    parts = _split_authority(uri)
+    if parts is None:
+        return []
+    _, authority, _, query = parts
+    found = []
+    if "@" in authority and ":" in authority.rpartition("@")[0]:
+        found.append("a password in its user info ('user:password@')")
+    for item in query.split("&") if query else ():
+        name, eq, _value = item.partition("=")
+        if eq and _is_secret_parameter(name):
+            found.append(f"the query parameter {name!r}")
+    return found
+
+
+def public_uri(uri: str) -> str:
+    """``uri`` with every credential removed: a user info that holds a password, and
+    secret-looking query parameters, are dropped whole.
+
+    The result names the same place and still resolves when the credentials come from the
+    environment or a credential chain. Plain paths come back unchanged.
+    """
+    parts = _split_authority(uri)
+    if parts is None:
+        return uri
+    head, authority, tail, query = parts
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        if ":" in userinfo:
+            authority = host
+    kept = [item for item in query.split("&") if item
+            and not (item.partition("=")[1] and _is_secret_parameter(item.partition("=")[0]))]
+    out = f"{head}{authority}{tail}"
+    return f"{out}?{'&'.join(kept)}" if kept else out
+
+
+def typo_correction(text: str, known_schemes: frozenset[str] | set[str]) -> str | None:
+    """The URI ``text`` was probably meant to be, when it is ``scheme:`` plus a path
+    with fewer than two slashes and ``scheme`` is one of ``known_schemes``; else ``None``.
+
+    ``s3:/bucket/x`` and ``s3:bucket/x`` give ``s3://bucket/x``; ``file:/x`` gives
+    ``file:///x``. A local path such as ``./a:b`` or ``a:b`` (unknown scheme) gives None.
+    """
+    match = _ALMOST_URI_RE.match(text)
+    if match is None:
+        return None
+    scheme, rest = match.group(1), match.group(2)
+    if scheme.lower() not in known_schemes:
+        return None
+    if scheme.lower() == "file":
+        return f"{scheme}:///{rest.lstrip('/')}"
+    return f"{scheme}://{rest.lstrip('/')}"
 
 
 def redact(uri: str) -> str:
@@ -127,5 +214,27 @@ def normalize_uri(text: str) -> str:
 
 
 def scrub(message: str, uri: str) -> str:
-    """``message`` with any copy of ``uri`` (a backend may quote it whole) redacted."""
-    return message.replace(uri, redact(uri))
+    """``message`` with any copy of ``uri`` (a backend may quote it whole) redacted, and
+    any secret value of ``uri`` (a backend may quote one parameter) masked too."""
+    message = message.replace(uri, redact(uri))
+    for secret in _secret_values(uri):
+        message = message.replace(secret, "***")
+    return message
+
+
+def _secret_values(uri: str) -> list[str]:
+    parts = _split_authority(uri)
+    if parts is None:
+        return []
+    _, authority, _, query = parts
+    values = []
+    if "@" in authority:
+        userinfo = authority.rpartition("@")[0]
+        if ":" in userinfo:
+            values.append(userinfo.partition(":")[2])
+    for item in query.split("&") if query else ():
+        name, eq, value = item.partition("=")
+        if eq and value and _is_secret_parameter(name):
+            values.append(value)
+    # Longest first, so that a value containing another is masked whole.
+    return sorted((v for v in values if len(v) >= 3), key=len, reverse=True)

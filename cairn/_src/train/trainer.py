@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -23,8 +25,14 @@ from cairn._src.execution.controller import Controller, TrainSpec
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.location import (
+    StorageLocation,
+    check_picklable,
+    check_uri_typo,
+    resolve,
+)
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.uris import scheme_of
 from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.result import Result, build_result
 
@@ -88,16 +96,30 @@ class Trainer:
         self._setup_hooks: list[Callable[[Any], None]] = []
         self._teardown_hooks: list[Callable[[Any], None]] = []
         self._attempt_env: Callable[[int], dict[str, str]] | None = None
-        self._run_name = self.run_config.name or time.strftime("cairn_%Y-%m-%d_%H-%M-%S")
+        # A run without a name gets a unique one: trainers built in a loop never share a
+        # run (and so never continue each other's).
+        self._run_name = self.run_config.name or (
+            time.strftime("cairn_%Y-%m-%d_%H-%M-%S_") + secrets.token_hex(3))
+        self._storage_path = _absolute_storage_path(
+            self.run_config.storage_path or default_storage_path(),
+            self.run_config.storage_filesystem)
 
     def _run_location(self) -> StorageLocation:
-        base = resolve(self.run_config.storage_path or default_storage_path(),
-                       self.run_config.storage_filesystem)
-        if not base.reachable_from_new_process or (base.uri or "").startswith("memory://"):
+        """The run directory; checks once that the storage can reach the workers."""
+        filesystem = self.run_config.storage_filesystem
+        if filesystem is not None:
+            check_picklable(filesystem, argument="RunConfig.storage_filesystem")
+        base = resolve(self._storage_path, filesystem)
+        if base.in_process:
+            given = (f"storage_filesystem={filesystem!r}" if filesystem is not None
+                     else f"storage_path={base.display()!r}")
             raise ConfigError(
-                f"RunConfig(storage_path={base.display()!r}) is storage that worker processes "
-                "cannot reach (an in-process store or an unpicklable filesystem object). Use a "
-                "path or URI, or pass storage_filesystem as a zero-argument factory."
+                f"RunConfig({given}) is an in-process store: every worker process (and a "
+                "restarted driver) would see an empty store of its own. Use a local "
+                "directory (storage_path='/tmp/runs', or tempfile.mkdtemp() in tests), a "
+                "remote URI such as 's3://bucket/runs', or a store that lives outside this "
+                "process, given as storage_filesystem or through a URI scheme registered "
+                "with cairn.storage.register_scheme()."
             )
         return base.join(self._run_name)
 
@@ -108,6 +130,7 @@ class Trainer:
         lease.acquire()
         try:
             manager = self._open_run(run, retry)
+            _log_run_start(self._run_name, run, manager)
             history = manager.history
             events = SegmentLog(run.join(EVENTS_DIR), retry)
             next_index = max(manager.index.next_report_index,
@@ -175,6 +198,30 @@ class Trainer:
                        if e.get("type") == "checkpoint_started" and "dir_name" in e}
             manager.reconcile(started)
         return manager
+
+
+def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str:
+    """``path`` with a local relative path made absolute, once: a later ``chdir`` does
+    not move the run. URIs and paths inside a ``storage_filesystem`` stay as given; a
+    mistyped URI (``s3:/bucket``) is refused here, not taken for a local directory."""
+    text = os.fspath(path)
+    if not isinstance(text, str) or filesystem is not None or scheme_of(text) is not None:
+        return text  # type: ignore[return-value]
+    check_uri_typo(text, argument="RunConfig.storage_path")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _log_run_start(name: str, run: StorageLocation, manager: CheckpointManager) -> None:
+    if not manager.index.attempts and not manager.index.checkpoints:
+        logger.info("Starting new run %r at %s", name, run.display())
+        return
+    latest = manager.index.latest
+    if latest is None:
+        logger.info("Continuing run %r at %s (no committed checkpoint yet; attempt %d)",
+                    name, run.display(), manager.index.attempts + 1)
+    else:
+        logger.info("Continuing run %r at %s from checkpoint %s (report %d)", name,
+                    run.display(), latest.dir_name, latest.report_index)
 
 
 def _next_from_history(metrics: StorageLocation, retry: RetryPolicy) -> int:

@@ -1,0 +1,176 @@
+"""What a worker's ``report()`` may hand Cairn to keep: checks on checkpoint locations.
+
+Called in the worker, at ``report()``, so a bad checkpoint is refused where the mistake was
+made and before anything is written (contract items 5, 12 and 13):
+
+* :func:`check_reference` for a NO_UPLOAD checkpoint. A reference is data Cairn may later
+  forget or (when the user asks) delete, so it may not contain Cairn's own data: not the
+  run directory, not one of its ancestors (the storage root holds other runs), not the
+  run's ``metrics/`` or ``events/``, not another checkpoint's directory (a direct child of
+  the run holding a manifest), nothing inside those, and no directory holding a manifest
+  anywhere below it. Its location must be one a new process can reach again: a URI, or a
+  path on the run's own storage filesystem, which is then recorded as a path on that
+  filesystem. A URI it persists may not carry credentials.
+* :func:`check_upload_source` for a SYNC or ASYNC checkpoint: its local directory may not
+  contain the run's storage, or the upload would copy the run into itself and the
+  deletion after upload would remove the run ("the experiment directory is contained
+  within the checkpoint path", as Ray Train says).
+* :func:`check_persisted_uri` for any URI Cairn is about to write to storage.
+
+The checks read storage only to look for manifests (one listing of the reference) and
+otherwise decide from the locations alone.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cairn._src.errors import ReportError
+from cairn._src.run.layout import EVENTS_DIR, MANIFEST_NAME, METRICS_DIR
+from cairn._src.storage.fileio import exists, list_files
+from cairn._src.storage.location import StorageLocation, local_root
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.uris import credentials_in, public_uri
+
+__all__ = ["check_persisted_uri", "check_reference", "check_upload_source", "rebind_to_run"]
+
+_CREDENTIAL_HINT = (
+    "Cairn writes this URI to the run's storage, and credentials never reach storage: give "
+    "the credentials through the environment (for S3: AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY), a credential chain (a profile, an instance role), or a URI "
+    "scheme registered with cairn.storage.register_scheme() whose factory reads them, and "
+    "pass the URI without them"
+)
+
+
+def check_persisted_uri(uri: str, *, what: str) -> None:
+    """Raise :class:`ReportError` when ``uri`` (which Cairn must persist) carries
+    credentials. ``what`` names the argument in the message; the message shows only the
+    credential-free form of the URI."""
+    found = credentials_in(uri)
+    if found:
+        raise ReportError(
+            f"{what} is {public_uri(uri)!r} with {' and '.join(found)}. {_CREDENTIAL_HINT} "
+            f"({public_uri(uri)!r})."
+        )
+
+
+def check_reference(
+    location: StorageLocation, run: StorageLocation, retry: RetryPolicy, *, what: str
+) -> StorageLocation:
+    """The location to register for a NO_UPLOAD checkpoint at ``location``, or raise.
+
+    ``run`` is the run directory; ``what`` describes the report for messages (for example
+    ``"report(checkpoint=Checkpoint('/data/x'), checkpoint_upload_mode=NO_UPLOAD)"``).
+    A location on the run's own storage filesystem (the same object, a copy of it, or one
+    whose ``equals()`` says so) comes back rebound to the run's store, so that it is
+    recorded as a path there even without a URI. Raises :class:`ReportError` for a
+    location no new process could reach, one with credentials in its URI, and one that
+    contains or lies inside Cairn's own data (see the module docstring).
+    """
+    if location.uri is None:
+        location = rebind_to_run(location, run, what=what)
+    elif location.in_process:
+        raise ReportError(
+            f"{what} is in an in-process store ({location.display()}): a restarted driver "
+            "would find it empty. Put the checkpoint on the run's storage, on a local "
+            "directory or remote URI, or under a URI scheme registered with "
+            "cairn.storage.register_scheme() whose store lives outside this process."
+        )
+    else:
+        check_persisted_uri(location.uri, what=f"{what}: the checkpoint's URI")
+    _check_not_cairn_data(location, run, retry, what=what)
+    return location
+
+
+def rebind_to_run(location: StorageLocation, run: StorageLocation, *,
+                  what: str) -> StorageLocation:
+    """``location`` (which has no URI) as a location on ``run``'s store object, or raise
+    :class:`ReportError` when it is on another filesystem object."""
+    if not run.same_store(location):
+        raise ReportError(
+            f"{what} ({location.display()}) is on a filesystem object that is not the run's "
+            "storage and has no URI, so Cairn could not reach it again after a driver "
+            "restart. Use the run's own storage filesystem (Checkpoint(path, filesystem="
+            "cairn.get_context().get_storage().storage_filesystem)), or a URI under a "
+            "scheme registered with cairn.storage.register_scheme()."
+        )
+    return run.with_path(location.path)
+
+
+def _check_not_cairn_data(
+    location: StorageLocation, run: StorageLocation, retry: RetryPolicy, *, what: str
+) -> None:
+    shown = location.display()
+    if location.contains(run):
+        relation = "is the run directory" if run.contains(location) else (
+            "is an ancestor of the run directory (the storage root holds this and other runs)")
+        raise _cairn_data_error(what, shown, f"{relation} {run.display()}")
+    for name in (METRICS_DIR, EVENTS_DIR):
+        own = run.join(name)
+        if own.contains(location):
+            raise _cairn_data_error(
+                what, shown, f"lies in the run's {name}/ directory, where Cairn keeps the "
+                f"run's {'metrics history' if name == METRICS_DIR else 'event log'}")
+    first = _first_component_below(run, location) if run.contains(location) else None
+    if first is not None and exists(run.join(first, MANIFEST_NAME), retry):
+        exact = _path(location).rstrip("/") == f"{_path(run).rstrip('/')}/{first}"
+        relation = "is" if exact else "lies inside"
+        raise _cairn_data_error(
+            what, shown, f"{relation} the directory of checkpoint {first!r}, which Cairn "
+            "committed and may delete")
+    manifests = sorted(name for name in list_files(location, retry)
+                       if name == MANIFEST_NAME or name.endswith("/" + MANIFEST_NAME))
+    if manifests:
+        raise _cairn_data_error(
+            what, shown, f"holds Cairn's checkpoint manifest {manifests[0]!r}: it is, or "
+            "contains, a checkpoint Cairn committed")
+
+
+def _first_component_below(run: StorageLocation, location: StorageLocation) -> str | None:
+    """The name of the run-directory entry ``location`` lies in (``run.contains`` holds)."""
+    mine, theirs = _path(run).rstrip("/"), _path(location)
+    if not theirs.startswith(mine + "/"):
+        return None
+    return theirs[len(mine) + 1:].split("/")[0]
+
+
+def _path(location: StorageLocation) -> str:
+    root = local_root(location.filesystem)
+    if root is None:
+        return location.path
+    os_path = f"{root}/{location.path.lstrip('/')}" if root else location.path
+    return os.path.realpath(os_path)
+
+
+def _cairn_data_error(what: str, shown: str, why: str) -> ReportError:
+    return ReportError(
+        f"{what}: {shown} {why}. A NO_UPLOAD checkpoint is the user's own data, which Cairn "
+        "may forget or delete with the checkpoint, so it may not contain Cairn's data. "
+        "Write the checkpoint to a directory of its own, outside the run's metrics/, "
+        "events/ and checkpoint directories (for example a new directory named after the "
+        "report inside the run: cairn.get_context().get_storage()"
+        ".build_checkpoint_path_from_name(name))."
+    )
+
+
+def check_upload_source(checkpoint: StorageLocation, run: StorageLocation, *,
+                        what: str) -> None:
+    """Raise :class:`ReportError` when the checkpoint directory of a SYNC or ASYNC report
+    contains the run's storage (it is the run directory or an ancestor of it).
+
+    Only a local directory can contain local storage; anything else passes (a checkpoint
+    that is not local is refused by the upload itself, with its own message).
+    """
+    if local_root(run.filesystem) is None or local_root(checkpoint.filesystem) is None:
+        return
+    source = _path(checkpoint)
+    run_dir = _path(run)
+    if run_dir == source or run_dir.startswith(source.rstrip("/") + "/"):
+        raise ReportError(
+            f"{what}: the experiment directory is contained within the checkpoint path "
+            f"({source!r} contains the run directory {run_dir!r}). Uploading it would copy "
+            "the run into itself, and deleting it after the upload would delete the run. "
+            "Write the checkpoint to its own directory outside the storage path (for "
+            "example tempfile.mkdtemp()) and report that."
+        )
