@@ -103,9 +103,10 @@ def _check_not_cairn_data(
 ) -> None:
     shown = location.display()
     if location.contains(run):
-        relation = "is the run directory" if run.contains(location) else (
-            "is an ancestor of the run directory (the storage root holds this and other runs)")
-        raise _cairn_data_error(what, shown, f"{relation} {run.display()}")
+        relation = (f"is the run directory {run.display()}" if run.contains(location) else
+                    f"is an ancestor of the run directory {run.display()} (the storage root "
+                    "holds this and other runs)")
+        raise _cairn_data_error(what, shown, relation)
     for name in (METRICS_DIR, EVENTS_DIR):
         own = run.join(name)
         if own.contains(location):
