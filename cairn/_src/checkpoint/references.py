@@ -50,8 +50,7 @@ def check_persisted_uri(uri: str, *, what: str) -> None:
     found = credentials_in(uri)
     if found:
         raise ReportError(
-            f"{what} is {public_uri(uri)!r} with {' and '.join(found)}. {_CREDENTIAL_HINT} "
-            f"({public_uri(uri)!r})."
+            f"{what} is {public_uri(uri)!r} with {' and '.join(found)}. {_CREDENTIAL_HINT}."
         )
 
 
