@@ -189,3 +189,32 @@ def test_upload_sources_holding_the_run_are_refused(tmp_path: Path) -> None:
     check_upload_source(resolve(f"{run.path}/fresh"), run, what="r")
     # Remote storage cannot be inside a local directory.
     check_upload_source(resolve("/"), resolve("memory://bucket/run"), what="r")
+
+
+def _report_on_foreign_filesystem(config: dict[str, Any]) -> None:
+    import fsspec
+    import pyarrow.fs as pafs
+
+    os.makedirs(os.path.join(config["root"], "ckpt"), exist_ok=True)
+    with open(os.path.join(config["root"], "ckpt", "m.bin"), "wb") as f:
+        f.write(b"m")
+    foreign = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(
+        "dir", path=config["root"], fs=fsspec.filesystem("file"))))
+    cairn.report({}, Checkpoint("ckpt", filesystem=foreign),
+                 checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD).wait()
+
+
+def test_a_reference_on_a_foreign_filesystem_object_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "foreign").mkdir()
+    with pytest.raises(cairn.TrainingFailedError) as info:
+        cairn.Trainer(_report_on_foreign_filesystem,
+                      train_loop_config={"root": str(tmp_path / "foreign")},
+                      run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path / "s"))
+                      ).fit()
+    message = str(info.value)
+    assert ("is on a filesystem object that is not the run's storage and has no URI, so Cairn "
+            "could not reach it again after a driver restart. Use the run's own storage "
+            "filesystem (Checkpoint(path, filesystem=cairn.get_context().get_storage()"
+            ".storage_filesystem)), or a URI under a scheme registered with "
+            "cairn.storage.register_scheme().") in message
+    assert "zero-argument factory" not in message
