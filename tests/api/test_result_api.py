@@ -163,3 +163,16 @@ def test_result_on_s3_is_a_path_inside_its_filesystem(
     missing = uri.replace("/results-", "/missing-")
     with pytest.raises(RuntimeError, match=r"Experiment folder .* doesn't exist!"):
         Result.from_path(missing)
+
+
+def test_result_uri_carries_no_credentials(s3_uri_factory: Callable[[str], str]) -> None:
+    uri = s3_uri_factory("secret").replace("s3://", "s3://testing:TOPSECRETVALUE@")
+    result = Trainer(api_workloads.scored_checkpoints, train_loop_config={"iterations": 1},
+                     scaling_config=ScalingConfig(num_workers=1),
+                     run_config=RunConfig(name="run", storage_path=uri)).fit()
+    assert result.uri is not None and "TOPSECRETVALUE" not in result.uri
+    assert "TOPSECRETVALUE" not in repr(result)
+    assert result.uri.startswith(uri.split("?")[0].replace("testing:TOPSECRETVALUE@", "")
+                                 + "/run?")
+    # It still names the run: the credentials come from the environment.
+    assert Result.from_path(result.uri).checkpoint is not None

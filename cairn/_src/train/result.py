@@ -24,6 +24,7 @@ from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.uris import public_uri
 
 if TYPE_CHECKING:
     import pandas
@@ -250,8 +251,7 @@ def build_result(
                           for r in ordered],
         _storage_filesystem=run.filesystem,
         return_value=return_value,
-        # The URI without credentials (the display form redacts them).
-        uri=run.display() if run.uri is not None else None,
+        uri=public_uri(run.uri) if run.uri is not None else None,
         _run=run,
         _retry=retry,
     )
