@@ -3,8 +3,9 @@
 It lives in the driver process. One thread (the caller of ``fit()``) runs an event loop
 that waits, without polling, on the workers' connections, on their exit notifications and
 on a wake-up pipe fed by two helper threads: the acceptor (authenticated connections of
-new workers) and the committer (checkpoint commits, in report order, off the loop so
-storage latency never delays another rank's message).
+new workers, :mod:`connections`) and the committer (checkpoint commits, in report order,
+off the loop so storage latency never delays another rank's message,
+:mod:`commit_pipeline`). Every state change goes through the one :class:`StateMachine`.
 
 Policies decide (retention, failures), the controller acts.
 """
@@ -13,20 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import secrets
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import (
-    Connection,
-    Listener,
-    answer_challenge,
-    deliver_challenge,
-    wait,
-)
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import cloudpickle
@@ -34,11 +25,13 @@ import cloudpickle
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
 from cairn._src.errors import ConfigError, ReportError, WorkerGroupError
-from cairn._src.execution.backend import WorkerHandle, make_backend
+from cairn._src.execution.attempt import Attempt, placement
+from cairn._src.execution.backend import make_backend
+from cairn._src.execution.commit_pipeline import CommitPipeline
+from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
-from cairn._src.execution.local_backend import Bootstrap, abort_connection, disable_nagle
+from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
-    CheckpointView,
     CommittedMessage,
     DoneMessage,
     ErrorMessage,
@@ -51,7 +44,7 @@ from cairn._src.execution.messages import (
     UploadFailedMessage,
 )
 from cairn._src.execution.progress import check_progress
-from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker, describe_ranks
+from cairn._src.execution.reports import ReportTracker, describe_ranks
 from cairn._src.execution.state import ControllerState, StateMachine
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures
 from cairn._src.run.segment_log import SegmentLog
@@ -64,8 +57,6 @@ logger = logging.getLogger(__name__)
 _FAILURE_GRACE_S = 0.2
 _HISTORY_FLUSH_S = 1.0
 _LAST_MESSAGE_GRACE_S = 2.0
-_HANDSHAKE_TIMEOUT_S = 10.0
-_MESSAGES_PER_WAKE = 1000
 # Workers that have not connected by then are reported (a node that cannot reach the
 # controller, an interpreter that hangs while importing).
 _WORKER_START_TIMEOUT_S = 300.0
@@ -90,27 +81,6 @@ class RunOutcome:
     last_metrics: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class _Attempt:
-    number: int
-    tracker: ReportTracker
-    resume: CheckpointView | None
-    first_report_index: int
-    started_at: float
-    workers: list[WorkerHandle] = field(default_factory=list)
-    connections: dict[int, Connection] = field(default_factory=dict)
-    connected: set[int] = field(default_factory=set)
-    skipped_dirs: dict[int, str] = field(default_factory=dict)
-    done: dict[int, DoneMessage] = field(default_factory=dict)
-    failures: list[WorkerFailure] = field(default_factory=list)
-    fatal: bool = False
-    commits_in_flight: int = 0
-    first_report_seen: bool = False
-    train_started: bool = False
-    announced_dirs: set[str] = field(default_factory=set)
-    last_commit_t: float | None = None
-
-
 def _pickle_registrations() -> bytes:
     registrations = export_registrations()
     for scheme, factory in registrations.items():
@@ -125,18 +95,6 @@ def _pickle_registrations() -> bytes:
                 "through the 'cairn.storage' entry point."
             ) from exc
     return bytes(cloudpickle.dumps(registrations))
-
-
-def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:
-    """rank -> (local rank, local world size, node rank); nodes numbered by lowest rank."""
-    by_node: dict[str, list[int]] = {}
-    for worker in sorted(workers, key=lambda w: w.rank):
-        by_node.setdefault(worker.node_id, []).append(worker.rank)
-    result = {}
-    for node_rank, ranks in enumerate(by_node.values()):
-        for local_rank, rank in enumerate(ranks):
-            result[rank] = (local_rank, len(ranks), node_rank)
-    return result
 
 
 class Controller:
@@ -162,13 +120,10 @@ class Controller:
         self._next_report_index = next_report_index
         self._policy = FailurePolicy(run_config.failure_config.max_failures)
         self._machine = StateMachine()
-        self._authkey = secrets.token_bytes(32)
         self._backend = make_backend(scaling, run_config)
-        self._listener = Listener((self._backend.bind_host, 0))
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._wake_r, self._wake_w = os.pipe()
-        self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
-        self._closing = False
+        self._channels = WorkerChannels(self._backend.bind_host)
+        self._commits = CommitPipeline(manager, events, run_config, self._channels.post,
+                                       self._channels.broadcast)
         self._last_metrics: dict[str, Any] = {}
         self._payload = (
             cloudpickle.dumps(spec.train_fn),
@@ -178,86 +133,16 @@ class Controller:
             cloudpickle.dumps(spec.setup_hooks),
             cloudpickle.dumps(spec.teardown_hooks),
         )
-        self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
-                                          daemon=True)
-        self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
-                                           daemon=True)
 
     @property
     def state(self) -> ControllerState:
         return self._machine.state
 
-    # --- helper threads ------------------------------------------------------------------
-
-    def _post(self, kind: str, payload: Any) -> None:
-        self._inbox.put((kind, payload))
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                # The listener has no authkey: the handshake runs on a thread of its own,
-                # with a deadline, so a peer that connects and says nothing (a port scan on
-                # a cluster node) cannot hold up the workers behind it.
-                connection = self._listener.accept()
-            except OSError:
-                if self._closing:
-                    return
-                continue
-            if self._closing:
-                connection.close()
-                return
-            threading.Thread(target=self._handshake, args=(connection,),
-                             name="cairn-handshake", daemon=True).start()
-
-    def _handshake(self, connection: Connection) -> None:
-        deadline = threading.Timer(_HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
-        deadline.start()
-        try:
-            deliver_challenge(connection, self._authkey)
-            answer_challenge(connection, self._authkey)
-            disable_nagle(connection)
-            hello = connection.recv()
-        except Exception as exc:
-            connection.close()
-            if not self._closing:
-                # A peer without the run's secret, or one that stalled or hung up.
-                logger.warning("Refused a connection to the controller: %s", exc)
-            return
-        finally:
-            deadline.cancel()
-        self._post("connection", (connection, hello))
-
-    def _commit_loop(self) -> None:
-        while True:
-            item = self._commits.get()
-            if item is None:
-                return
-            ready, attempt = item
-            try:
-                outcome = self._manager.commit(ready, attempt=attempt)
-            except BaseException as exc:
-                logger.error("Commit of report %d failed: %s", ready.index, exc)
-                self._post("committed", (ready, None, exc))
-                continue
-            self._post("committed", (ready, outcome, None))
-            # After the workers hear of the commit: the event log (a driver killed later
-            # still leaves the timeline up to its last checkpoint), then the deletions
-            # retention decided, which the written index no longer references.
-            try:
-                self._events.flush()
-            except Exception:
-                logger.warning("Could not flush the event log", exc_info=True)
-            self._manager.delete_dropped(outcome.dropped)
-
     # --- the run -------------------------------------------------------------------------
 
     def run(self) -> RunOutcome:
-        self._acceptor.start()
-        self._committer.start()
+        self._channels.start()
+        self._commits.start()
         self._events.append({"type": "session_start", "t": time.time()})
         try:
             return self._run_attempts()
@@ -287,7 +172,7 @@ class Controller:
                 return RunOutcome(error=error, last_metrics=self._last_metrics)
             self._machine.transition(ControllerState.RESTARTING, failure.reason.splitlines()[0])
 
-    def _start_attempt(self) -> _Attempt:
+    def _start_attempt(self) -> Attempt:
         index = self._manager.index
         number = index.attempts
         resume = self._manager.choose_resume()
@@ -300,7 +185,7 @@ class Controller:
         # of checkpoints committed by reference: an upload there would overwrite them.
         used = {r.dir_name for r in self._manager.index.checkpoints}
         used |= self._manager.names_holding_references()
-        attempt = _Attempt(
+        attempt = Attempt(
             number=number,
             tracker=ReportTracker(self._scaling.num_workers, used_dir_names=used),
             resume=resume,
@@ -312,13 +197,14 @@ class Controller:
         self._events.flush()
         logger.info("Attempt %d: %d workers, resuming from %s", number,
                     self._scaling.num_workers, resume.dir_name if resume else "scratch")
-        port = self._listener.address[1]
+        port = self._channels.port
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
-        bootstrap = Bootstrap((self._backend.advertise_host(), port), self._authkey, number)
+        bootstrap = Bootstrap((self._backend.advertise_host(), port), self._channels.authkey,
+                              number)
         attempt.workers = self._backend.start(self._scaling.num_workers, bootstrap, env=env)
         return attempt
 
-    def _setup_message(self, attempt: _Attempt, rank: int) -> SetupMessage:
+    def _setup_message(self, attempt: Attempt, rank: int) -> SetupMessage:
         train_fn, config, _, retry, hooks, teardown = self._payload
         checkpoint_config = self._run_config.checkpoint_config
         local_rank, local_world_size, node_rank = placement(attempt.workers)[rank]
@@ -346,7 +232,7 @@ class Controller:
 
     # --- the event loop ------------------------------------------------------------------
 
-    def _loop(self, attempt: _Attempt) -> AttemptFailure | None:
+    def _loop(self, attempt: Attempt) -> AttemptFailure | None:
         timeout_s = self._run_config.failure_config.collective_timeout_s
         exited: set[int] = set()
         failure_deadline: float | None = None
@@ -356,9 +242,10 @@ class Controller:
             connections = {c: r for r, c in attempt.connections.items()}
             now = time.monotonic()
             deadline = min(d for d in (failure_deadline, next_flush, now + 1.0) if d is not None)
-            ready = wait([self._wake_r, *connections, *watchers], max(0.0, deadline - now))
-            if self._wake_r in ready:
-                os.read(self._wake_r, 4096)
+            wake_r = self._channels.wake_r
+            ready = wait([wake_r, *connections, *watchers], max(0.0, deadline - now))
+            if wake_r in ready:
+                os.read(wake_r, 4096)
             self._drain_inbox(attempt)
             for item in ready:
                 if item in connections:
@@ -404,7 +291,7 @@ class Controller:
             if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
                 return None
 
-    def _check_started(self, attempt: _Attempt) -> None:
+    def _check_started(self, attempt: Attempt) -> None:
         if len(attempt.connected) == len(attempt.workers):
             return
         if time.time() - attempt.started_at > _WORKER_START_TIMEOUT_S:
@@ -414,7 +301,7 @@ class Controller:
                 summary=f"{describe_ranks(missing)} did not connect to the controller within "
                 f"{_WORKER_START_TIMEOUT_S:g}s of starting"))
 
-    def _check_progress(self, attempt: _Attempt, timeout_s: float) -> None:
+    def _check_progress(self, attempt: Attempt, timeout_s: float) -> None:
         problem = check_progress(attempt.tracker, attempt.done,
                                  num_workers=len(attempt.workers), timeout_s=timeout_s)
         if problem is not None:
@@ -422,12 +309,9 @@ class Controller:
             attempt.failures.append(WorkerFailure(rank=problem.rank, summary=problem.summary,
                                                   traceback=""))
 
-    def _drain_inbox(self, attempt: _Attempt) -> None:
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+    def _drain_inbox(self, attempt: Attempt) -> None:
+        while (item := self._channels.next_item()) is not None:
+            kind, payload = item
             if kind == "connection":
                 connection, hello = payload
                 _, rank, _pid, number = hello
@@ -445,36 +329,14 @@ class Controller:
                     self._events.append({"type": "workers_ready", "attempt": attempt.number,
                                          "t": time.time()})
             elif kind == "committed":
-                self._on_committed(attempt, *payload)
+                self._commits.on_committed(attempt, *payload)
 
-    def _read_connection(self, attempt: _Attempt, rank: int, connection: Connection, *,
+    def _read_connection(self, attempt: Attempt, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
-        try:
-            # Bounded, so one chatty rank cannot hold up the others' exits and commits;
-            # after the worker exited, everything it sent is read.
-            read = 0
-            while (everything or read < _MESSAGES_PER_WAKE) and connection.poll():
-                self._handle(attempt, connection.recv())
-                read += 1
-        except (EOFError, OSError):
-            attempt.connections.pop(rank, None)
-            connection.close()
-            if rank not in attempt.done and not any(f.rank == rank for f in attempt.failures):
-                attempt.failures.append(self._describe_lost(attempt, rank))
+        self._channels.read(attempt, rank, connection,
+                            lambda message: self._handle(attempt, message), everything=everything)
 
-    def _describe_lost(self, attempt: _Attempt, rank: int) -> WorkerFailure:
-        """A worker's connection closed without Done: say how its process ended."""
-        worker = next(w for w in attempt.workers if w.rank == rank)
-        # A dying process closes its socket a moment before it can be reaped.
-        if not worker.wait_exit(0.5):
-            return WorkerFailure(rank=rank, traceback="",
-                                 summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
-                                 "connection to the controller")
-        return WorkerFailure(rank=rank, traceback="",
-                             summary=f"Worker rank {rank} (pid {worker.pid}) "
-                             f"{worker.describe_exit()}")
-
-    def _handle(self, attempt: _Attempt, message: object) -> None:
+    def _handle(self, attempt: Attempt, message: object) -> None:
         if isinstance(message, ReportMessage):
             self._on_report(attempt, message)
         elif isinstance(message, UploadedMessage):
@@ -505,22 +367,11 @@ class Controller:
                 traceback=message.traceback, exception=message.exception,
             ))
 
-    def _send(self, attempt: _Attempt, rank: int, message: object) -> None:
-        """Send to one worker; a worker gone meanwhile becomes that rank's failure."""
-        connection = attempt.connections.get(rank)
-        if connection is None:
-            return
-        try:
-            connection.send(message)
-        except OSError:
-            attempt.connections.pop(rank, None)
-            connection.close()
-            if rank not in attempt.done and not any(f.rank == rank for f in attempt.failures):
-                attempt.failures.append(self._describe_lost(attempt, rank))
+    def _send(self, attempt: Attempt, rank: int, message: object) -> None:
+        self._channels.send(attempt, rank, message)
 
-    def _broadcast(self, attempt: _Attempt, message: object) -> None:
-        for rank in list(attempt.connections):
-            self._send(attempt, rank, message)
+    def _broadcast(self, attempt: Attempt, message: object) -> None:
+        self._channels.broadcast(attempt, message)
 
     def _flush_logs(self) -> None:
         """Persist the metrics history and event log; a storage error is logged, not fatal
@@ -534,7 +385,7 @@ class Controller:
                 logger.warning("Could not write a run log; retrying with the next flush",
                                exc_info=True)
 
-    def _on_report(self, attempt: _Attempt, message: ReportMessage) -> None:
+    def _on_report(self, attempt: Attempt, message: ReportMessage) -> None:
         self._next_report_index = max(self._next_report_index, message.index + 1)
         if not attempt.first_report_seen:
             attempt.first_report_seen = True
@@ -568,7 +419,7 @@ class Controller:
             self._send(attempt, verdict.rank, reply)
         self._enqueue_ready(attempt)
 
-    def _enqueue_ready(self, attempt: _Attempt) -> None:
+    def _enqueue_ready(self, attempt: Attempt) -> None:
         try:
             ready_list = attempt.tracker.take_ready()
         except ReportError as exc:
@@ -576,32 +427,9 @@ class Controller:
             attempt.failures.append(WorkerFailure(rank=0, summary=str(exc), traceback=""))
             return
         for ready in ready_list:
-            attempt.commits_in_flight += 1
-            self._commits.put((ready, attempt.number))
+            self._commits.submit(attempt, ready)
 
-    def _on_committed(self, attempt: _Attempt, ready: ReadyCheckpoint, outcome: Any,
-                      error: BaseException | None) -> None:
-        attempt.commits_in_flight -= 1
-        if error is not None:
-            attempt.failures.append(WorkerFailure(
-                rank=min(ready.ranks), traceback="",
-                summary=f"Commit of checkpoint {ready.dir_name} failed: {error}"))
-            message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
-        else:
-            attempt.last_commit_t = time.time()
-            holder = self._manager.entry_holding(outcome.view.data)
-            if holder is not None:
-                attempt.tracker.mark_used(holder)
-            self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
-                                 "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
-            message = CommittedMessage(ready.index, outcome.view)
-            for callback in self._run_config.callbacks:
-                hook = getattr(callback, "on_checkpoint", None)
-                if hook is not None:
-                    hook(outcome.view.dir_name, ready.metrics)
-        self._broadcast(attempt, message)
-
-    def _on_upload_failed(self, attempt: _Attempt, message: UploadFailedMessage) -> None:
+    def _on_upload_failed(self, attempt: Attempt, message: UploadFailedMessage) -> None:
         if self._run_config.checkpoint_config.upload_failure_policy != "skip":
             # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
             # next report(), while training goes on past a lost checkpoint.
@@ -624,24 +452,18 @@ class Controller:
 
     # --- ends of attempts ----------------------------------------------------------------
 
-    def _wait_for_commits(self, attempt: _Attempt) -> None:
+    def _wait_for_commits(self, attempt: Attempt) -> None:
         while attempt.commits_in_flight > 0:
-            wait([self._wake_r], 1.0)
-            try:
-                os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
-            while True:
-                try:
-                    kind, payload = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
+            wait([self._channels.wake_r], 1.0)
+            self._channels.clear_wake()
+            while (item := self._channels.next_item()) is not None:
+                kind, payload = item
                 if kind == "committed":
-                    self._on_committed(attempt, *payload)
+                    self._commits.on_committed(attempt, *payload)
                 elif kind == "connection":
                     payload[0].close()
 
-    def _end_failed_attempt(self, attempt: _Attempt, failure: AttemptFailure) -> BaseException:
+    def _end_failed_attempt(self, attempt: Attempt, failure: AttemptFailure) -> BaseException:
         self._backend.kill()
         for connection in attempt.connections.values():
             connection.close()
@@ -664,7 +486,7 @@ class Controller:
                 hook(error)
         return error
 
-    def _finish(self, attempt: _Attempt) -> RunOutcome:
+    def _finish(self, attempt: Attempt) -> RunOutcome:
         self._backend.shutdown(grace_s=5.0)
         for connection in attempt.connections.values():
             connection.close()
@@ -674,24 +496,15 @@ class Controller:
         return RunOutcome(return_value=value, last_metrics=self._last_metrics)
 
     def _close(self) -> None:
-        self._closing = True
-        try:
-            # accept() does not return when the listener closes under it: knock once.
-            socket.create_connection(("127.0.0.1", self._listener.address[1]), 5).close()
-        except OSError:
-            pass
-        self._acceptor.join(5.0)
-        self._commits.put(None)
-        self._committer.join()
+        self._channels.stop_accepting()
+        self._commits.close()
         try:
             self._backend.kill()
         finally:
-            self._listener.close()
             self._events.append({"type": "session_end", "t": time.time()})
             for log in (self._history, self._events):
                 try:
                     log.flush()
                 except Exception:
                     logger.warning("Could not flush a run log", exc_info=True)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._channels.close()

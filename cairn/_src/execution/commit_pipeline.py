@@ -1,0 +1,100 @@
+"""The commit pipeline: checkpoints every rank uploaded are committed in report order.
+
+Commits run on one named thread fed by a queue (``None`` stops it), off the controller
+loop, so storage latency never delays another rank's message. Each result goes back to the
+loop through ``post("committed", ...)``; the loop then calls
+:meth:`CommitPipeline.on_committed`, which tells the workers and the callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.config import RunConfig
+from cairn._src.execution.attempt import Attempt
+from cairn._src.execution.messages import CommittedMessage
+from cairn._src.execution.reports import ReadyCheckpoint
+from cairn._src.execution.worker_errors import WorkerFailure
+from cairn._src.run.segment_log import SegmentLog
+
+logger = logging.getLogger(__name__)
+
+
+class CommitPipeline:
+    """The commit thread and the loop's handling of its results."""
+
+    def __init__(self, manager: CheckpointManager, events: SegmentLog, run_config: RunConfig,
+                 post: Callable[[str, Any], None],
+                 broadcast: Callable[[Attempt, object], None]) -> None:
+        self._manager = manager
+        self._events = events
+        self._run_config = run_config
+        self._post = post
+        self._broadcast = broadcast
+        self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
+        self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
+                                           daemon=True)
+
+    def start(self) -> None:
+        self._committer.start()
+
+    def submit(self, attempt: Attempt, ready: ReadyCheckpoint) -> None:
+        """Queue a checkpoint every rank uploaded (the loop's thread)."""
+        attempt.commits_in_flight += 1
+        self._commits.put((ready, attempt.number))
+
+    def close(self) -> None:
+        """Stop the commit thread after the commits already queued."""
+        self._commits.put(None)
+        self._committer.join()
+
+    def _commit_loop(self) -> None:
+        while True:
+            item = self._commits.get()
+            if item is None:
+                return
+            ready, attempt = item
+            try:
+                outcome = self._manager.commit(ready, attempt=attempt)
+            except BaseException as exc:
+                logger.error("Commit of report %d failed: %s", ready.index, exc)
+                self._post("committed", (ready, None, exc))
+                continue
+            self._post("committed", (ready, outcome, None))
+            # After the workers hear of the commit: the event log (a driver killed later
+            # still leaves the timeline up to its last checkpoint), then the deletions
+            # retention decided, which the written index no longer references.
+            try:
+                self._events.flush()
+            except Exception:
+                logger.warning("Could not flush the event log", exc_info=True)
+            self._manager.delete_dropped(outcome.dropped)
+
+    def on_committed(self, attempt: Attempt, ready: ReadyCheckpoint, outcome: Any,
+                     error: BaseException | None) -> None:
+        """A commit's result, on the loop's thread: tell the workers and the callbacks."""
+        attempt.commits_in_flight -= 1
+        if error is not None:
+            attempt.failures.append(WorkerFailure(
+                rank=min(ready.ranks), traceback="",
+                summary=f"Commit of checkpoint {ready.dir_name} failed: {error}"))
+            message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
+        else:
+            attempt.last_commit_t = time.time()
+            holder = self._manager.entry_holding(outcome.view.data)
+            if holder is not None:
+                attempt.tracker.mark_used(holder)
+            self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
+                                 "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
+            message = CommittedMessage(ready.index, outcome.view)
+            for callback in self._run_config.callbacks:
+                hook = getattr(callback, "on_checkpoint", None)
+                if hook is not None:
+                    hook(outcome.view.dir_name, ready.metrics)
+        self._broadcast(attempt, message)

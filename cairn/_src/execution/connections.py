@@ -1,0 +1,180 @@
+"""The controller's connections to its workers.
+
+An acceptor thread takes connections on the controller's listener and authenticates each
+on a handshake thread of its own, with a deadline; authenticated connections, like the
+commit thread's results, reach the controller loop through :meth:`WorkerChannels.post`:
+an inbox and a wake-up pipe the loop waits on without polling.
+
+Sends and reads run on the controller loop's thread only; a worker whose connection
+breaks becomes that rank's failure in its attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
+from typing import Any
+
+from cairn._src.execution.attempt import Attempt
+from cairn._src.execution.local_backend import abort_connection, disable_nagle
+from cairn._src.execution.worker_errors import WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+_HANDSHAKE_TIMEOUT_S = 10.0
+_MESSAGES_PER_WAKE = 1000
+
+
+class WorkerChannels:
+    """The listener, its acceptor thread, the loop's inbox and wake-up pipe, and sends."""
+
+    def __init__(self, bind_host: str) -> None:
+        self.authkey = secrets.token_bytes(32)
+        self._listener = Listener((bind_host, 0))
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.wake_r, self._wake_w = os.pipe()
+        self._closing = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
+                                          daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.address[1])
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    # --- helper threads ------------------------------------------------------------------
+
+    def post(self, kind: str, payload: Any) -> None:
+        """Hand an item to the controller loop and wake it (any thread)."""
+        self._inbox.put((kind, payload))
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def next_item(self) -> tuple[str, Any] | None:
+        """The next posted item, or None when the inbox is empty (the loop's thread)."""
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def clear_wake(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                # The listener has no authkey: the handshake runs on a thread of its own,
+                # with a deadline, so a peer that connects and says nothing (a port scan on
+                # a cluster node) cannot hold up the workers behind it.
+                connection = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                continue
+            if self._closing:
+                connection.close()
+                return
+            threading.Thread(target=self._handshake, args=(connection,),
+                             name="cairn-handshake", daemon=True).start()
+
+    def _handshake(self, connection: Connection) -> None:
+        deadline = threading.Timer(_HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
+        deadline.start()
+        try:
+            deliver_challenge(connection, self.authkey)
+            answer_challenge(connection, self.authkey)
+            disable_nagle(connection)
+            hello = connection.recv()
+        except Exception as exc:
+            connection.close()
+            if not self._closing:
+                # A peer without the run's secret, or one that stalled or hung up.
+                logger.warning("Refused a connection to the controller: %s", exc)
+            return
+        finally:
+            deadline.cancel()
+        self.post("connection", (connection, hello))
+
+    # --- the loop's side -----------------------------------------------------------------
+
+    def read(self, attempt: Attempt, rank: int, connection: Connection,
+             handle: Callable[[object], None], *, everything: bool = False) -> None:
+        """Hand the rank's waiting messages to ``handle``; a broken connection is the
+        rank's failure."""
+        try:
+            # Bounded, so one chatty rank cannot hold up the others' exits and commits;
+            # after the worker exited, everything it sent is read.
+            read = 0
+            while (everything or read < _MESSAGES_PER_WAKE) and connection.poll():
+                handle(connection.recv())
+                read += 1
+        except (EOFError, OSError):
+            attempt.connections.pop(rank, None)
+            connection.close()
+            if rank not in attempt.done and not attempt.has_failure(rank):
+                attempt.failures.append(describe_lost(attempt, rank))
+
+    def send(self, attempt: Attempt, rank: int, message: object) -> None:
+        """Send to one worker; a worker gone meanwhile becomes that rank's failure."""
+        connection = attempt.connections.get(rank)
+        if connection is None:
+            return
+        try:
+            connection.send(message)
+        except OSError:
+            attempt.connections.pop(rank, None)
+            connection.close()
+            if rank not in attempt.done and not attempt.has_failure(rank):
+                attempt.failures.append(describe_lost(attempt, rank))
+
+    def broadcast(self, attempt: Attempt, message: object) -> None:
+        for rank in list(attempt.connections):
+            self.send(attempt, rank, message)
+
+    # --- closing -------------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        self._closing = True
+        try:
+            # accept() does not return when the listener closes under it: knock once.
+            socket.create_connection(("127.0.0.1", self.port), 5).close()
+        except OSError:
+            pass
+        self._acceptor.join(5.0)
+
+    def close(self) -> None:
+        """Close the listener and the wake-up pipe (after :meth:`stop_accepting`)."""
+        self._listener.close()
+        os.close(self.wake_r)
+        os.close(self._wake_w)
+
+
+def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:
+    """A worker's connection closed without Done: say how its process ended."""
+    worker = next(w for w in attempt.workers if w.rank == rank)
+    # A dying process closes its socket a moment before it can be reaped.
+    if not worker.wait_exit(0.5):
+        return WorkerFailure(rank=rank, traceback="",
+                             summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
+                             "connection to the controller")
+    return WorkerFailure(rank=rank, traceback="",
+                         summary=f"Worker rank {rank} (pid {worker.pid}) "
+                         f"{worker.describe_exit()}")
