@@ -37,8 +37,19 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.train.api import get_checkpoint, get_context, report
 from cairn._src.train.callbacks import Callback, UserCallback
 from cairn._src.train.context import TrainContext
+from cairn._src.train.reported import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+)
+from cairn._src.train.reported_api import get_all_reported_checkpoints
 from cairn._src.train.result import Result
 from cairn._src.train.trainer import Trainer
+from cairn._src.train.validation_config import (
+    ValidationConfig,
+    ValidationFn,
+    ValidationTaskConfig,
+)
 
 __version__ = "0.1.0"
 
@@ -48,6 +59,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointCollisionError",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
     "CheckpointNotFoundError",
     "CheckpointUploadMode",
     "ChecksumMismatchError",
@@ -60,6 +72,8 @@ __all__ = [
     "ManifestError",
     "ReportError",
     "ReportHandle",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "Result",
     "RetryPolicy",
     "RunConfig",
@@ -73,8 +87,12 @@ __all__ = [
     "UnknownSchemeError",
     "UnsafePathError",
     "UserCallback",
+    "ValidationConfig",
+    "ValidationFn",
+    "ValidationTaskConfig",
     "WorkerGroupError",
     "WorkerProcessError",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
     "report",

@@ -9,13 +9,15 @@ def test_exported_members() -> None:
     assert cairn.__all__ == sorted(cairn.__all__)
     assert cairn.__all__ == [
         "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
-        "CheckpointNotFoundError", "CheckpointUploadMode", "ChecksumMismatchError",
-        "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError", "ControllerError",
-        "FailureConfig", "GoodputSummary", "ManifestError", "ReportError", "ReportHandle",
-        "Result", "RetryPolicy", "RunConfig", "RunLeaseError", "RunNotFoundError",
-        "ScalingConfig", "StorageError", "TrainContext", "Trainer", "TrainingFailedError",
-        "UnknownSchemeError", "UnsafePathError", "UserCallback", "WorkerGroupError",
-        "WorkerProcessError", "get_checkpoint", "get_context", "report",
+        "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
+        "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
+        "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError", "ReportError",
+        "ReportHandle", "ReportedCheckpoint", "ReportedCheckpointStatus", "Result", "RetryPolicy",
+        "RunConfig", "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
+        "TrainContext", "Trainer", "TrainingFailedError", "UnknownSchemeError", "UnsafePathError",
+        "UserCallback", "ValidationConfig", "ValidationFn", "ValidationTaskConfig",
+        "WorkerGroupError", "WorkerProcessError", "get_all_reported_checkpoints", "get_checkpoint",
+        "get_context", "report",
     ]
     for name in cairn.__all__:
         assert getattr(cairn, name).__module__.startswith("cairn")

@@ -58,9 +58,10 @@ def test_ranks_merge_their_files() -> None:
 
 
 def test_two_ranks_writing_one_path_is_refused_before_the_second_writes() -> None:
+    # Different sizes: refused at once (equal sizes are compared by checksum at the merge).
     tracker = ReportTracker(3, used_dir_names=set())
     tracker.on_report(report(0, 1, {"shared/model.pt": 1}))
-    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 1}))
+    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 2}))
     assert {v.rank for v in verdicts} == {0, 2}
     error = verdicts[0].error
     assert isinstance(error, CheckpointCollisionError)

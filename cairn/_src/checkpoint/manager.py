@@ -15,6 +15,7 @@ Runs on the controller's commit thread; not thread-safe otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Collection
@@ -231,6 +232,36 @@ class CheckpointManager:
     def save_index(self, **changes: object) -> None:
         self.index = self.index.with_changes(**changes)
         write_index(self.run, self.index, self.retry)
+
+    def apply_validation(self, dir_name: str,
+                         metrics: dict[str, object]) -> tuple[CheckpointRecord, ...]:
+        """Merge a validation's ``metrics`` into a committed checkpoint and re-rank.
+
+        The manifest is rewritten first (atomically, so the checkpoint stays committed and a
+        rebuilt index has the metrics too), then the index, with retention applied to the
+        new scores. Returns the records retention dropped, for :meth:`delete_dropped`. A
+        checkpoint no longer in the index is left alone. Call on the commit thread.
+        """
+        record = self.index.find(dir_name)
+        if record is None:
+            return ()
+        merged = {**record.metrics, **metrics}
+        manifest_at = self.run.join(dir_name)
+        manifest = read_manifest(manifest_at, self.retry)
+        if manifest is not None and metrics:
+            write_manifest(manifest_at, dataclasses.replace(manifest, metrics=merged),
+                           self.retry)
+        updated = dataclasses.replace(record, metrics=merged)
+        records = [updated if r is record else r for r in self.index.checkpoints]
+        keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
+        kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
+        dropped = tuple(r for r, k in zip(records, keep, strict=True) if not k)
+        index = self.index.with_changes(checkpoints=kept)
+        write_index(self.run, index, self.retry)
+        self.index = index
+        logger.info("Validation metrics of %s merged; retention drops %s", dir_name,
+                    [r.dir_name for r in dropped] or "nothing")
+        return dropped
 
     # --- start-up and recovery ---------------------------------------------------------------
 

@@ -37,7 +37,8 @@ class CommitPipeline:
         self._run_config = run_config
         self._post = post
         self._broadcast = broadcast
-        self._commits: queue.Queue[tuple[ReadyCheckpoint, int] | None] = queue.Queue()
+        self._commits: queue.Queue[
+            tuple[ReadyCheckpoint, int] | Callable[[], None] | None] = queue.Queue()
         self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
                                            daemon=True)
 
@@ -49,6 +50,11 @@ class CommitPipeline:
         attempt.commits_in_flight += 1
         self._commits.put((ready, attempt.number))
 
+    def run_on_commit_thread(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the commit thread, after the commits already queued (a
+        validation result: the checkpoint manager has one writer)."""
+        self._commits.put(task)
+
     def close(self) -> None:
         """Stop the commit thread after the commits already queued."""
         self._commits.put(None)
@@ -59,6 +65,9 @@ class CommitPipeline:
             item = self._commits.get()
             if item is None:
                 return
+            if callable(item):
+                item()
+                continue
             ready, attempt = item
             try:
                 outcome = self._manager.commit(ready, attempt=attempt)

@@ -29,6 +29,7 @@ from cairn._src.execution.attempt import Attempt, placement
 from cairn._src.execution.backend import make_backend
 from cairn._src.execution.commit_pipeline import CommitPipeline
 from cairn._src.execution.connections import WorkerChannels
+from cairn._src.execution.controller_services import AttemptServices
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
@@ -44,10 +45,12 @@ from cairn._src.execution.messages import (
     UploadFailedMessage,
 )
 from cairn._src.execution.progress import check_progress
-from cairn._src.execution.reports import ReportTracker, describe_ranks
+from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker, Verdict, describe_ranks
 from cairn._src.execution.state import ControllerState, StateMachine
+from cairn._src.execution.validation_runner import ValidationRunner
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures
-from cairn._src.run.segment_log import SegmentLog
+from cairn._src.run.layout import EVENTS_DIR
+from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.registry import export_registrations
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class TrainSpec:
     # Called in the driver before each attempt: extra environment for its workers (for
     # example a fresh rendezvous port for torch.distributed).
     attempt_env: Callable[[int], dict[str, str]] | None = None
+    # Trainer(validation_config=...): a cairn.ValidationConfig, or None.
+    validation_config: Any = None
 
 
 @dataclass
@@ -124,6 +129,11 @@ class Controller:
         self._channels = WorkerChannels(self._backend.bind_host)
         self._commits = CommitPipeline(manager, events, run_config, self._channels.post,
                                        self._channels.broadcast)
+        self._validations = ValidationRunner(
+            spec.validation_config, manager, events, submit=self._commits.run_on_commit_thread,
+            wake=lambda: self._channels.post("validated", None))
+        self._validations.resume(read_log(manager.run.join(EVENTS_DIR), manager.retry))
+        self._services: AttemptServices | None = None
         self._last_metrics: dict[str, Any] = {}
         self._payload = (
             cloudpickle.dumps(spec.train_fn),
@@ -173,14 +183,15 @@ class Controller:
             self._machine.transition(ControllerState.RESTARTING, failure.reason.splitlines()[0])
 
     def _start_attempt(self) -> Attempt:
-        index = self._manager.index
-        number = index.attempts
-        resume = self._manager.choose_resume()
-        self._manager.save_index(
-            attempts=number + 1,
-            resumed_from=resume.dir_name if resume else None,
-            next_report_index=self._next_report_index,
-        )
+        with self._validations.paused():
+            index = self._manager.index
+            number = index.attempts
+            resume = self._manager.choose_resume()
+            self._manager.save_index(
+                attempts=number + 1,
+                resumed_from=resume.dir_name if resume else None,
+                next_report_index=self._next_report_index,
+            )
         # Names of committed checkpoints, and of run-directory entries holding the data
         # of checkpoints committed by reference: an upload there would overwrite them.
         used = {r.dir_name for r in self._manager.index.checkpoints}
@@ -192,6 +203,8 @@ class Controller:
             first_report_index=self._next_report_index,
             started_at=time.time(),
         )
+        self._services = AttemptServices(self._scaling.num_workers, self._manager,
+                                         self._validations, self._run_config.checkpoint_config)
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
         self._events.flush()
@@ -228,6 +241,7 @@ class Controller:
             retry=retry,
             setup_hooks=hooks,
             teardown_hooks=teardown,
+            validation=self._spec.validation_config is not None,
         )
 
     # --- the event loop ------------------------------------------------------------------
@@ -302,6 +316,15 @@ class Controller:
                 f"{_WORKER_START_TIMEOUT_S:g}s of starting"))
 
     def _check_progress(self, attempt: Attempt, timeout_s: float) -> None:
+        if self._services is not None:
+            # Collectives and get_all_reported_checkpoints(): answer what can be answered
+            # (timeouts included), then look for calls that never can be.
+            self._services.answer(attempt.tracker, lambda r, m: self._send(attempt, r, m))
+            collective = self._services.check(attempt.tracker, attempt.done, timeout_s)
+            if collective is not None:
+                attempt.fatal = attempt.fatal or collective.fatal
+                attempt.failures.append(collective.as_failure())
+                return
         problem = check_progress(attempt.tracker, attempt.done,
                                  num_workers=len(attempt.workers), timeout_s=timeout_s)
         if problem is not None:
@@ -329,7 +352,15 @@ class Controller:
                     self._events.append({"type": "workers_ready", "attempt": attempt.number,
                                          "t": time.time()})
             elif kind == "committed":
-                self._commits.on_committed(attempt, *payload)
+                self._on_committed(attempt, *payload)
+
+    def _on_committed(self, attempt: Attempt, ready: ReadyCheckpoint, outcome: Any,
+                      error: BaseException | None) -> None:
+        self._commits.on_committed(attempt, ready, outcome, error)
+        attempt.tracker.on_committed(ready.index)
+        self._validations.after_commit(ready, committed=error is None)
+        if self._services is not None:
+            self._services.answer(attempt.tracker, lambda r, m: self._send(attempt, r, m))
 
     def _read_connection(self, attempt: Attempt, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
@@ -360,6 +391,9 @@ class Controller:
             self._on_upload_failed(attempt, message)
         elif isinstance(message, DoneMessage):
             attempt.done[message.rank] = message
+        elif self._services is not None and self._services.handle(
+                message, attempt.tracker, lambda r, m: self._send(attempt, r, m)):
+            pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):
             attempt.fatal = attempt.fatal or message.fatal
             attempt.failures.append(WorkerFailure(
@@ -413,11 +447,14 @@ class Controller:
             self._events.append({"type": "checkpoint_started", "dir_name": intent.dir_name,
                                  "index": message.index, "t": time.time()})
             self._flush_logs()
+        self._send_verdicts(attempt, verdicts)
+        self._enqueue_ready(attempt)
+
+    def _send_verdicts(self, attempt: Attempt, verdicts: list[Verdict]) -> None:
         for verdict in verdicts:
-            reply = (ProceedMessage(verdict.index) if verdict.error is None
+            reply = (ProceedMessage(verdict.index, verdict.duplicates) if verdict.error is None
                      else RejectMessage(verdict.index, verdict.error))
             self._send(attempt, verdict.rank, reply)
-        self._enqueue_ready(attempt)
 
     def _enqueue_ready(self, attempt: Attempt) -> None:
         try:
@@ -426,7 +463,10 @@ class Controller:
             attempt.fatal = True
             attempt.failures.append(WorkerFailure(rank=0, summary=str(exc), traceback=""))
             return
+        # Ranks that uploaded different copies of one path: that report is refused.
+        self._send_verdicts(attempt, attempt.tracker.take_refused())
         for ready in ready_list:
+            self._validations.before_commit(ready)
             self._commits.submit(attempt, ready)
 
     def _on_upload_failed(self, attempt: Attempt, message: UploadFailedMessage) -> None:
@@ -459,7 +499,7 @@ class Controller:
             while (item := self._channels.next_item()) is not None:
                 kind, payload = item
                 if kind == "committed":
-                    self._commits.on_committed(attempt, *payload)
+                    self._on_committed(attempt, *payload)
                 elif kind == "connection":
                     payload[0].close()
 
@@ -470,8 +510,10 @@ class Controller:
         attempt.connections.clear()
         self._wait_for_commits(attempt)
         self._manager.delete_uncommitted(attempt.tracker.pending_dir_names())
-        failures = self._manager.index.failures + 1
-        self._manager.save_index(failures=failures, next_report_index=self._next_report_index)
+        with self._validations.paused():
+            failures = self._manager.index.failures + 1
+            self._manager.save_index(failures=failures,
+                                     next_report_index=self._next_report_index)
         now = time.time()
         self._events.append({
             "type": "failure", "attempt": attempt.number, "t": now,
@@ -490,6 +532,8 @@ class Controller:
         self._backend.shutdown(grace_s=5.0)
         for connection in attempt.connections.values():
             connection.close()
+        # As in Ray Train, a run ends once its validations have finished.
+        self._validations.wait_idle()
         self._manager.save_index(next_report_index=self._next_report_index)
         rank0 = attempt.done.get(0)
         value = cloudpickle.loads(rank0.return_value) if rank0 and rank0.return_value else None
@@ -497,6 +541,7 @@ class Controller:
 
     def _close(self) -> None:
         self._channels.stop_accepting()
+        self._validations.close()
         self._commits.close()
         try:
             self._backend.kill()

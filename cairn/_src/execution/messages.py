@@ -31,20 +31,34 @@ class CheckpointIntent:
     explicit_dir_name: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     upload_fn: bool = False
+    # report(validation=...): the JSON task ({} for the trainer's defaults), or None.
+    validation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class ReportMessage:
+    """A rank's n-th ``report()``.
+
+    ``dir_name`` is the ``checkpoint_dir_name`` a rank gave without a checkpoint of its own
+    (another rank passes the checkpoint, as in Ray Train): it must match that checkpoint's.
+    """
+
     rank: int
     index: int
     metrics: dict[str, Any]
     checkpoint: CheckpointIntent | None
     sent_at: float
+    dir_name: str | None = None
 
 
 @dataclass(frozen=True)
 class UploadedMessage:
-    """A rank finished writing its files (or registering its reference) for a report."""
+    """A rank finished writing its files (or registering its reference) for a report.
+
+    ``duplicates`` holds the size and checksum of this rank's own copy of each path that
+    another rank uploads (the verdict's ``duplicates``): it was not uploaded, and the
+    commit compares it with the uploaded copy.
+    """
 
     rank: int
     index: int
@@ -52,6 +66,19 @@ class UploadedMessage:
     reference: StorageLocation | None
     bytes_written: int
     seconds: float
+    duplicates: dict[str, FileEntry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReportedCheckpointsRequest:
+    """``get_all_reported_checkpoints()``: answer once reports up to ``index`` are resolved
+    (``consistency_mode`` "COMMITTED" or "VALIDATED"), or at ``timeout_s``."""
+
+    rank: int
+    request_id: int
+    index: int
+    consistency_mode: str
+    timeout_s: float | None
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,8 @@ class SetupMessage:
     retry: bytes
     setup_hooks: bytes
     teardown_hooks: bytes
+    # Whether the trainer has a ValidationConfig (report(validation=...) is refused if not).
+    validation: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,9 +159,15 @@ class CheckpointView:
 
 @dataclass(frozen=True)
 class ProceedMessage:
-    """The controller accepted a rank's checkpoint intent: upload now."""
+    """The controller accepted a rank's checkpoint intent: upload now.
+
+    ``duplicates`` are paths of the intent that another rank of the same report already
+    claimed with the same size: this rank does not upload them, it sends its own checksum
+    of each instead (identical copies are stored once).
+    """
 
     index: int
+    duplicates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,3 +184,11 @@ class CommittedMessage:
     checkpoint: CheckpointView | None
     error: str | None = None
     skipped: bool = False
+
+
+@dataclass(frozen=True)
+class ReportedCheckpointsReply:
+    """The run's kept checkpoints, each with its status name (ReportedCheckpointStatus)."""
+
+    request_id: int
+    checkpoints: tuple[tuple[CheckpointView, str], ...]

@@ -5,14 +5,19 @@ least one rank passes one; it is ready to commit once every rank has reached rep
 every rank that passed a checkpoint has finished uploading its part. Conflicts are caught
 here, before any data is written where another rank's data is:
 
-* two ranks claiming the same relative path (the second rank's intent is refused, so
-  nothing is ever silently overwritten);
-* ranks disagreeing on ``checkpoint_dir_name`` or mixing NO_UPLOAD with uploads;
+* two ranks claiming the same relative path with different sizes (the later rank's intent
+  is refused, so nothing is ever silently overwritten). With equal sizes the later rank
+  uploads nothing for that path and sends its own checksum; the merge compares it with the
+  uploaded copy and refuses the report when they differ. Identical copies (data-parallel
+  replicas saving the same ``model.pt``) are stored once;
+* ranks disagreeing on ``checkpoint_dir_name`` (also a rank that names the directory but
+  passes no checkpoint) or mixing NO_UPLOAD with uploads;
 * a directory name already used in this run.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +25,8 @@ from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError, 
 from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,8 +36,12 @@ class PendingReport:
     arrived: dict[int, ReportMessage] = field(default_factory=dict)
     intents: dict[int, CheckpointIntent] = field(default_factory=dict)
     claimed: dict[str, int] = field(default_factory=dict)
+    # rank -> paths it claimed after another rank, with the same size: not uploaded by it.
+    duplicates: dict[int, tuple[str, ...]] = field(default_factory=dict)
     uploaded: dict[int, UploadedMessage] = field(default_factory=dict)
     dir_name: str | None = None
+    # rank -> checkpoint_dir_name given by a rank that passed no checkpoint.
+    named: dict[int, str] = field(default_factory=dict)
     failed: BaseException | None = None
 
     @property
@@ -50,15 +61,21 @@ class ReadyCheckpoint:
     reference: StorageLocation | None
     metadata: dict[str, object]
     bytes_uploaded: int
+    # The validation task asked for by the lowest rank that asked for one, or None.
+    validation: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The answer to one rank's report: proceed with the upload, or refuse."""
+    """The answer to one rank's report: proceed with the upload, or refuse.
+
+    ``duplicates``: paths another rank uploads; this rank sends its checksums instead.
+    """
 
     rank: int
     index: int
     error: BaseException | None = None
+    duplicates: tuple[str, ...] = ()
 
 
 def describe_ranks(ranks: list[int] | set[int]) -> str:
@@ -77,6 +94,9 @@ class ReportTracker:
         self._pending: dict[int, PendingReport] = {}
         self.report_counts: dict[int, int] = dict.fromkeys(range(world_size), 0)
         self._skipped: dict[int, BaseException] = {}
+        self._refused: list[Verdict] = []
+        # Handed to the commit, not yet committed (or failed): see on_committed().
+        self._committing: set[int] = set()
         self.last_index: dict[int, int] = {}
 
     def on_report(self, message: ReportMessage) -> list[Verdict]:
@@ -93,25 +113,58 @@ class ReportTracker:
         pending.arrived[rank] = message
         intent = message.checkpoint
         if intent is None:
-            self._forget_if_metric_only(pending)
-            return []
+            return self._on_metric_only(pending, message)
         if pending.failed is not None:
             return [Verdict(rank, index, pending.failed)]
         error = self._check_intent(pending, rank, intent)
         if error is not None:
-            pending.failed = error
-            others = [r for r in pending.intents if r != rank]
-            return [Verdict(r, index, error) for r in [rank, *others]]
+            return self._refuse(pending, error, first=rank)
         pending.intents[rank] = intent
         if intent.mode == "NO_UPLOAD":
             # The data is already where it will stay: nothing to wait for from this rank.
             pending.uploaded[rank] = UploadedMessage(rank, index, {}, intent.reference, 0, 0.0)
+        duplicates = tuple(sorted(p for p in intent.files if p in pending.claimed))
+        if duplicates:
+            pending.duplicates[rank] = duplicates
         for path in intent.files:
-            pending.claimed[path] = rank
+            pending.claimed.setdefault(path, rank)
         if pending.dir_name is None:
             pending.dir_name = intent.dir_name
             self._used.add(intent.dir_name)
-        return [Verdict(rank, index)]
+        return [Verdict(rank, index, duplicates=duplicates)]
+
+    def _on_metric_only(self, pending: PendingReport, message: ReportMessage) -> list[Verdict]:
+        if message.dir_name is not None:
+            pending.named[message.rank] = message.dir_name
+            if pending.failed is None and pending.dir_name is not None and (
+                message.dir_name != pending.dir_name
+            ):
+                return self._refuse(pending, self._disagreement(
+                    pending, message.rank, message.dir_name), first=message.rank)
+        if len(pending.arrived) == self.world_size and not pending.intents:
+            if pending.named:
+                logger.warning(
+                    "Report %d: %s gave checkpoint_dir_name %s without a checkpoint and no "
+                    "rank passed one; the report saves no checkpoint.", pending.index,
+                    describe_ranks(set(pending.named)), sorted(set(pending.named.values())))
+            del self._pending[pending.index]
+        return []
+
+    def _refuse(self, pending: PendingReport, error: BaseException, *,
+                first: int) -> list[Verdict]:
+        """Fail the report: every rank that passed a checkpoint (or named one) is told."""
+        pending.failed = error
+        others = sorted((set(pending.intents) | set(pending.named)) - {first})
+        return [Verdict(r, pending.index, error) for r in [first, *others]]
+
+    def _disagreement(self, pending: PendingReport, rank: int, given: str) -> ReportError:
+        first = min(pending.intents) if pending.intents else min(pending.named)
+        first_name = pending.dir_name if pending.intents else pending.named[first]
+        return ReportError(
+            f"Ranks disagree on checkpoint_dir_name for report {pending.index}: rank "
+            f"{first} gave {first_name!r}, rank {rank} gave {given!r}. "
+            "Pass the same checkpoint_dir_name on every rank."
+        )
 
     def _check_intent(
         self, pending: PendingReport, rank: int, intent: CheckpointIntent
@@ -124,11 +177,15 @@ class ReportTracker:
                     "a unique checkpoint_dir_name."
                 )
         elif intent.dir_name != pending.dir_name:
-            first = min(pending.intents)
+            return self._disagreement(pending, rank, intent.dir_name)
+        named = {r: n for r, n in pending.named.items() if n != intent.dir_name}
+        if named:
+            # A rank without a checkpoint named the directory; this rank's differs.
+            namer = min(named)
             return ReportError(
                 f"Ranks disagree on checkpoint_dir_name for report {pending.index}: rank "
-                f"{first} gave {pending.dir_name!r}, rank {rank} gave {intent.dir_name!r}. "
-                "Pass the same checkpoint_dir_name on every rank."
+                f"{namer} gave {named[namer]!r} (without a checkpoint), rank {rank} gave "
+                f"{intent.dir_name!r}. Pass the same checkpoint_dir_name on every rank."
             )
         by_reference = intent.mode == "NO_UPLOAD"
         for other_rank, other in pending.intents.items():
@@ -155,20 +212,16 @@ class ReportTracker:
                     f"{intent.reference.display()}. Ranks that pass a NO_UPLOAD checkpoint "
                     "must pass the same location (one directory holding every rank's files)."
                 )
-        for path in intent.files:
+        for path, size in intent.files.items():
             owner = pending.claimed.get(path)
-            if owner is not None and owner != rank:
-                return CheckpointCollisionError(
-                    f"Ranks {min(owner, rank)} and {max(owner, rank)} both wrote {path!r} into "
-                    f"the checkpoint of report {pending.index}; ranks must write distinct files "
-                    "(for example prefix them with the rank) or pass checkpoint=None on all "
-                    "but one rank."
-                )
+            if owner is None or owner == rank:
+                continue
+            owner_size = pending.intents[owner].files[path]
+            if owner_size != size:
+                sizes = sorted([(owner, owner_size), (rank, size)])
+                return collision_error(pending.index, path, owner, rank, ", ".join(
+                    f"rank {r}: {n} bytes" for r, n in sizes))
         return None
-
-    def _forget_if_metric_only(self, pending: PendingReport) -> None:
-        if len(pending.arrived) == self.world_size and not pending.intents:
-            del self._pending[pending.index]
 
     def mark_used(self, name: str) -> None:
         """``name`` may no longer be a checkpoint_dir_name (it holds committed data)."""
@@ -185,7 +238,11 @@ class ReportTracker:
         return self._pending.pop(index, None)
 
     def take_ready(self) -> list[ReadyCheckpoint]:
-        """Reports whose checkpoint can be committed now, in report order; forgets them."""
+        """Reports whose checkpoint can be committed now, in report order; forgets them.
+
+        A report whose ranks uploaded different content under one path is not returned:
+        it fails, and :meth:`take_refused` gives the verdicts to send.
+        """
         ready: list[ReadyCheckpoint] = []
         for index in sorted(self._pending):
             pending = self._pending[index]
@@ -195,9 +252,38 @@ class ReportTracker:
                 continue
             if set(pending.uploaded) != set(pending.intents):
                 continue
+            error = self._compare_copies(pending)
+            if error is not None:
+                # Kept as failed: its directory is among pending_dir_names() for cleanup.
+                self._refused.extend(self._refuse(pending, error, first=min(pending.intents)))
+                continue
             ready.append(self._merge(pending))
             del self._pending[index]
+            self._committing.add(index)
         return ready
+
+    def on_committed(self, index: int) -> None:
+        """The commit of report ``index`` finished (committed or failed)."""
+        self._committing.discard(index)
+
+    def take_refused(self) -> list[Verdict]:
+        """Refusals decided by :meth:`take_ready` (differing copies), to send; forgets them."""
+        refused, self._refused = self._refused, []
+        return refused
+
+    def _compare_copies(self, pending: PendingReport) -> CheckpointCollisionError | None:
+        """Whether every copy a rank did not upload equals the uploaded one."""
+        for rank in sorted(pending.duplicates):
+            sent = pending.uploaded[rank].duplicates
+            for path in pending.duplicates[rank]:
+                owner = pending.claimed[path]
+                stored = pending.uploaded[owner].entries.get(path)
+                mine = sent.get(path)
+                if stored is None or mine is None or stored != mine:
+                    detail = "different checksums" if stored and mine and (
+                        stored.size == mine.size) else "different content"
+                    return collision_error(pending.index, path, owner, rank, detail)
+        return None
 
     def _merge(self, pending: PendingReport) -> ReadyCheckpoint:
         entries: dict[str, FileEntry] = {}
@@ -223,6 +309,8 @@ class ReportTracker:
             )
         assert pending.dir_name is not None
         rank0 = pending.arrived[min(pending.arrived)]
+        tasks = [pending.intents[r].validation for r in sorted(pending.intents)]
+        validation = next((task for task in tasks if task is not None), None)
         return ReadyCheckpoint(
             index=pending.index,
             dir_name=pending.dir_name,
@@ -232,6 +320,7 @@ class ReportTracker:
             reference=distinct[0] if distinct else None,
             metadata=metadata,
             bytes_uploaded=sum(u.bytes_written for u in pending.uploaded.values()),
+            validation=validation,
         )
 
     def overdue(self, timeout_s: float, now: float | None = None) -> tuple[int, list[int]] | None:
@@ -254,5 +343,28 @@ class ReportTracker:
                 return index
         return None
 
+    def unresolved_before(self, index: int) -> list[int]:
+        """Report indices up to ``index`` not resolved yet: not all ranks arrived, or the
+        checkpoint is not committed yet. Failed and skipped reports count as resolved."""
+        waiting = {i for i, p in self._pending.items() if i <= index and p.failed is None}
+        return sorted(waiting | {i for i in self._committing if i <= index})
+
+    def missing_ranks(self, index: int) -> list[int]:
+        """Ranks that have not reached report ``index`` (from their report indices)."""
+        return sorted(r for r in range(self.world_size) if self.last_index.get(r, 0) < index)
+
     def pending_dir_names(self) -> list[str]:
         return [p.dir_name for p in self._pending.values() if p.dir_name is not None]
+
+
+def collision_error(index: int, path: str, first: int, second: int,
+                    detail: str) -> CheckpointCollisionError:
+    """Two ranks wrote ``path`` into one checkpoint with different content."""
+    low, high = min(first, second), max(first, second)
+    return CheckpointCollisionError(
+        f"Ranks {low} and {high} both wrote {path!r} into the checkpoint of report {index} "
+        f"with different content ({detail}); nothing was overwritten and the checkpoint is "
+        "not committed. Identical copies are stored once; different files need distinct "
+        "names (for example prefix them with the rank), or pass checkpoint=None on all but "
+        "one rank."
+    )

@@ -31,12 +31,14 @@ from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.checkpoint.references import check_reference, check_upload_source
 from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
+from cairn._src.execution.collective import CollectiveReleaseMessage, WorkerCollectives
 from cairn._src.execution.messages import (
     CheckpointIntent,
     CheckpointView,
     CommittedMessage,
     ProceedMessage,
     RejectMessage,
+    ReportedCheckpointsReply,
     ReportMessage,
     SetupMessage,
     TimingMessage,
@@ -44,14 +46,18 @@ from cairn._src.execution.messages import (
     UploadFailedMessage,
 )
 from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.execution.reported_requests import ReportedCheckpointsClient
 from cairn._src.execution.validation import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.fileio import is_dir
+from cairn._src.storage.location import resolve
 from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import upload_directory
+from cairn._src.storage.transfer import compute_entries, upload_directory
 from cairn._src.train.context import RunStorage, TrainContext
+from cairn._src.train.reported import CheckpointConsistencyMode, ReportedCheckpoint
+from cairn._src.train.validation_config import task_for_report
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +91,7 @@ class _UploadJob:
     handle: ReportHandle
     metadata: dict[str, Any]
     write: Callable[[str], None] | None = None
+    validation: dict[str, Any] | None = None
 
 
 _STOP = object()
@@ -118,6 +125,9 @@ class WorkerSession:
         self._uploads: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(setup.max_pending_uploads)
         self._stopping = False
+        self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
+        self._reported = ReportedCheckpointsClient(self.rank, self.send,
+                                                   lambda: self._next_index - 1)
         self._receiver = threading.Thread(target=self._receive, name="cairn-receiver", daemon=True)
         self._receiver.start()
         self._uploader = threading.Thread(target=self._upload_loop, name="cairn-uploader",
@@ -140,23 +150,49 @@ class WorkerSession:
         checkpoint_upload_mode: object = CheckpointUploadMode.SYNC,
         delete_local_checkpoint_after_upload: bool | None = None,
         checkpoint_upload_fn: UploadFn | None = None,
+        validation: object = False,
     ) -> ReportHandle:
         self._raise_async_error()
         clean = validate_metrics(metrics)
         mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
+        task = self._validation_task(validation, checkpoint)
         if checkpoint is None:
+            # A name without a checkpoint is accepted, as in Ray Train: another rank may pass
+            # the checkpoint of this report; the controller checks that the names agree.
             if checkpoint_dir_name is not None:
-                raise ReportError(
-                    f"report(checkpoint_dir_name={checkpoint_dir_name!r}) was given without a "
-                    "checkpoint; pass checkpoint=... or drop checkpoint_dir_name."
-                )
+                check_dir_name(checkpoint_dir_name)
             index = self._take_index()
-            self.send(ReportMessage(self.rank, index, clean, None, time.time()))
+            self.send(ReportMessage(self.rank, index, clean, None, time.time(),
+                                    dir_name=checkpoint_dir_name))
             return ReportHandle(index, has_checkpoint=False)
         return self._report_checkpoint(
             clean, checkpoint, checkpoint_dir_name, mode,
-            delete_local_checkpoint_after_upload, checkpoint_upload_fn,
+            delete_local_checkpoint_after_upload, checkpoint_upload_fn, task,
         )
+
+    def _validation_task(self, validation: object,
+                         checkpoint: Checkpoint | None) -> dict[str, Any] | None:
+        task = task_for_report(validation)
+        if task is None:
+            return None
+        if checkpoint is None:
+            raise ReportError(
+                f"report(validation={validation!r}) was given without a checkpoint; "
+                "validation requires a checkpoint to be provided."
+            )
+        if not self._setup.validation:
+            raise ReportError(
+                f"report(validation={validation!r}): `validation_config` was not set on the "
+                "trainer, but a validation was requested. Pass Trainer(..., "
+                "validation_config=cairn.ValidationConfig(fn)) or drop validation=."
+            )
+        return task
+
+    def get_all_reported_checkpoints(
+        self, consistency_mode: object = CheckpointConsistencyMode.VALIDATED,
+        timeout_s: object = None,
+    ) -> list[ReportedCheckpoint]:
+        return self._reported.get_all(consistency_mode, timeout_s)
 
     # --- checkpoint reports ----------------------------------------------------------------
 
@@ -168,6 +204,7 @@ class WorkerSession:
         mode: CheckpointUploadMode,
         delete_local: bool | None,
         upload_fn: UploadFn | None,
+        validation: dict[str, Any] | None = None,
     ) -> ReportHandle:
         if not isinstance(checkpoint, Checkpoint):
             raise ReportError(
@@ -178,7 +215,9 @@ class WorkerSession:
         if mode is not CheckpointUploadMode.NO_UPLOAD:
             check_upload_source(checkpoint.location, self._setup.run,
                                 what=f"report(checkpoint={checkpoint!r})")
-        check_score_attribute(metrics, self._setup.score_attribute)
+        if validation is None:
+            # With a validation, the score may come from the validation's metrics.
+            check_score_attribute(metrics, self._setup.score_attribute)
         if dir_name is not None:
             check_dir_name(dir_name)
         if upload_fn is not None and not callable(upload_fn):
@@ -192,7 +231,7 @@ class WorkerSession:
                 "False or None."
             )
         if mode is CheckpointUploadMode.NO_UPLOAD:
-            return self._register_reference(metrics, checkpoint, dir_name)
+            return self._register_reference(metrics, checkpoint, dir_name, validation)
         files: dict[str, int] = {}
         metadata: dict[str, Any] = {}
         if upload_fn is None:
@@ -213,6 +252,7 @@ class WorkerSession:
             else delete_local,
             handle=handle,
             metadata=metadata,
+            validation=validation,
         )
         if mode is CheckpointUploadMode.ASYNC:
             return self._enqueue(job, metrics)
@@ -299,7 +339,8 @@ class WorkerSession:
             raise ReportError(f"report(checkpoint=...): {exc}") from exc
 
     def _register_reference(
-        self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None
+        self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
+        validation: dict[str, Any] | None = None,
     ) -> ReportHandle:
         # Refuses what no new process could reach, credentials in the URI and Cairn's own
         # data; a path on the run's storage filesystem comes back bound to the run's store.
@@ -319,7 +360,7 @@ class WorkerSession:
             self._handles[index] = handle
         intent = CheckpointIntent(name, CheckpointUploadMode.NO_UPLOAD.value, reference=location,
                                   explicit_dir_name=dir_name is not None,
-                                  metadata=checkpoint.get_metadata())
+                                  metadata=checkpoint.get_metadata(), validation=validation)
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 
@@ -332,7 +373,8 @@ class WorkerSession:
         intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
                                   explicit_dir_name=job.dir_name
                                   != default_checkpoint_dir_name(job.index),
-                                  metadata=job.metadata, upload_fn=job.upload_fn is not None)
+                                  metadata=job.metadata, upload_fn=job.upload_fn is not None,
+                                  validation=job.validation)
         self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
 
     def _run_upload(self, job: _UploadJob) -> None:
@@ -364,11 +406,18 @@ class WorkerSession:
             else:
                 if job.write is not None:
                     self._write_deferred(job)
+                skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
                 entries = upload_directory(job.checkpoint.path, destination,
-                                           files=list(job.files), retry=self._retry)
+                                           files=[f for f in job.files if f not in skipped],
+                                           retry=self._retry)
+                # Paths another rank uploads: hashed here, not written, so the controller
+                # can tell identical copies (stored once) from a collision.
+                duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped),
+                                             retry=self._retry,
+                                             follow_links=True) if skipped else {}
                 size = sum(entry.size for entry in entries.values())
                 message = UploadedMessage(self.rank, job.index, entries, None, size,
-                                          time.perf_counter() - started)
+                                          time.perf_counter() - started, duplicates=duplicates)
         except BaseException as exc:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
@@ -462,6 +511,10 @@ class WorkerSession:
                     self._fail_handle(message.index, message.error)
             elif isinstance(message, CommittedMessage):
                 self._on_committed(message)
+            elif isinstance(message, CollectiveReleaseMessage):
+                self.collectives.on_release(message)
+            elif isinstance(message, ReportedCheckpointsReply):
+                self._reported.on_reply(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
         with self._state_lock:

@@ -15,6 +15,7 @@ from cairn._src.torch.process_group import (
     destroy_process_group,
 )
 from cairn._src.train.trainer import Trainer
+from cairn._src.train.validation_config import ValidationConfig
 
 
 class TorchTrainer(Trainer):
@@ -44,12 +45,14 @@ class TorchTrainer(Trainer):
         torch_config: TorchConfig | None = None,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
+        validation_config: ValidationConfig | None = None,
     ) -> None:
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
             scaling_config=scaling_config,
             run_config=run_config,
+            validation_config=validation_config,
         )
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(

@@ -14,6 +14,7 @@ from cairn._src.config import CheckpointUploadMode
 from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.execution.session import get_session
 from cairn._src.train.context import TrainContext
+from cairn._src.train.validation_config import ValidationTaskConfig
 
 
 def report(
@@ -24,6 +25,7 @@ def report(
     checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
     delete_local_checkpoint_after_upload: bool | None = None,
     checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+    validation: bool | ValidationTaskConfig = False,
 ) -> ReportHandle:
     """Report metrics, and optionally a checkpoint, from every rank.
 
@@ -35,6 +37,8 @@ def report(
     report merge into one directory; ``checkpoint_upload_fn(checkpoint, dir_name)``
     replaces the built-in upload and returns the uploaded :class:`Checkpoint`.
     ``delete_local_checkpoint_after_upload`` defaults to True for ASYNC, False otherwise.
+    ``validation=True`` (or a :class:`ValidationTaskConfig`) validates the checkpoint with
+    the trainer's ``validation_config``, off the train loop.
     """
     return get_session("report").report(
         metrics,
@@ -43,6 +47,7 @@ def report(
         checkpoint_upload_mode=checkpoint_upload_mode,
         delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
         checkpoint_upload_fn=checkpoint_upload_fn,
+        validation=validation,
     )
 
 

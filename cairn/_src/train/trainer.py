@@ -35,6 +35,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import scheme_of
 from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.result import Result, build_result
+from cairn._src.train.validation_config import ValidationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Trainer:
         train_loop_config: dict[str, Any] | None = None,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
+        validation_config: ValidationConfig | None = None,
     ) -> None:
         if not callable(train_loop_per_worker):
             raise ConfigError(
@@ -87,6 +89,14 @@ class Trainer:
             raise ConfigError(f"scaling_config={scaling_config!r} must be a ScalingConfig.")
         if run_config is not None and not isinstance(run_config, RunConfig):
             raise ConfigError(f"run_config={run_config!r} must be a RunConfig.")
+        if validation_config is not None and not isinstance(validation_config,
+                                                            ValidationConfig):
+            raise ConfigError(
+                f"validation_config={validation_config!r} must be a cairn.ValidationConfig or "
+                "None."
+            )
+        # Runs in the driver (report(validation=...)); it never travels to the workers.
+        self.validation_config = validation_config
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
@@ -137,7 +147,8 @@ class Trainer:
                              _next_from_history(run.join(METRICS_DIR), retry))
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
                              self._pass_config, list(self._setup_hooks),
-                             list(self._teardown_hooks), self._attempt_env)
+                             list(self._teardown_hooks), self._attempt_env,
+                             validation_config=self.validation_config)
             controller = Controller(spec, self.scaling_config, self.run_config, manager,
                                     history, events, experiment_name=self._run_name,
                                     next_report_index=next_index)

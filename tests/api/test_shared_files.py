@@ -1,0 +1,92 @@
+"""The same file from several ranks (Ray's quickstart), and checkpoint_dir_name without a
+checkpoint, with real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import pytest
+import v2_workloads
+
+import cairn
+from cairn import ScalingConfig, Trainer, TrainingFailedError
+from cairn._src.run.segment_log import read_log
+from cairn._src.storage.location import resolve
+from cairn._src.storage.retry import RetryPolicy
+
+RunConfigFactory = Callable[..., cairn.RunConfig]
+
+
+def run_dir(config: cairn.RunConfig) -> str:
+    assert config.storage_path is not None and config.name is not None
+    return os.path.join(os.fspath(config.storage_path), config.name)
+
+
+def commit_events(config: cairn.RunConfig) -> list[dict[str, object]]:
+    events = read_log(resolve(run_dir(config)).join("events"), RetryPolicy())
+    return [e for e in events if e.get("type") == "commit"]
+
+
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+def test_identical_copies_are_stored_once_and_uploaded_once(
+    mode: str, run_config: RunConfigFactory
+) -> None:
+    config = run_config()
+    result = Trainer(v2_workloads.every_rank_saves_model,
+                     train_loop_config={"content": "same", "mode": mode},
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert sorted(n for n in os.listdir(d) if not n.startswith("_cairn")) == [
+            "model.pt", "rank_0.txt", "rank_1.txt"]
+        assert open(os.path.join(d, "model.pt"), "rb").read() == b"weights-1"
+    manifest = json.load(open(os.path.join(run_dir(config), "checkpoint_000002",
+                                           "_cairn_manifest.json")))
+    assert manifest["ranks"] == [0, 1]
+    # One copy of model.pt was written per report: the other rank uploaded only its own file.
+    one_copy = len(b"weights-0") + 2
+    assert [e["bytes"] for e in commit_events(config)] == [one_copy, one_copy]
+
+
+@pytest.mark.parametrize(
+    ("content", "detail"),
+    [("differ", r"different checksums"), ("sizes", r"rank 0: 9 bytes, rank 1: 16 bytes")],
+)
+def test_different_copies_fail_naming_both_ranks_and_the_path(
+    content: str, detail: str, run_config: RunConfigFactory
+) -> None:
+    config = run_config(failure_config=cairn.FailureConfig(max_failures=2))
+    with pytest.raises(TrainingFailedError,
+                       match=r"CheckpointCollisionError: Ranks 0 and 1 both wrote 'model.pt' "
+                             r"into the checkpoint of report 1 with different content \("
+                             + detail + r"\); nothing was overwritten") as info:
+        Trainer(v2_workloads.every_rank_saves_model, train_loop_config={"content": content},
+                scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    # A mistake in the training code: no restart spends the failure budget on it.
+    assert cairn.Result.from_path(run_dir(config)).goodput.attempts == 1
+    assert "[ranks 0, 1]" in str(info.value) or "[rank" in str(info.value)
+    # Nothing committed, nothing left behind: never a silent overwrite.
+    assert [n for n in os.listdir(run_dir(config)) if n.startswith("checkpoint")] == []
+    assert commit_events(config) == []
+
+
+def test_dir_name_without_a_checkpoint_is_accepted(run_config: RunConfigFactory) -> None:
+    config = run_config()
+    result = Trainer(v2_workloads.name_without_checkpoint,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.checkpoint is not None and result.checkpoint.path.endswith("/epoch_1")
+    assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["epoch_0",
+                                                                             "epoch_1"]
+
+
+def test_dir_name_without_a_checkpoint_that_disagrees_is_refused(
+    run_config: RunConfigFactory,
+) -> None:
+    with pytest.raises(TrainingFailedError,
+                       match=r"Ranks disagree on checkpoint_dir_name for report 1: rank \d gave "
+                             r"'(epoch|other)_0'( \(without a checkpoint\))?, rank \d gave "
+                             r"'(epoch|other)_0'"):
+        Trainer(v2_workloads.name_without_checkpoint, train_loop_config={"agree": False},
+                scaling_config=ScalingConfig(num_workers=2), run_config=run_config()).fit()

@@ -1,0 +1,134 @@
+"""The same relative path from several ranks, and checkpoint_dir_name without a checkpoint
+(pure tracker logic; the real runs are in tests/api/test_shared_files.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cairn._src.errors import CheckpointCollisionError, ReportError
+from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
+from cairn._src.execution.reports import ReportTracker
+from cairn._src.storage.transfer import FileEntry
+
+
+def report(rank: int, index: int, files: dict[str, int] | None = None, *,
+           dir_name: str | None = None, named: str | None = None) -> ReportMessage:
+    intent = None
+    if files is not None:
+        intent = CheckpointIntent(dir_name or f"checkpoint_{index:06d}", "SYNC", files=files)
+    return ReportMessage(rank, index, {"rank": rank}, intent, time.time(), dir_name=named)
+
+
+def uploaded(rank: int, index: int, entries: dict[str, FileEntry], *,
+             duplicates: dict[str, FileEntry] | None = None) -> UploadedMessage:
+    return UploadedMessage(rank, index, entries, None, sum(e.size for e in entries.values()),
+                           0.1, duplicates=duplicates or {})
+
+
+MODEL = FileEntry(4, "aaaa")
+
+
+def test_identical_copies_are_stored_once_and_the_later_rank_uploads_nothing() -> None:
+    tracker = ReportTracker(3, used_dir_names=set())
+    [first] = tracker.on_report(report(0, 1, {"model.pt": 4, "r0": 1}))
+    assert first.error is None and first.duplicates == ()
+    [second] = tracker.on_report(report(1, 1, {"model.pt": 4, "r1": 1}))
+    assert second.error is None and second.duplicates == ("model.pt",)
+    [third] = tracker.on_report(report(2, 1, {"model.pt": 4}))
+    assert third.duplicates == ("model.pt",)
+    tracker.on_uploaded(uploaded(0, 1, {"model.pt": MODEL, "r0": FileEntry(1, "0")}))
+    tracker.on_uploaded(uploaded(1, 1, {"r1": FileEntry(1, "1")},
+                                 duplicates={"model.pt": MODEL}))
+    tracker.on_uploaded(uploaded(2, 1, {}, duplicates={"model.pt": MODEL}))
+    [ready] = tracker.take_ready()
+    assert ready.entries == {"model.pt": MODEL, "r0": FileEntry(1, "0"), "r1": FileEntry(1, "1")}
+    assert ready.ranks == (0, 1, 2)
+    assert ready.bytes_uploaded == 6  # one copy of model.pt
+    assert tracker.take_refused() == []
+
+
+def test_different_sizes_are_refused_at_once_naming_both_ranks_and_the_path() -> None:
+    tracker = ReportTracker(3, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"shared/model.pt": 4}))
+    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 5}))
+    assert [v.rank for v in verdicts] == [2, 0]
+    with pytest.raises(CheckpointCollisionError,
+                       match=r"Ranks 0 and 2 both wrote 'shared/model.pt' into the checkpoint of "
+                             r"report 1 with different content \(rank 0: 4 bytes, rank 2: 5 "
+                             r"bytes\); nothing was "
+                             r"overwritten"):
+        raise verdicts[0].error  # type: ignore[misc]
+    assert tracker.pending_dir_names() == ["checkpoint_000001"]
+
+
+def test_same_size_different_checksum_fails_the_report_before_commit() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"model.pt": 4}))
+    tracker.on_report(report(1, 1, {"model.pt": 4}))
+    tracker.on_uploaded(uploaded(0, 1, {"model.pt": MODEL}))
+    tracker.on_uploaded(uploaded(1, 1, {}, duplicates={"model.pt": FileEntry(4, "bbbb")}))
+    assert tracker.take_ready() == []
+    refused = tracker.take_refused()
+    assert [v.rank for v in refused] == [0, 1]
+    with pytest.raises(CheckpointCollisionError,
+                       match=r"Ranks 0 and 1 both wrote 'model.pt' into the checkpoint of report 1"
+                             r" with different content \(different checksums\)"):
+        raise refused[0].error  # type: ignore[misc]
+    assert tracker.take_refused() == []
+    # Not committed, and its directory is left for the cleanup of uncommitted reports.
+    assert tracker.take_ready() == []
+    assert tracker.pending_dir_names() == ["checkpoint_000001"]
+    # A late part of the failed report is refused too.
+    [late] = tracker.on_report(report(0, 1, {"other": 1}))
+    assert isinstance(late.error, CheckpointCollisionError)
+
+
+def test_a_missing_checksum_for_a_skipped_path_is_a_collision_not_a_commit() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"model.pt": 4}))
+    tracker.on_report(report(1, 1, {"model.pt": 4}))
+    tracker.on_uploaded(uploaded(0, 1, {"model.pt": MODEL}))
+    tracker.on_uploaded(uploaded(1, 1, {}))
+    assert tracker.take_ready() == []
+    [first, _] = tracker.take_refused()
+    assert isinstance(first.error, CheckpointCollisionError)
+
+
+def test_dir_name_without_a_checkpoint_is_accepted_when_it_matches() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    assert tracker.on_report(report(1, 1, named="epoch_1")) == []
+    [verdict] = tracker.on_report(report(0, 1, {"a": 1}, dir_name="epoch_1"))
+    assert verdict.error is None
+    tracker.on_uploaded(uploaded(0, 1, {"a": FileEntry(1, "a")}))
+    [ready] = tracker.take_ready()
+    assert ready.dir_name == "epoch_1" and ready.ranks == (0,)
+
+
+def test_dir_name_without_a_checkpoint_that_differs_is_refused_either_order() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"a": 1}, dir_name="epoch_1"))
+    verdicts = tracker.on_report(report(1, 1, named="epoch_2"))
+    assert [v.rank for v in verdicts] == [1, 0]
+    with pytest.raises(ReportError, match=r"Ranks disagree on checkpoint_dir_name for report 1: "
+                                          r"rank 0 gave 'epoch_1', rank 1 gave 'epoch_2'"):
+        raise verdicts[0].error  # type: ignore[misc]
+
+    tracker = ReportTracker(2, used_dir_names=set())
+    assert tracker.on_report(report(1, 1, named="epoch_2")) == []
+    verdicts = tracker.on_report(report(0, 1, {"a": 1}, dir_name="epoch_1"))
+    assert [v.rank for v in verdicts] == [0, 1]
+    with pytest.raises(ReportError, match=r"rank 1 gave 'epoch_2' \(without a checkpoint\), "
+                                          r"rank 0 gave 'epoch_1'"):
+        raise verdicts[0].error  # type: ignore[misc]
+
+
+def test_dir_name_when_no_rank_passes_a_checkpoint_saves_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, named="x"))
+    tracker.on_report(report(1, 1, named="x"))
+    assert tracker.take_ready() == [] and tracker.pending_dir_names() == []
+    assert "gave checkpoint_dir_name ['x'] without a checkpoint" in caplog.text
