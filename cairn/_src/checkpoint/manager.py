@@ -10,6 +10,8 @@ Ordering is the whole point (contract item 4):
 
 A crash between any two steps leaves the run consistent: a directory without a manifest
 is cleaned up at the next start; a manifest the index does not name yet is adopted.
+Every deletion asks :mod:`ownership` first; every index write first calls ``fence`` (the
+run lease's check that this driver still holds the run).
 Runs on the controller's commit thread; not thread-safe otherwise.
 """
 
@@ -18,24 +20,33 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from cairn._src.checkpoint.ownership import (
+    Target,
+    could_have_created,
+    may_delete_partial,
+    plan_deletion,
+    record_target,
+    reference_event,
+)
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import (
     CairnError,
+    CheckpointDamagedError,
     CheckpointNotFoundError,
-    ChecksumMismatchError,
     ManifestError,
+    RunLeaseError,
 )
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.execution.reports import ReadyCheckpoint
-from cairn._src.run.layout import RESERVED_NAMES, is_default_checkpoint_dir_name
+from cairn._src.run.layout import RESERVED_NAMES
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
@@ -71,6 +82,11 @@ def is_inside(location: StorageLocation, directory: StorageLocation) -> bool:
     return location.filesystem.equals(directory.filesystem) and location.path.startswith(
         directory.path.rstrip("/") + "/"
     )
+
+
+def is_safe_record_name(name: str) -> bool:
+    """Whether an index record's ``dir_name`` can name a direct child of the run."""
+    return could_have_created(name)
 
 
 def checkpoint_view(run: StorageLocation, record: CheckpointRecord) -> CheckpointView:
@@ -114,6 +130,19 @@ class CheckpointManager:
         self.policy = make_policy(
             config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order
         )
+        # dir_name -> the reference this run registered under it (from its event log and
+        # its own commits): only those may ever be deleted (see ownership.py).
+        self.registered: dict[str, Target] = {}
+        # Called before every index write; raises RunLeaseError once the lease is lost.
+        self.fence: Callable[[], None] | None = None
+        # The run's event log, for the records a later driver needs (registered
+        # references, checkpoints dropped as damaged).
+        self.events: SegmentLog | None = None
+        # Commits whose manifest was written but whose index write failed: the store may
+        # have lost its answer. Settled by settle_uncertain() before the next attempt.
+        self._uncertain: list[CheckpointRecord] = []
+        # Checkpoint directories whose deletion failed: retried later (retry_deletions()).
+        self.failed_deletions: dict[str, CheckpointRecord | None] = {}
 
     # --- views of committed checkpoints ----------------------------------------------------
 
@@ -126,8 +155,17 @@ class CheckpointManager:
 
     # --- commit ------------------------------------------------------------------------------
 
+    def _write_index(self, index: RunIndex) -> None:
+        if self.fence is not None:
+            self.fence()
+        write_index(self.run, index, self.retry)
+
     def commit(self, ready: ReadyCheckpoint, *, attempt: int) -> CommitOutcome:
+        """Commit ``ready``; :class:`RunLeaseError` before anything is written when this
+        driver no longer holds the run."""
         started = time.perf_counter()
+        if self.fence is not None:
+            self.fence()
         manifest_at = self.run.join(ready.dir_name)
         entries = ready.entries
         target_uri: str | None = None
@@ -176,6 +214,14 @@ class CheckpointManager:
             committed_at=time.time(),
             size_bytes=sum(entry.size for entry in entries.values()),
         )
+        target = record_target(record)
+        if target is not None:
+            # Registered before the index names it: only a reference this run registered
+            # may ever be deleted (delete_unmanaged_checkpoints=True).
+            self.registered[record.dir_name] = target
+            if self.events is not None:
+                self.events.append(reference_event(record, t=time.time()))
+                self.events.flush()
         records = [*self.index.checkpoints, record]
         keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
         kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
@@ -184,7 +230,15 @@ class CheckpointManager:
             checkpoints=kept,
             next_report_index=max(self.index.next_report_index, ready.index + 1),
         )
-        write_index(self.run, index, self.retry)
+        try:
+            self._write_index(index)
+        except RunLeaseError:
+            raise
+        except BaseException:
+            # The manifest landed; the index may or may not have (a lost answer). The next
+            # attempt settles it before choosing where to resume (settle_uncertain()).
+            self._uncertain.append(record)
+            raise
         self.index = index
         seconds = time.perf_counter() - started
         logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
@@ -201,25 +255,63 @@ class CheckpointManager:
             self._delete(record)
 
     def _delete(self, record: CheckpointRecord) -> None:
+        """Delete what :func:`plan_deletion` allows of a checkpoint the index dropped."""
         try:
-            manifest_dir = self.run.join(record.dir_name)
-            # The manifest goes first: a crash half-way leaves a directory without one,
-            # which is never taken for a checkpoint again.
-            delete_file(manifest_dir.join(MANIFEST_NAME), self.retry)
-            if record.target_uri is not None and (
-                record.managed or self.config.delete_unmanaged_checkpoints
-            ):
-                target = resolve(record.target_uri)
-                if self._shared_with_kept(target):
-                    logger.info("Keeping the data of %s: a kept checkpoint uses it too",
-                                record.dir_name)
-                else:
-                    delete_dir(target, self.retry)
-            delete_dir(manifest_dir, self.retry)
-        except Exception:
+            self.delete_owned(record, delete_references=self.config.delete_unmanaged_checkpoints)
+        except Exception as exc:
             # The index no longer names it: a leftover costs space, never correctness.
-            logger.warning("Could not delete dropped checkpoint %s", record.dir_name,
-                           exc_info=True)
+            # Retried later in the run and at its end (retry_deletions()).
+            self.failed_deletions[record.dir_name] = record
+            logger.warning("Could not delete dropped checkpoint %s (retried later): %s",
+                           record.dir_name, exc)
+        else:
+            self.failed_deletions.pop(record.dir_name, None)
+
+    def delete_owned(self, record: CheckpointRecord, *, delete_references: bool) -> bool:
+        """Delete the checkpoint ``record`` names, as far as this run owns it.
+
+        Returns whether its directory was deleted. Storage errors propagate; what the run
+        does not own is left in place with a warning.
+        """
+        if not is_safe_record_name(record.dir_name):
+            logger.warning("Not deleting %r: not a checkpoint directory of this run",
+                           record.dir_name)
+            return False
+        manifest_dir = self.run.join(record.dir_name)
+        try:
+            manifest = read_manifest(manifest_dir, self.retry)
+        except CheckpointDamagedError as exc:
+            logger.warning("Not deleting %s: %s", record.dir_name, exc)
+            return False
+        plan = plan_deletion(record, manifest=manifest, registered=self.registered,
+                             delete_references=delete_references)
+        for refusal in plan.refusals:
+            logger.warning("Leaving data of %s in place: %s", record.dir_name, refusal)
+        if not plan.checkpoint_dir:
+            return False
+        # The manifest goes first: a crash half-way leaves a directory without one,
+        # which is never taken for a checkpoint again.
+        delete_file(manifest_dir.join(MANIFEST_NAME), self.retry)
+        if plan.reference:
+            target = self.view(record).data
+            if self._shared_with_kept(target):
+                logger.info("Keeping the data of %s: a kept checkpoint uses it too",
+                            record.dir_name)
+            else:
+                delete_dir(target, self.retry)
+        delete_dir(manifest_dir, self.retry)
+        return True
+
+    def retry_deletions(self) -> list[str]:
+        """Try again the deletions that failed; the names that still fail."""
+        for name, record in list(self.failed_deletions.items()):
+            if record is not None and self.index.find(name) is None:
+                self._delete(record)
+            elif record is None:
+                self.delete_uncommitted([name])
+            else:
+                self.failed_deletions.pop(name, None)
+        return sorted(self.failed_deletions)
 
     def _shared_with_kept(self, target: StorageLocation) -> bool:
         """Whether a checkpoint still in the index has its data at, in or above ``target``."""
@@ -231,7 +323,7 @@ class CheckpointManager:
 
     def save_index(self, **changes: object) -> None:
         self.index = self.index.with_changes(**changes)
-        write_index(self.run, self.index, self.retry)
+        self._write_index(self.index)
 
     def apply_validation(self, dir_name: str,
                          metrics: dict[str, object]) -> tuple[CheckpointRecord, ...]:
@@ -266,19 +358,29 @@ class CheckpointManager:
     # --- start-up and recovery ---------------------------------------------------------------
 
     def delete_uncommitted(self, dir_names: list[str]) -> None:
-        """Delete directories of reports that never committed (a failed attempt's)."""
+        """Delete directories of this run's reports that never committed (a failed
+        attempt's, a skipped upload's); one that fails is retried later."""
+        indexed = {r.dir_name for r in self.index.checkpoints}
+        holding = self.names_holding_references()
         for name in dir_names:
-            if self.index.find(name) is not None:
+            if name in indexed or name in holding:
                 continue
             location = self.run.join(name)
             try:
-                if read_manifest(location, self.retry) is None:
+                has_manifest = read_manifest(location, self.retry) is not None
+                if may_delete_partial(name, has_manifest=has_manifest, indexed=indexed,
+                                      announced=dir_names, holding_references=holding):
                     delete_dir(location, self.retry)
                     logger.info("Deleted uncommitted checkpoint directory %s", name)
-            except CairnError as exc:
+                self.failed_deletions.pop(name, None)
+            except CheckpointDamagedError as exc:
                 logger.warning("Leaving %s in place: %s", name, exc)
+            except CairnError as exc:
+                self.failed_deletions[name] = None
+                logger.warning("Could not delete uncommitted %s yet (retried later): %s",
+                               name, exc)
 
-    def reconcile(self, started: Collection[str] = ()) -> None:
+    def reconcile(self, started: Collection[str] = (), dropped: Collection[str] = ()) -> None:
         """Settle what a dead driver left behind, before the run goes on.
 
         * A manifest the index does not name (killed between manifest and index): the
@@ -289,6 +391,8 @@ class CheckpointManager:
           directories (the user's logs, data of a NO_UPLOAD report still being written)
           are left alone.
         * Temporary files of interrupted atomic writes: deleted.
+
+        ``dropped``: checkpoints an earlier resume dropped as damaged; never adopted back.
         """
         known = {r.dir_name for r in self.index.checkpoints}
         adopted: list[CheckpointRecord] = []
@@ -298,7 +402,8 @@ class CheckpointManager:
             if TEMPORARY_MARK in name:
                 delete_file(location, self.retry)
                 continue
-            if name in RESERVED_NAMES or name in known or not is_dir(location, self.retry):
+            if (name in RESERVED_NAMES or name in known or name in dropped
+                    or not is_dir(location, self.retry)):
                 continue
             try:
                 manifest = read_manifest(location, self.retry)
@@ -324,9 +429,10 @@ class CheckpointManager:
             next_index = max(self.index.next_report_index, records[-1].report_index + 1)
             self.save_index(checkpoints=tuple(records), next_report_index=next_index)
         holding_references = self.names_holding_references()
+        indexed = {r.dir_name for r in self.index.checkpoints}
         for name in partial:
-            created = is_default_checkpoint_dir_name(name) or name in started
-            if created and name not in holding_references:
+            if may_delete_partial(name, has_manifest=False, indexed=indexed, announced=started,
+                                  holding_references=holding_references):
                 delete_dir(self.run.join(name), self.retry)
                 logger.info("Deleted %s: a directory without a manifest", name)
 
@@ -346,13 +452,43 @@ class CheckpointManager:
             return None
         return location.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0]
 
-    def choose_resume(self) -> CheckpointView | None:
-        """The latest committed checkpoint that verifies; corrupt ones are skipped.
+    def settle_uncertain(self) -> None:
+        """Settle commits whose index write failed after their manifest landed.
 
-        Every file is checked against its manifest (size and checksum). A checkpoint that
-        fails is dropped from the index with a warning and the previous one is tried.
+        The store may have written the index and lost its answer: the checkpoint is
+        committed (its manifest says so), so the index names it again and the next attempt
+        may resume from it. Call before :meth:`choose_resume`.
+        """
+        uncertain, self._uncertain = self._uncertain, []
+        adopted = []
+        for record in uncertain:
+            if self.index.find(record.dir_name) is not None:
+                continue
+            try:
+                manifest = read_manifest(self.run.join(record.dir_name), self.retry)
+            except CheckpointDamagedError:
+                manifest = None
+            if manifest is not None and manifest.report_index == record.report_index:
+                adopted.append(record)
+        if adopted:
+            logger.warning("Adopting %s: committed, but the index write of the commit failed",
+                           [r.dir_name for r in adopted])
+            records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
+            self.save_index(checkpoints=tuple(records), next_report_index=max(
+                self.index.next_report_index, records[-1].report_index + 1))
+
+    def choose_resume(self) -> CheckpointView | None:
+        """The latest committed checkpoint that verifies; damaged ones are skipped.
+
+        Every file is checked against its manifest (size and checksum, regular files
+        only). A checkpoint with any kind of damage (:class:`CheckpointDamagedError`) is
+        dropped from the index with a warning, recorded as dropped in the event log (so
+        reconcile never adopts it back) and the previous one is tried. All drops are
+        written in one index write. A storage outage is no damage: it propagates.
         """
         records = sorted(self.index.checkpoints, key=lambda r: r.report_index, reverse=True)
+        dropped: list[CheckpointRecord] = []
+        chosen: CheckpointView | None = None
         for record in records:
             view = self.view(record)
             try:
@@ -360,15 +496,30 @@ class CheckpointManager:
                 if manifest is None:
                     raise ManifestError(f"{view.manifest_at.display()} has no manifest")
                 verify_directory(view.data, manifest.files, retry=self.retry)
-            except (ChecksumMismatchError, CheckpointNotFoundError, ManifestError) as exc:
+            except (CheckpointDamagedError, CheckpointNotFoundError) as exc:
                 # Only damage drops a checkpoint; a storage outage fails the attempt instead
                 # (it counts as a failure and the next attempt tries again).
-                logger.warning(
-                    "Not resuming from %s (report %d): %s. Falling back to the previous "
-                    "committed checkpoint.", record.dir_name, record.report_index, exc,
-                )
-                remaining = tuple(r for r in self.index.checkpoints if r is not record)
-                self.save_index(checkpoints=remaining)
+                if len(dropped) < 20:
+                    logger.warning(
+                        "Not resuming from %s (report %d): %s. Falling back to the previous "
+                        "committed checkpoint.", record.dir_name, record.report_index, exc,
+                    )
+                dropped.append(record)
+                if self.events is not None:
+                    self.events.append({"type": "checkpoint_dropped", "dir_name":
+                                        record.dir_name, "report_index": record.report_index,
+                                        "reason": str(exc)[:500], "t": time.time()})
                 continue
-            return view
-        return None
+            chosen = view
+            break
+        if dropped:
+            if len(dropped) > 20:
+                logger.warning("Dropped %d damaged checkpoints in all", len(dropped))
+            if self.events is not None:
+                # Before the index forgets them: a driver killed in between adopts them
+                # back and drops them again, never the other way round.
+                self.events.flush()
+            names = {r.dir_name for r in dropped}
+            self.save_index(checkpoints=tuple(r for r in self.index.checkpoints
+                                              if r.dir_name not in names))
+        return chosen

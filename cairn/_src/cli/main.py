@@ -1,8 +1,11 @@
 """The ``cairn`` command line: inspect, verify, prune, plot and summarize runs.
 
 Every command takes a run directory (a path or any URI Cairn resolves) and exits non-zero
-with a one-line error on bad input. ``prune`` refuses to touch a run that a live driver
-holds. This is the only place that configures logging handlers.
+with a one-line error on bad input: exit code 2 for a bad argument or a file that is not
+what Cairn wrote (the run's files are untrusted input), never a traceback. ``prune``
+refuses to touch a run that a live driver holds and deletes only what the run owns
+(:mod:`cairn._src.checkpoint.ownership`). ``lease break`` clears a run's lease by hand.
+This is the only place that configures logging handlers.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index, write_index
-from cairn._src.checkpoint.manager import checkpoint_view
+from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
+from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.checkpoint.retention import decide_retention, make_policy
-from cairn._src.errors import CairnError
+from cairn._src.config import CheckpointConfig
+from cairn._src.errors import CairnError, ManifestError
 from cairn._src.goodput.summary import summarize
 from cairn._src.run.layout import EVENTS_DIR, LEASE_NAME, METRICS_DIR
-from cairn._src.run.lease import LeaseInfo, is_live
-from cairn._src.run.segment_log import read_log
-from cairn._src.storage.fileio import delete_dir, read_bytes
+from cairn._src.run.lease import LeaseInfo, break_lease, is_live
+from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage.fileio import read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import verify_directory
@@ -43,9 +48,10 @@ def _open(path: str) -> tuple[StorageLocation, RunIndex]:
 def _live_lease(run: StorageLocation) -> LeaseInfo | None:
     try:
         lease = LeaseInfo.from_json(read_bytes(run.join(LEASE_NAME), RETRY))
-    except FileNotFoundError:
+    except (FileNotFoundError, ManifestError):
+        # An invalid lease holds nothing: a driver takes it over too.
         return None
-    return lease if lease is not None and is_live(lease) else None
+    return lease if is_live(lease) else None
 
 
 def _format_metrics(metrics: dict[str, Any], limit: int = 60) -> str:
@@ -104,7 +110,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     lease = _live_lease(run)
     if lease is not None:
         raise CairnError(f"A live driver (host {lease.host}, pid {lease.pid}) holds this run; "
-                         "prune it when the run has stopped.")
+                         "prune it when the run has stopped (`cairn lease break RUN` clears "
+                         "the lease of a driver that is gone).")
     if args.keep < 1:
         raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
     policy = make_policy(args.keep, args.score, args.order)
@@ -119,12 +126,28 @@ def cmd_prune(args: argparse.Namespace) -> int:
     # Index first, deletion after: a crash in between leaves only unreferenced data.
     write_index(run, index.with_changes(
         checkpoints=tuple(r for r, k in zip(records, keep, strict=True) if k)), RETRY)
+    # What the run recorded decides what may be deleted, never the index alone.
+    manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                SegmentLog(run.join(METRICS_DIR), RETRY))
+    manager.registered = registered_references(read_log(run.join(EVENTS_DIR), RETRY))
+    left = 0
     for record in dropped:
-        if record.target_uri is None or record.managed or args.delete_references:
-            if record.target_uri is not None:
-                delete_dir(resolve(record.target_uri), RETRY)
-        delete_dir(run.join(record.dir_name), RETRY)
+        if not manager.delete_owned(record, delete_references=args.delete_references):
+            left += 1
+            print(f"left in place: {record.dir_name} (not a checkpoint directory this run "
+                  "owns; see the warning above)")
     print(f"{len(dropped)} dropped, {len(records) - len(dropped)} kept")
+    return 0
+
+
+def cmd_lease_break(args: argparse.Namespace) -> int:
+    run = resolve(args.run)
+    previous = break_lease(run, RETRY)
+    if previous is None:
+        print(f"cleared the lease of {run.display()} (there was no readable lease)")
+    else:
+        print(f"cleared the lease of {run.display()} (was host {previous.host}, pid "
+              f"{previous.pid}, heartbeat {previous.heartbeat_at:.0f})")
     return 0
 
 
@@ -229,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     goodput.set_defaults(func=cmd_goodput)
     rebuild = command("rebuild-index", "Rebuild the run index from the checkpoint manifests.")
     rebuild.set_defaults(func=cmd_rebuild_index)
+    lease = commands.add_parser("lease", help="Manage a run's lease.",
+                                description="Manage a run's lease.")
+    lease_commands = lease.add_subparsers(dest="lease_command", required=True)
+    lease_break = lease_commands.add_parser(
+        "break", help="Clear a run's lease by hand (only when no driver runs it).",
+        description="Clear a run's lease by hand (only when no driver runs it).")
+    lease_break.add_argument("run", help="the run directory: a path or URI")
+    lease_break.set_defaults(func=cmd_lease_break)
     return parser
 
 
@@ -240,6 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except CairnError as exc:
         print(f"cairn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        # The run's files are untrusted input: whatever they hold, one line, never a
+        # traceback.
+        print(f"cairn {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return code
 

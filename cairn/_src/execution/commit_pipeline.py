@@ -17,6 +17,7 @@ from typing import Any
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig
+from cairn._src.errors import RunLeaseError
 from cairn._src.execution.attempt import Attempt
 from cairn._src.execution.messages import CommittedMessage
 from cairn._src.execution.reports import ReadyCheckpoint
@@ -41,6 +42,8 @@ class CommitPipeline:
             tuple[ReadyCheckpoint, int] | Callable[[], None] | None] = queue.Queue()
         self._committer = threading.Thread(target=self._commit_loop, name="cairn-committer",
                                            daemon=True)
+        # Set once the fence found the lease taken over: nothing is committed after it.
+        self._fenced: RunLeaseError | None = None
 
     def start(self) -> None:
         self._committer.start()
@@ -69,8 +72,16 @@ class CommitPipeline:
                 item()
                 continue
             ready, attempt = item
+            if self._fenced is not None:
+                self._post("committed", (ready, None, self._fenced))
+                continue
             try:
                 outcome = self._manager.commit(ready, attempt=attempt)
+            except RunLeaseError as exc:
+                self._fenced = exc
+                logger.error("Not committing report %d: %s", ready.index, exc)
+                self._post("committed", (ready, None, exc))
+                continue
             except BaseException as exc:
                 logger.error("Commit of report %d failed: %s", ready.index, exc)
                 self._post("committed", (ready, None, exc))
@@ -87,8 +98,14 @@ class CommitPipeline:
 
     def on_committed(self, attempt: Attempt, ready: ReadyCheckpoint, outcome: Any,
                      error: BaseException | None) -> None:
-        """A commit's result, on the loop's thread: tell the workers and the callbacks."""
+        """A commit's result, on the loop's thread: tell the workers and the callbacks.
+
+        Raises :class:`RunLeaseError` when the commit found the lease taken over: the run
+        stops at once, without another commit or index write.
+        """
         attempt.commits_in_flight -= 1
+        if isinstance(error, RunLeaseError):
+            raise error
         if error is not None:
             attempt.failures.append(WorkerFailure(
                 rank=min(ready.ranks), traceback="",

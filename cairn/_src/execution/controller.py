@@ -186,6 +186,10 @@ class Controller:
         with self._validations.paused():
             index = self._manager.index
             number = index.attempts
+            # A commit whose index write failed after its manifest landed is settled
+            # first (committed: adopted), so this attempt resumes from it consistently.
+            self._manager.settle_uncertain()
+            self._manager.retry_deletions()
             resume = self._manager.choose_resume()
             self._manager.save_index(
                 attempts=number + 1,
@@ -487,6 +491,10 @@ class Controller:
         if pending is not None and pending.dir_name is not None:
             self._manager.delete_uncommitted([pending.dir_name])
             attempt.skipped_dirs[message.index] = pending.dir_name
+        elif message.index in attempt.skipped_dirs:
+            # A second rank's upload of a report already skipped failed too: what it wrote
+            # after the first deletion goes as well.
+            self._manager.delete_uncommitted([attempt.skipped_dirs[message.index]])
         self._broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
                                                   error=reason))
 
@@ -534,6 +542,17 @@ class Controller:
             connection.close()
         # As in Ray Train, a run ends once its validations have finished.
         self._validations.wait_idle()
+        # Every rank has stopped writing: skipped partial uploads go now, before the final
+        # index write (on a full disk their space is what that write needs), then the
+        # deletions that failed earlier in the run are tried once more.
+        self._manager.delete_uncommitted(sorted(set(attempt.skipped_dirs.values())))
+        left = self._manager.retry_deletions()
+        if left:
+            logger.warning("Could not delete %d checkpoint directories the run no longer "
+                           "needs (%s): the storage still refuses; a later fit() of this run "
+                           "or `cairn prune` deletes them", len(left), ", ".join(left))
+            self._events.append({"type": "deletions_failed", "dir_names": left,
+                                 "t": time.time()})
         self._manager.save_index(next_report_index=self._next_report_index)
         rank0 = attempt.done.get(0)
         value = cloudpickle.loads(rank0.return_value) if rank0 and rank0.return_value else None

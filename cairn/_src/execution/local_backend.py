@@ -217,8 +217,19 @@ class LocalBackend:
                 start_new_session=True,
             )
             assert process.stdin is not None
-            process.stdin.write(bootstrap.for_rank(rank))
-            process.stdin.close()
+            try:
+                process.stdin.write(bootstrap.for_rank(rank))
+                process.stdin.close()
+            except OSError as exc:
+                # The process died before it read its bootstrap (killed right after it was
+                # spawned): its exit is that rank's failure, seen by the controller loop
+                # like any other, so the attempt fails and restarts within the budget.
+                logger.warning("Worker rank %d (pid %d) exited before it read its bootstrap: "
+                               "%s", rank, process.pid, exc)
+                try:
+                    process.stdin.close()
+                except OSError:
+                    pass
             self.workers.append(WorkerProcess(rank, process, self._forward_output))
         logger.info("Started %d local workers (pids %s)", num_workers,
                     ", ".join(str(w.pid) for w in self.workers))

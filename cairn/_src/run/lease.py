@@ -1,15 +1,29 @@
-"""The run lease: at most one live driver per run.
+"""The run lease: at most one live driver per run, and a fence for the one that lost it.
 
-A driver writes ``lease.json`` (host, pid, a random token, a heartbeat time) when it
-starts and renews it every ``ttl_s / 3`` seconds. Another driver is refused while the
-lease is live: its process still exists (same host) or its heartbeat is younger than the
-TTL (another host). A lease whose driver is dead is taken over. The write is followed by a
-read-back of the token, which catches most races between two drivers starting together;
-storage without a conditional write cannot rule out every interleaving.
+A driver writes ``lease.json`` (host, pid, a random token, a heartbeat time, a ttl and a
+generation) when it starts and renews it every ``ttl_s / 3`` seconds.
+
+* **Who may take a lease.** A lease is live while its heartbeat is younger than its ttl and,
+  on this host, its process still exists (a driver killed with ``kill -9`` on this host is
+  taken over at once). A heartbeat older than the ttl means its driver is gone whatever
+  the pid says (pids are reused). An invalid lease (pid 0 or below, a ttl of 0, below or
+  above :data:`MAX_TTL_S`, a heartbeat further in the future than its ttl, wrong types) is
+  taken over too, with a warning naming what is wrong. ``cairn lease break RUN`` clears a
+  lease by hand.
+* **Two drivers starting together.** Each new holder claims the next generation by
+  creating ``_cairn_lease.<generation>`` exclusively (``O_EXCL`` on a local or POSIX file
+  system): of two drivers that read the lease as free at once, one creates the claim and
+  the other is refused. Stores without an exclusive create fall back to a write and a
+  read-back of the token, which catches most interleavings, and rely on the fence.
+* **The fence.** :meth:`RunLease.fence` raises :class:`RunLeaseError` once another driver
+  holds the lease; the checkpoint manager calls it right before every index write (and
+  before a commit writes its manifest), so a driver whose lease was taken over stops
+  committing at once instead of writing over the new holder's index.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -17,19 +31,24 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
 
-from cairn._src.errors import RunLeaseError
+from cairn._src.errors import CairnError, ManifestError, RunLeaseError
 from cairn._src.run.layout import LEASE_NAME
-from cairn._src.storage.fileio import delete_file, read_bytes, write_bytes_atomic
+from cairn._src.run.schema import parse_lease
+from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.uris import local_root
 
 logger = logging.getLogger(__name__)
 
 LEASE_VERSION = 1
+CLAIM_PREFIX = "_cairn_lease."
+# A ttl above this is not one Cairn writes (the default is 30 s): such a lease is invalid.
+MAX_TTL_S = 3600.0
 _SETTLE_S = 0.05
+BREAK_HINT = "`cairn lease break {run}` clears it by hand once no driver runs it"
 
 
 @dataclass(frozen=True)
@@ -39,23 +58,31 @@ class LeaseInfo:
     token: str
     heartbeat_at: float
     ttl_s: float
+    generation: int = 0
 
     def to_json(self) -> bytes:
-        return json.dumps({"version": LEASE_VERSION, **self.__dict__}).encode()
+        return json.dumps({"version": LEASE_VERSION, **asdict(self)}).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> LeaseInfo | None:
-        try:
-            body: dict[str, Any] = json.loads(data)
-            return cls(
-                host=str(body["host"]),
-                pid=int(body["pid"]),
-                token=str(body["token"]),
-                heartbeat_at=float(body["heartbeat_at"]),
-                ttl_s=float(body["ttl_s"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
+    def from_json(cls, data: bytes, *, where: str = LEASE_NAME) -> LeaseInfo:
+        """The lease in ``data``; :class:`ManifestError` when it is not one Cairn wrote."""
+        body = parse_lease(data, where=where)
+        return cls(host=body["host"], pid=int(body["pid"]), token=body["token"],
+                   heartbeat_at=float(body["heartbeat_at"]), ttl_s=float(body["ttl_s"]),
+                   generation=int(body.get("generation", 0)))
+
+
+def lease_problem(lease: LeaseInfo, *, now: float | None = None) -> str | None:
+    """Why ``lease`` cannot be a lease a live driver holds, or None when it could be."""
+    now = time.time() if now is None else now
+    if lease.pid <= 0:
+        return f"its pid is {lease.pid}"
+    if not 0 < lease.ttl_s <= MAX_TTL_S:
+        return f"its ttl_s is {lease.ttl_s:g} (a lease has 0 < ttl_s <= {MAX_TTL_S:g})"
+    if lease.heartbeat_at - now > lease.ttl_s:
+        return (f"its heartbeat is {lease.heartbeat_at - now:.0f}s in the future, more than "
+                f"its ttl of {lease.ttl_s:g}s")
+    return None
 
 
 def _process_exists(pid: int) -> bool:
@@ -71,52 +98,134 @@ def _process_exists(pid: int) -> bool:
 def is_live(lease: LeaseInfo, *, now: float | None = None) -> bool:
     """Whether the driver named by ``lease`` may still be running.
 
-    On this host a dead process settles it at once (a driver killed with ``kill -9`` is
-    taken over without waiting for its heartbeat to age). Otherwise, and for another
-    ``fit()`` in this very process, a heartbeat younger than the TTL means live.
+    A heartbeat older than the ttl means gone, whatever the pid (it may be reused). On this
+    host a dead process settles it at once. An invalid lease is never live.
     """
-    fresh = (now or time.time()) - lease.heartbeat_at < lease.ttl_s
+    now = time.time() if now is None else now
+    if lease_problem(lease, now=now) is not None:
+        return False
+    if now - lease.heartbeat_at >= lease.ttl_s:
+        return False
     if lease.host == socket.gethostname() and lease.pid != os.getpid():
         return _process_exists(lease.pid)
-    return fresh
+    return True
+
+
+def _claim_exclusively(location: StorageLocation) -> bool | None:
+    """Create ``location`` if absent: True when created, False when it existed, None when
+    the store has no exclusive create."""
+    root = local_root(location.filesystem)
+    if root is None:
+        return None
+    path = location.path if not root else root.rstrip("/") + "/" + location.path.lstrip("/")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        raise
+    os.close(fd)
+    return True
+
+
+def claim_names(run: StorageLocation, retry: RetryPolicy) -> dict[int, str]:
+    """generation -> name of the claim files in ``run``."""
+    claims = {}
+    for name in list_dir_names(run, retry):
+        suffix = name[len(CLAIM_PREFIX):]
+        if name.startswith(CLAIM_PREFIX) and suffix.isdigit():
+            claims[int(suffix)] = name
+    return claims
+
+
+def break_lease(run: StorageLocation, retry: RetryPolicy) -> LeaseInfo | None:
+    """Clear the lease of ``run`` and its claims (``cairn lease break``); the lease that was
+    there, if it could be read."""
+    location = run.join(LEASE_NAME)
+    previous: LeaseInfo | None = None
+    try:
+        previous = LeaseInfo.from_json(read_bytes(location, retry), where=location.display())
+    except (FileNotFoundError, ManifestError):
+        pass
+    try:
+        delete_file(location, retry)
+    except FileNotFoundError:
+        pass
+    for name in claim_names(run, retry).values():
+        delete_file(run.join(name), retry)
+    return previous
 
 
 class RunLease:
     """Holds the lease of one run while a driver runs it."""
 
     def __init__(self, run: StorageLocation, retry: RetryPolicy, *, ttl_s: float = 30.0) -> None:
+        self._run = run
         self._location = run.join(LEASE_NAME)
         self._retry = retry
         self._ttl_s = ttl_s
         self._token = secrets.token_hex(16)
+        self._generation = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lost: RunLeaseError | None = None
+
+    @property
+    def generation(self) -> int:
+        return self._generation
 
     def _read(self) -> LeaseInfo | None:
         try:
-            return LeaseInfo.from_json(read_bytes(self._location, self._retry))
+            return LeaseInfo.from_json(read_bytes(self._location, self._retry),
+                                       where=self._location.display())
         except FileNotFoundError:
             return None
 
     def _write(self) -> None:
-        info = LeaseInfo(socket.gethostname(), os.getpid(), self._token, time.time(), self._ttl_s)
+        info = LeaseInfo(socket.gethostname(), os.getpid(), self._token, time.time(),
+                         self._ttl_s, self._generation)
         write_bytes_atomic(self._location, info.to_json(), self._retry)
+
+    def _run_text(self) -> str:
+        return self._location.display().rsplit("/", 1)[0]
 
     def acquire(self) -> None:
         """Take the lease or raise :class:`RunLeaseError` naming the holder."""
-        current = self._read()
-        if current is not None and current.token != self._token and is_live(current):
+        try:
+            current = self._read()
+        except ManifestError as exc:
+            logger.warning("Taking over the lease of %s: %s", self._run_text(), exc)
+            current = None
+        if current is not None and current.token != self._token:
+            problem = lease_problem(current)
+            if problem is not None:
+                logger.warning("Taking over an invalid lease of %s (host %s, pid %d): %s",
+                               self._run_text(), current.host, current.pid, problem)
+            elif is_live(current):
+                raise RunLeaseError(
+                    f"The run at {self._run_text()} is held by another live driver (host "
+                    f"{current.host}, pid {current.pid}). Wait for it to finish, stop it, "
+                    f"or give this run another RunConfig.name; "
+                    f"{BREAK_HINT.format(run=self._run_text())}."
+                )
+            else:
+                logger.warning("Taking over the lease of a driver that is gone (host %s, "
+                               "pid %d, heartbeat %.0fs old)", current.host, current.pid,
+                               time.time() - current.heartbeat_at)
+        claims = claim_names(self._run, self._retry)
+        self._generation = 1 + max([current.generation if current else 0, *claims])
+        claimed = _claim_exclusively(self._run.join(f"{CLAIM_PREFIX}{self._generation}"))
+        if claimed is False:
             raise RunLeaseError(
-                f"The run at {self._location.display().rsplit('/', 1)[0]} is held by another "
-                f"live driver (host {current.host}, pid {current.pid}). Wait for it to finish, "
-                "stop it, or give this run another RunConfig.name."
+                f"Another driver took the lease of the run at {self._run_text()} at the same "
+                "time (it claimed the same lease generation). Only one driver may run it."
             )
-        if current is not None:
-            logger.info("Taking over the lease of a dead driver (host %s, pid %d)",
-                        current.host, current.pid)
         self._write()
-        # A driver that read the lease as free at the same moment writes within this
-        # window; reading back after it leaves one of the two holding the lease.
+        # Without an exclusive create, a driver that read the lease as free at the same
+        # moment writes within this window; reading back after it leaves one of the two.
         time.sleep(_SETTLE_S)
         check = self._read()
         if check is None or check.token != self._token:
@@ -125,19 +234,47 @@ class RunLease:
                 f"Another driver ({holder}) took the lease of this run at the same time. "
                 "Only one driver may run it."
             )
+        for generation, name in claims.items():
+            if generation < self._generation:
+                try:
+                    delete_file(self._run.join(name), self._retry)
+                except Exception:
+                    logger.debug("Could not delete the old lease claim %s", name, exc_info=True)
         self._thread = threading.Thread(target=self._renew, name="cairn-lease", daemon=True)
         self._thread.start()
+
+    def fence(self) -> None:
+        """Raise :class:`RunLeaseError` when another driver holds the lease now.
+
+        Reads the lease (one small read): called right before the index is written, so a
+        driver that lost its lease writes no index over the new holder's.
+        """
+        if self._lost is None:
+            current = self._read()
+            if current is None or current.token != self._token:
+                self._lost = self._lost_error(current)
+        if self._lost is not None:
+            raise self._lost
+
+    def _lost_error(self, current: LeaseInfo | None) -> RunLeaseError:
+        holder = (f"driver host {current.host}, pid {current.pid}" if current is not None
+                  else "nobody: the lease was removed")
+        return RunLeaseError(
+            f"This driver lost the lease of the run at {self._run_text()} (now held by "
+            f"{holder}), so it stopped committing checkpoints. Its heartbeat could not be "
+            "renewed in time (a paused process or slow storage); the run continues under "
+            "the new holder."
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(self._ttl_s / 3):
             try:
                 current = self._read()
-                if current is not None and current.token != self._token:
+                if current is None or current.token != self._token:
                     # Someone took the run over (this driver looked dead to it): stop
-                    # renewing rather than fight over the lease; the error names the cause.
-                    logger.error("Another driver (host %s, pid %d) took over the lease of "
-                                 "this run; this driver no longer holds it", current.host,
-                                 current.pid)
+                    # renewing rather than fight over the lease; the fence stops commits.
+                    self._lost = self._lost_error(current)
+                    logger.error("%s", self._lost)
                     return
                 self._write()
             except Exception:
@@ -152,5 +289,6 @@ class RunLease:
             current = self._read()
             if current is not None and current.token == self._token:
                 delete_file(self._location, self._retry)
-        except Exception:
+                delete_file(self._run.join(f"{CLAIM_PREFIX}{self._generation}"), self._retry)
+        except (CairnError, OSError):
             logger.warning("Could not release the run lease", exc_info=True)

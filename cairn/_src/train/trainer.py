@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from cairn._src import migration
 from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
 from cairn._src.errors import (
     ConfigDeprecationError,
@@ -140,9 +141,12 @@ class Trainer:
         lease.acquire()
         try:
             manager = self._open_run(run, retry)
+            # Every index write first checks that this driver still holds the run.
+            manager.fence = lease.fence
             _log_run_start(self._run_name, run, manager)
             history = manager.history
             events = SegmentLog(run.join(EVENTS_DIR), retry)
+            manager.events = events
             next_index = max(manager.index.next_report_index,
                              _next_from_history(run.join(METRICS_DIR), retry))
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
@@ -204,10 +208,16 @@ class Trainer:
                            "from the manifests", run.display())
             manager.index = rebuild_index(run, retry)
             index = manager.index
+        # What this run recorded decides what it may delete (ownership.py), never the
+        # index alone.
+        manager.registered = registered_references(events)
         if index is not None:
             started = {str(e["dir_name"]) for e in events
                        if e.get("type") == "checkpoint_started" and "dir_name" in e}
-            manager.reconcile(started)
+            # Dropped as damaged by an earlier resume: never adopted back.
+            dropped = {str(e["dir_name"]) for e in events
+                       if e.get("type") == "checkpoint_dropped" and "dir_name" in e}
+            manager.reconcile(started, dropped)
         return manager
 
 
