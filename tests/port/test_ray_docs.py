@@ -1,0 +1,189 @@
+"""Ray Train's documentation scripts, ported by rewriting their imports, run on Cairn.
+
+The scripts under ``ray_docs/`` are copies of Ray Train 2.60's quickstart and of its
+checkpointing and key-concepts guides (each file's header names its source and any
+placeholder the guide leaves that the copy had to fill). :func:`port` rewrites their
+Ray Train import lines and nothing else, then each test runs the result as a script in
+a fresh process with 2 worker processes, the way a user runs it, and checks what the
+guide says the run produces.
+
+Import lines the example porter (``examples/ray_port/port.py``) knows are rewritten by
+it. Scripts that write ``import ray.train`` and then call ``ray.train.report(...)`` get
+``ray`` bound to a namespace whose ``train`` is :mod:`cairn`, on the same line, since Cairn
+has no module that plays ``ray``:
+``import cairn, cairn.torch, types; ray = types.SimpleNamespace(train=cairn)``.
+
+torchvision is not installed here and FashionMNIST cannot be downloaded:
+``stand_ins/torchvision`` (see its docstring) stands in for the names the quickstart
+imports. The quickstart asks for ``use_gpu=True``; this machine has no GPU, so the test
+also turns that one argument to ``False``, the quickstart's own CPU setting.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cairn
+
+HERE = Path(__file__).resolve().parent
+DOCS = HERE / "ray_docs"
+STAND_INS = HERE / "stand_ins"
+PORTER = HERE.parents[1] / "examples" / "ray_port" / "port.py"
+
+RAY_NAMESPACE = "import cairn, cairn.torch, types; ray = types.SimpleNamespace(train=cairn)"
+# A committed checkpoint directory also holds its manifest (the README's contract item 4).
+MANIFEST = "_cairn_manifest.json"
+# Scripts that write `import ray.train.torch` and call `ray.train.torch.prepare_model(...)`
+# inside the train function: the function travels by value, its `ray` namespace holds the
+# module `cairn`, and a worker process that never imported `cairn.torch` has no such
+# attribute.
+NEEDS_CAIRN_TORCH_ATTRIBUTE = pytest.mark.xfail(
+    strict=False,
+    reason="needs: cairn.torch reachable as an attribute of cairn in the workers "
+    "(AttributeError: module 'cairn' has no attribute 'torch' when the train function "
+    "calls ray.train.torch.prepare_model after `import ray.train.torch` was ported)")
+
+EXTRA_IMPORTS = {
+    "import ray.train.torch": RAY_NAMESPACE,
+    "import ray.train as train": "import cairn as train",
+    "import ray.train": RAY_NAMESPACE,
+    "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer":
+        "from cairn import Trainer as DataParallelTrainer",
+}
+
+
+def load_porter() -> object:
+    spec = importlib.util.spec_from_file_location("ray_port", PORTER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def port(source: str) -> str:
+    """``source`` with every Ray Train import line replaced by Cairn's; nothing else."""
+    lines = []
+    for line in source.splitlines(keepends=True):
+        for ray_import, cairn_import in EXTRA_IMPORTS.items():
+            if line.rstrip("\n") == ray_import:
+                line = cairn_import + "\n"
+                break
+        lines.append(line)
+    ported: str = load_porter().port("".join(lines))  # type: ignore[attr-defined]
+    return ported
+
+
+def changed_lines(source: str, ported: str) -> list[tuple[str, str]]:
+    return [(a, b) for a, b in zip(source.splitlines(), ported.splitlines(), strict=True)
+            if a != b]
+
+
+def run_ported(script: str, tmp_path: Path, *, source: str | None = None,
+               timeout: float = 600) -> tuple[str, Path]:
+    """Port ``ray_docs/<script>`` (or ``source``), run it; (stdout, storage folder)."""
+    text = source if source is not None else (DOCS / script).read_text()
+    ported = tmp_path / script
+    ported.write_text(port(text))
+    storage = tmp_path / "storage"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        # Runs without a storage_path go to Cairn's default folder: here, one per test.
+        "CAIRN_STORAGE_PATH": str(storage),
+        "STORAGE_PATH": str(storage),
+        # key_concepts.py names ~/ray_results; keep it inside the test's folder.
+        "HOME": str(home),
+        "PYTHONPATH": os.pathsep.join([str(STAND_INS), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run([sys.executable, str(ported)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+    return done.stdout, storage
+
+
+def user_files(directory: str) -> list[str]:
+    """The files of a checkpoint directory, less the manifest Cairn commits it with."""
+    return sorted(name for name in os.listdir(directory) if name != MANIFEST)
+
+
+def only_run(storage: Path) -> Path:
+    runs = [path for path in storage.iterdir() if path.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_port_changes_only_import_lines() -> None:
+    for script in sorted(DOCS.glob("*.py")):
+        source = script.read_text()
+        for before, after in changed_lines(source, port(source)):
+            assert before.startswith(("import ray", "from ray")), (script.name, before)
+            assert "cairn" in after, (script.name, after)
+
+
+@pytest.mark.slow
+@NEEDS_CAIRN_TORCH_ATTRIBUTE
+def test_quickstart_every_rank_saves_model_pt(tmp_path: Path) -> None:
+    source = (DOCS / "getting_started_pytorch.py").read_text()
+    assert source.count("use_gpu=True") == 1
+    stdout, storage = run_ported("getting_started_pytorch.py", tmp_path,
+                                 source=source.replace("use_gpu=True", "use_gpu=False"))
+    assert "'epoch': 9" in stdout
+    result = cairn.Result.from_path(str(only_run(storage)))
+    assert result.metrics is not None and result.metrics["epoch"] == 9
+    assert len(result.best_checkpoints) == 10
+    with result.checkpoint.as_directory() as checkpoint_dir:  # type: ignore[union-attr]
+        assert user_files(checkpoint_dir) == ["model.pt"]
+
+
+def test_key_concepts_guide(tmp_path: Path) -> None:
+    stdout, storage = run_ported("key_concepts.py", tmp_path)
+    assert "Observed metrics: {'loss': 2}" in stdout
+    assert "Minimum loss 0" in stdout
+    assert stdout.count("Loss ") == 3
+    assert "Restored loss 2" in stdout
+    assert "Simulated training error" in stdout
+    # Only the trainers that fit() write runs; the RunConfig examples are built only.
+    assert not (tmp_path / "home" / "ray_results").exists()
+    runs = sorted(path for path in storage.iterdir() if path.is_dir())
+    assert len(runs) == 2, runs
+
+
+def test_checkpoints_guide_saving_from_rank_zero(tmp_path: Path) -> None:
+    _, storage = run_ported("checkpoints_pytorch_save.py", tmp_path)
+    result = cairn.Result.from_path(str(only_run(storage)))
+    assert len(result.best_checkpoints) == 5
+    for checkpoint, _ in result.best_checkpoints:
+        with checkpoint.as_directory() as checkpoint_dir:
+            assert user_files(checkpoint_dir) == ["model.pt"]
+
+
+def test_checkpoints_guide_resume_from_get_checkpoint(tmp_path: Path) -> None:
+    _, storage = run_ported("checkpoints_pytorch_restore.py", tmp_path)
+    result = cairn.Result.from_path(str(only_run(storage)))
+    # Epochs 0 and 1, the intentional error, then epochs 2-4 after resuming from epoch 1.
+    assert len(result.best_checkpoints) == 5
+    frame = result.metrics_dataframe
+    assert frame is not None and len(frame) == 5
+
+
+def test_checkpoints_guide_saving_from_all_ranks(tmp_path: Path) -> None:
+    stdout, _ = run_ported("checkpoints_rank_prefixed.py", tmp_path)
+    listed = ast.literal_eval(stdout.strip().splitlines()[-1])
+    assert [name for name in listed if name != MANIFEST] == ["model-rank=0.pt", "model-rank=1.pt"]
+
+
+def test_checkpoints_guide_upload_modes(tmp_path: Path) -> None:
+    stdout, _ = run_ported("checkpoints_upload_modes.py", tmp_path)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    for name, mode in (("train_fn", "sync"), ("train_fn_async", "async")):
+        assert summary[name] == {"metrics": {"epoch": 2, "mode": mode}, "checkpoints": 3,
+                                 "state": "2"}
