@@ -21,8 +21,10 @@ from cairn._src.errors import RunLeaseError
 from cairn._src.execution.attempt import Attempt
 from cairn._src.execution.messages import CommittedMessage
 from cairn._src.execution.reports import ReadyCheckpoint
+from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.execution.worker_errors import WorkerFailure
 from cairn._src.run.segment_log import SegmentLog
+from cairn._src.train.callbacks import CallbackDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +34,9 @@ class CommitPipeline:
 
     def __init__(self, manager: CheckpointManager, events: SegmentLog, run_config: RunConfig,
                  post: Callable[[str, Any], None],
-                 broadcast: Callable[[Attempt, object], None]) -> None:
+                 broadcast: Callable[[Attempt, object], None], *,
+                 callbacks: CallbackDispatcher) -> None:
+        self._callbacks = callbacks
         self._manager = manager
         self._events = events
         self._run_config = run_config
@@ -119,8 +123,6 @@ class CommitPipeline:
             self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
                                  "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
             message = CommittedMessage(ready.index, outcome.view)
-            for callback in self._run_config.callbacks:
-                hook = getattr(callback, "on_checkpoint", None)
-                if hook is not None:
-                    hook(outcome.view.dir_name, ready.metrics)
+            self._callbacks.committed(ready.index, outcome.view.dir_name, dict(ready.metrics),
+                                      checkpoint_from_view(outcome.view))
         self._broadcast(attempt, message)

@@ -24,12 +24,13 @@ import cloudpickle
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
-from cairn._src.errors import ConfigError, ReportError, WorkerGroupError
+from cairn._src.errors import ConfigError, ReportError
 from cairn._src.execution.attempt import Attempt, placement
 from cairn._src.execution.backend import make_backend
 from cairn._src.execution.commit_pipeline import CommitPipeline
 from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.controller_services import AttemptServices
+from cairn._src.execution.failure_errors import worker_group_error
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
@@ -52,6 +53,7 @@ from cairn._src.execution.worker_errors import WorkerFailure, group_failures
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.registry import export_registrations
+from cairn._src.train.callbacks import CallbackDispatcher, TrainRunContext
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +129,14 @@ class Controller:
         self._machine = StateMachine()
         self._backend = make_backend(scaling, run_config)
         self._channels = WorkerChannels(self._backend.bind_host)
+        self._callbacks = CallbackDispatcher(
+            run_config.callbacks,
+            TrainRunContext(run_config=run_config, train_loop_config=spec.config,
+                            scaling_config=scaling),
+            scaling.num_workers,
+        )
         self._commits = CommitPipeline(manager, events, run_config, self._channels.post,
-                                       self._channels.broadcast)
+                                       self._channels.broadcast, callbacks=self._callbacks)
         self._validations = ValidationRunner(
             spec.validation_config, manager, events, submit=self._commits.run_on_commit_thread,
             wake=lambda: self._channels.post("validated", None))
@@ -436,10 +444,8 @@ class Controller:
             if message.checkpoint is not None:
                 record["checkpoint_dir_name"] = message.checkpoint.dir_name
             self._history.append(record)
-            for callback in self._run_config.callbacks:
-                hook = getattr(callback, "on_report", None)
-                if hook is not None:
-                    hook(message.index, message.metrics)
+        self._callbacks.reported(message.rank, message.index, message.metrics,
+                                 message.checkpoint is not None)
         verdicts = attempt.tracker.on_report(message)
         intent = message.checkpoint
         if (intent is not None and intent.explicit_dir_name and intent.mode != "NO_UPLOAD"
@@ -497,6 +503,7 @@ class Controller:
             self._manager.delete_uncommitted([attempt.skipped_dirs[message.index]])
         self._broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
                                                   error=reason))
+        self._callbacks.skipped(message.index)
 
     # --- ends of attempts ----------------------------------------------------------------
 
@@ -529,11 +536,10 @@ class Controller:
             "last_commit_t": attempt.last_commit_t or attempt.started_at,
         })
         self._flush_logs()
-        error = WorkerGroupError(failure.reason)
-        for callback in self._run_config.callbacks:
-            hook = getattr(callback, "on_failure", None)
-            if hook is not None:
-                hook(error)
+        # Each rank's own exception, as Ray Train's worker_failures; the text says where
+        # the committed checkpoints stay.
+        error = worker_group_error(attempt.failures, failure.reason, self._manager.run.display())
+        self._callbacks.failed(error)
         return error
 
     def _finish(self, attempt: Attempt) -> RunOutcome:

@@ -9,6 +9,7 @@ controller calls them through one :class:`CallbackDispatcher`.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,8 @@ class TrainRunContext:
     run_config: RunConfig
     train_loop_config: dict[str, Any] | None
     scaling_config: ScalingConfig
-    run_id: str = field(default="", compare=False)
+    # Unique per fit() call, as Ray Train's (the run's name is run_config.name).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
 
     def get_run_config(self) -> RunConfig:
         return self.run_config
@@ -128,6 +130,9 @@ class CallbackDispatcher:
         self._context = run_context
         self._world_size = world_size
         self._pending: dict[int, _PendingReport] = {}
+        # Reports up to this index were delivered; later news of them (a second rank's
+        # skipped upload, say) is ignored. Indices only grow, across attempts too.
+        self._delivered_through = 0
 
     def _call(self, hook: str, *args: Any) -> None:
         call_hooks(self._callbacks, hook, *args)
@@ -137,6 +142,8 @@ class CallbackDispatcher:
         """Rank ``rank`` made report ``index`` (every rank's report comes through here)."""
         if rank == 0:
             self._call("on_report", index, metrics)
+        if index <= self._delivered_through:
+            return
         pending = self._pending.setdefault(index, _PendingReport())
         pending.metrics[rank] = metrics
         pending.has_checkpoint = pending.has_checkpoint or has_checkpoint
@@ -148,6 +155,8 @@ class CallbackDispatcher:
                   checkpoint: Checkpoint) -> None:
         """The checkpoint of report ``index`` was committed."""
         self._call("on_checkpoint", dir_name, metrics)
+        if index <= self._delivered_through:
+            return
         pending = self._pending.setdefault(index, _PendingReport())
         pending.has_checkpoint = True
         pending.resolved = True
@@ -157,6 +166,8 @@ class CallbackDispatcher:
     def skipped(self, index: int) -> None:
         """The checkpoint of report ``index`` was dropped (``upload_failure_policy="skip"``):
         its report is delivered without one."""
+        if index <= self._delivered_through:
+            return
         pending = self._pending.setdefault(index, _PendingReport())
         pending.has_checkpoint = True
         pending.resolved = True
@@ -175,5 +186,6 @@ class CallbackDispatcher:
             if not pending.resolved or len(pending.metrics) < self._world_size:
                 return
             del self._pending[index]
+            self._delivered_through = index
             metrics = [pending.metrics[rank] for rank in range(self._world_size)]
             self._call("after_report", self._context, metrics, pending.checkpoint)
