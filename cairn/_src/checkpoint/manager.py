@@ -27,6 +27,7 @@ from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.checkpoint.ownership import (
+    DeletionPlan,
     Target,
     could_have_created,
     may_delete_partial,
@@ -143,6 +144,8 @@ class CheckpointManager:
         self._uncertain: list[CheckpointRecord] = []
         # Checkpoint directories whose deletion failed: retried later (retry_deletions()).
         self.failed_deletions: dict[str, CheckpointRecord | None] = {}
+        # Deletions the ownership check approved and that have not finished yet.
+        self._approved: dict[str, DeletionPlan] = {}
 
     # --- views of committed checkpoints ----------------------------------------------------
 
@@ -278,17 +281,21 @@ class CheckpointManager:
                            record.dir_name)
             return False
         manifest_dir = self.run.join(record.dir_name)
-        try:
-            manifest = read_manifest(manifest_dir, self.retry)
-        except CheckpointDamagedError as exc:
-            logger.warning("Not deleting %s: %s", record.dir_name, exc)
-            return False
-        plan = plan_deletion(record, manifest=manifest, registered=self.registered,
-                             delete_references=delete_references)
-        for refusal in plan.refusals:
-            logger.warning("Leaving data of %s in place: %s", record.dir_name, refusal)
-        if not plan.checkpoint_dir:
-            return False
+        # A deletion retried after a storage error: the manifest it checked may be gone.
+        plan = self._approved.get(record.dir_name)
+        if plan is None:
+            try:
+                manifest = read_manifest(manifest_dir, self.retry)
+            except CheckpointDamagedError as exc:
+                logger.warning("Not deleting %s: %s", record.dir_name, exc)
+                return False
+            plan = plan_deletion(record, manifest=manifest, registered=self.registered,
+                                 delete_references=delete_references)
+            for refusal in plan.refusals:
+                logger.warning("Leaving data of %s in place: %s", record.dir_name, refusal)
+            if not plan.checkpoint_dir:
+                return False
+            self._approved[record.dir_name] = plan
         # The manifest goes first: a crash half-way leaves a directory without one,
         # which is never taken for a checkpoint again.
         delete_file(manifest_dir.join(MANIFEST_NAME), self.retry)
@@ -300,6 +307,7 @@ class CheckpointManager:
             else:
                 delete_dir(target, self.retry)
         delete_dir(manifest_dir, self.retry)
+        self._approved.pop(record.dir_name, None)
         return True
 
     def retry_deletions(self) -> list[str]:
