@@ -250,6 +250,13 @@ class RunConfig:
     Cairn can resolve (``s3://``, ``gs://``, a registered custom scheme ...);
     ``storage_filesystem`` is an explicit ``pyarrow.fs.FileSystem``, fsspec filesystem, or a
     zero-argument factory returning one (use a factory when the object cannot be pickled).
+
+    ``storage_retry`` is the retry budget of every storage call of the run. ``startup_retry``
+    is the driver's budget while it starts (taking the lease, reading the run index,
+    settling what a dead driver left): ``None`` uses ``storage_retry``; give a longer one
+    (``RetryPolicy(max_attempts=20, max_backoff_s=30)``) to ride out a storage outage at
+    start. When it runs out, ``fit()`` raises :class:`StorageError` saying that the run is
+    intact and can be started again.
     """
 
     name: str | None = None
@@ -261,6 +268,7 @@ class RunConfig:
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     worker_env: dict[str, str] | None = None
     log_to_driver: bool = True
+    startup_retry: RetryPolicy | None = None
     sync_config: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     verbose: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     stop: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
@@ -293,6 +301,11 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a "
                 "CheckpointConfig."
+            )
+        if self.startup_retry is not None and not isinstance(self.startup_retry, RetryPolicy):
+            raise ConfigError(
+                f"RunConfig.startup_retry={self.startup_retry!r} must be a cairn.RetryPolicy "
+                "or None (None: the start-up uses storage_retry)."
             )
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(

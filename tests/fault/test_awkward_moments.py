@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+import fault_store
 import fault_workloads
 import pytest
 from invariants import check_run, resumed_steps, run_dir
@@ -31,9 +32,10 @@ DEFAULT = RetryPolicy()
 
 
 def trainer(config: cairn.RunConfig, scratch: str, steps: int) -> Trainer:
+    directory = run_dir(config) if "://" not in str(config.storage_path) else ""
     return Trainer(
         fault_workloads.resumable,
-        train_loop_config={"steps": steps, "scratch": scratch, "run_dir": run_dir(config),
+        train_loop_config={"steps": steps, "scratch": scratch, "run_dir": directory,
                            "first_index": 1},
         scaling_config=ScalingConfig(num_workers=2), run_config=config)
 
@@ -129,3 +131,34 @@ def test_a_storage_still_refusing_deletions_gives_one_warning(
     final = [r for r in caplog.records if "the storage still refuses" in r.getMessage()]
     assert len(final) == 1
     assert "checkpoint_000001, checkpoint_000002" in final[0].getMessage()
+
+
+def test_a_start_during_a_storage_outage_says_the_run_is_intact(
+    tmp_path: str, scratch: str
+) -> None:
+    fault_store.register()
+    root = os.path.join(str(tmp_path), "faultfs")
+
+    def config(**options: object) -> cairn.RunConfig:
+        return cairn.RunConfig(
+            name="run", storage_path=fault_store.faultfs_uri(root, **options),
+            startup_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.0))
+
+    directory = os.path.join(root, "storage", "run")
+    trainer(config(), scratch, steps=2).fit()
+    assert os.path.isdir(os.path.join(directory, "checkpoint_000002"))
+    with pytest.raises(StorageError, match=r"The driver could not start the run at .*: .*"
+                                           r"injected transient failure.* The run is intact .* "
+                                           r"can be started again with the same RunConfig .*"
+                                           r"RunConfig\(startup_retry=RetryPolicy\("):
+        trainer(config(fail_ratio=1.0), scratch, steps=4).fit()
+    again = trainer(config(), scratch, steps=4)
+    result = again.fit()
+    assert result.metrics == {"step": 3, "loss": 0.25}
+    assert resumed_steps(scratch)[(1, 0)] == 2
+
+
+def test_startup_retry_must_be_a_retry_policy() -> None:
+    with pytest.raises(cairn.ConfigError, match=r"RunConfig.startup_retry=5 must be a "
+                                                r"cairn.RetryPolicy or None"):
+        cairn.RunConfig(startup_retry=5)  # type: ignore[arg-type]

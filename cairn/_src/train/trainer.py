@@ -16,10 +16,13 @@ from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
 from cairn._src.errors import (
+    CheckpointDamagedError,
+    CheckpointNotFoundError,
     ConfigDeprecationError,
     ConfigError,
     ControllerError,
     ManifestError,
+    StorageError,
     TrainingFailedError,
 )
 from cairn._src.execution.controller import Controller, TrainSpec
@@ -137,10 +140,20 @@ class Trainer:
     def fit(self) -> Result:
         run = self._run_location()
         retry = self.run_config.storage_retry
-        lease = RunLease(run, retry)
-        lease.acquire()
+        # The start-up has a budget of its own (RunConfig.startup_retry): a driver started
+        # during a storage outage may wait for it longer than any later call would.
+        startup = self.run_config.startup_retry or retry
+        lease = RunLease(run, startup)
         try:
-            manager = self._open_run(run, retry)
+            lease.acquire()
+        except StorageError as exc:
+            _raise_startup_error(run, exc)
+        try:
+            try:
+                manager = self._open_run(run, startup)
+            except StorageError as exc:
+                _raise_startup_error(run, exc)
+            manager.retry = retry
             # Every index write first checks that this driver still holds the run.
             manager.fence = lease.fence
             _log_run_start(self._run_name, run, manager)
@@ -219,6 +232,21 @@ class Trainer:
                        if e.get("type") == "checkpoint_dropped" and "dir_name" in e}
             manager.reconcile(started, dropped)
         return manager
+
+
+def _raise_startup_error(run: StorageLocation, exc: StorageError) -> NoReturn:
+    """Raise the error of a start-up the storage did not let through: the run is intact.
+
+    Damage and missing files are raised as they are: they are no outage.
+    """
+    if isinstance(exc, (CheckpointDamagedError, CheckpointNotFoundError)):
+        raise exc
+    raise StorageError(
+        f"The driver could not start the run at {run.display()}: {exc}. The run is intact "
+        "(a start-up changes nothing it cannot redo) and can be started again with the "
+        "same RunConfig once the storage answers; RunConfig(startup_retry=RetryPolicy("
+        "max_attempts=..., max_backoff_s=...)) makes the driver wait longer at start."
+    ) from exc
 
 
 def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str:
