@@ -49,7 +49,7 @@ from cairn._src.execution.progress import check_progress
 from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker, Verdict, describe_ranks
 from cairn._src.execution.state import ControllerState, StateMachine
 from cairn._src.execution.validation_runner import ValidationRunner
-from cairn._src.execution.worker_errors import WorkerFailure, group_failures
+from cairn._src.execution.worker_errors import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.registry import export_registrations
@@ -309,7 +309,9 @@ class Controller:
                     failure_deadline = time.monotonic() + _FAILURE_GRACE_S
                 if time.monotonic() >= failure_deadline or len(exited) == len(attempt.workers):
                     return AttemptFailure(
-                        ranks=tuple(sorted({f.rank for f in attempt.failures})),
+                        # The rank that caused the failure first (a killed rank before
+                        # the ranks whose collective then lost it).
+                        ranks=tuple(ordered_ranks(attempt.failures)),
                         reason=group_failures(attempt.failures),
                         fatal=attempt.fatal,
                     )
