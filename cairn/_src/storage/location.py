@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -256,8 +257,41 @@ def _protocols_of(fsspec_fs: Any) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
+# Store objects by store id, in this process: every location of one store that is
+# unpickled here shares one filesystem object (a factory is called once per process, not
+# once per message), and the process that made the store gets its own object back.
+_stores: dict[str, tuple[pafs.FileSystem, tuple[str, Any]]] = {}
+_stores_lock = threading.Lock()
+
+
+# One store id per store object or factory given in this process (kept alive with it, so
+# that its id() is not reused): the same object resolved twice is one store.
+_ids_by_object: dict[int, tuple[object, str]] = {}
+
+
+def _store_id_of(obj: object) -> str:
+    with _stores_lock:
+        known = _ids_by_object.get(id(obj))
+        if known is None or known[0] is not obj:
+            known = (obj, uuid.uuid4().hex)
+            _ids_by_object[id(obj)] = known
+        return known[1]
+
+
+def _remember_store(location: StorageLocation) -> StorageLocation:
+    if location._store_id is not None:
+        with _stores_lock:
+            _stores.setdefault(location._store_id, (location.filesystem, location._source))
+    return location
+
+
 def _restore(kind: str, payload: Any, path: str, uri: str | None,
              store_id: str | None = None) -> StorageLocation:
+    if store_id is not None:
+        with _stores_lock:
+            known = _stores.get(store_id)
+        if known is not None:
+            return StorageLocation(known[0], path, uri, known[1], store_id)
     if kind in ("fs", "factory") and isinstance(payload, bytes):
         payload = cloudpickle.loads(payload)
     if kind == "uri":
@@ -267,7 +301,8 @@ def _restore(kind: str, payload: Any, path: str, uri: str | None,
         filesystem = _as_pyarrow(made, what=f"The filesystem factory returned {made!r}, which")
     else:
         filesystem = payload
-    return StorageLocation(filesystem, path, uri, (kind, payload), store_id)
+    restored = StorageLocation(filesystem, path, uri, (kind, payload), store_id)
+    return _remember_store(restored) if kind != "uri" else restored
 
 
 def _as_pyarrow(obj: Any, *, what: str) -> pafs.FileSystem:
@@ -469,7 +504,7 @@ def _package_hint(scheme: str) -> str | None:
 
 def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
     source: tuple[str, Any]
-    store_id = uuid.uuid4().hex
+    store_id = _store_id_of(filesystem)
     if isinstance(filesystem, (pafs.FileSystem, fsspec.AbstractFileSystem)) or is_object_store(
         filesystem
     ):
@@ -501,6 +536,6 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         path = normalize_path(text)
         # A local directory is reachable by its OS path from any process on this machine.
         os_path = join_path(root, path.lstrip("/")) if root else path
-        return StorageLocation(fs, path, os_path, source, store_id)
+        return _remember_store(StorageLocation(fs, path, os_path, source, store_id))
     path = text.strip("/") if is_object_store(made) else normalize_path(text)
-    return StorageLocation(fs, path, None, source, store_id)
+    return _remember_store(StorageLocation(fs, path, None, source, store_id))

@@ -254,8 +254,8 @@ def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str
     not move the run. URIs and paths inside a ``storage_filesystem`` stay as given; a
     mistyped URI (``s3:/bucket``) is refused here, not taken for a local directory."""
     text = os.fspath(path)
-    if not isinstance(text, str) or filesystem is not None or scheme_of(text) is not None:
-        return text  # type: ignore[return-value]
+    if filesystem is not None or scheme_of(text) is not None:
+        return text
     check_uri_typo(text, argument="RunConfig.storage_path")
     return os.path.abspath(os.path.expanduser(text))
 
