@@ -7,6 +7,11 @@ new workers, :mod:`connections`) and the committer (checkpoint commits, in repor
 off the loop so storage latency never delays another rank's message,
 :mod:`commit_pipeline`). Every state change goes through the one :class:`StateMachine`.
 
+When a rank fails, the surviving ranks get a short, bounded grace (``_REPORT_GRACE_S``) to
+finish the reports up to the failed rank's last report; those are committed, then the
+attempt is torn down and restarted (:meth:`Controller._reports_still_coming`). A fatal
+failure, or a lost lease, ends the attempt at once.
+
 Policies decide (retention, failures), the controller acts.
 """
 
@@ -60,6 +65,9 @@ logger = logging.getLogger(__name__)
 # How long to wait, after the first failure of an attempt, for other ranks' errors to
 # arrive so they are reported together.
 _FAILURE_GRACE_S = 0.2
+# How long, after a rank failed, the surviving ranks may take to finish the reports up to
+# the failed rank's last report, so that those are committed before the teardown.
+_REPORT_GRACE_S = 10.0
 _HISTORY_FLUSH_S = 1.0
 _LAST_MESSAGE_GRACE_S = 2.0
 # Workers that have not connected by then are reported (a node that cannot reach the
@@ -262,12 +270,16 @@ class Controller:
         timeout_s = self._run_config.failure_config.collective_timeout_s
         exited: set[int] = set()
         failure_deadline: float | None = None
+        report_deadline: float | None = None
         next_flush = time.monotonic() + _HISTORY_FLUSH_S
         while True:
             watchers = {w.exit_watcher.fileno(): w for w in attempt.workers if w.rank not in exited}
             connections = {c: r for r, c in attempt.connections.items()}
             now = time.monotonic()
-            deadline = min(d for d in (failure_deadline, next_flush, now + 1.0) if d is not None)
+            # A failure deadline already past while the report grace runs: wait for
+            # messages, exits or the grace's own deadline instead of spinning.
+            upcoming = [d for d in (failure_deadline, report_deadline) if d is not None and d > now]
+            deadline = min([*upcoming, next_flush, now + 1.0])
             wake_r = self._channels.wake_r
             ready = wait([wake_r, *connections, *watchers], max(0.0, deadline - now))
             if wake_r in ready:
@@ -307,6 +319,11 @@ class Controller:
             if attempt.failures:
                 if failure_deadline is None:
                     failure_deadline = time.monotonic() + _FAILURE_GRACE_S
+                    if not attempt.fatal:
+                        report_deadline = time.monotonic() + _REPORT_GRACE_S
+                if (report_deadline is not None and time.monotonic() < report_deadline
+                        and self._reports_still_coming(attempt, exited)):
+                    continue
                 if time.monotonic() >= failure_deadline or len(exited) == len(attempt.workers):
                     return AttemptFailure(
                         # The rank that caused the failure first (a killed rank before
@@ -318,6 +335,24 @@ class Controller:
                 continue
             if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
                 return None
+
+    def _reports_still_coming(self, attempt: Attempt, exited: set[int]) -> bool:
+        """Whether surviving ranks may still complete reports the failed ranks reached.
+
+        A rank that fails must not cost the others the reports it already passed: until
+        every report up to the failed ranks' last one is resolved (committed, skipped or
+        refused), and while a rank that has not failed still runs, the attempt waits (at
+        most ``_REPORT_GRACE_S``), then tears down and restarts. Ray Train's report() is a
+        barrier, so there these reports commit too.
+        """
+        failed = {f.rank for f in attempt.failures}
+        target = max((attempt.tracker.last_index.get(rank, 0) for rank in failed), default=0)
+        if target < attempt.first_report_index:
+            return False
+        surviving = {w.rank for w in attempt.workers} - exited - failed - set(attempt.done)
+        if not surviving or not all(rank in attempt.connections for rank in surviving):
+            return False
+        return bool(attempt.tracker.unresolved_before(target)) or attempt.commits_in_flight > 0
 
     def _check_started(self, attempt: Attempt) -> None:
         if len(attempt.connected) == len(attempt.workers):
