@@ -363,6 +363,8 @@ def check_uri_typo(text: str, *, argument: str = "location") -> None:
     Without this, such a string would be taken for a relative local path and create a
     directory named ``s3:``.
     """
+    if ":" not in text.partition("/")[0]:
+        return  # no "word:" at the start: a plain path (and no scheme scan per path)
     corrected = typo_correction(text, _known_scheme_set())
     if corrected is not None:
         raise ConfigError(
