@@ -55,10 +55,11 @@ def test_kill9_during_async_upload(run_config: RunConfigFactory, scratch: str) -
 
 def test_kill9_between_upload_and_commit(run_config: RunConfigFactory, scratch: str) -> None:
     # Rank 0 uploads step 2 and waits for the commit, which needs rank 1 (delayed); rank 0
-    # is killed meanwhile. Step 2 never commits; the restart resumes from step 1.
+    # is killed meanwhile. Its upload had finished: rank 1 gets the grace to reach that
+    # report, which then commits, and the restart resumes from step 2 (not from step 1).
     result, _ = fit(run_config, scratch,
                     faults={"0:0:2": "kill_before_commit", "0:1:2": "delay=1.5"})
-    assert resumed_steps(scratch)[(1, 0)] == 2
+    assert resumed_steps(scratch)[(1, 0)] == 3
     assert result.goodput.failures == 1
 
 
