@@ -144,3 +144,41 @@ def test_locations_from_objects_keep_one_store_identity_across_pickling(tmp_path
     other = resolve("runs/run", pafs.PyFileSystem(pafs.FSSpecHandler(
         fsspec.filesystem("memory"))))
     assert not run.same_store(other)
+
+
+class _Handler(pafs.FSSpecHandler):  # type: ignore[misc]
+    """A handler with no __eq__: only identity tells two of its filesystems apart."""
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def test_the_runs_filesystem_object_passed_again_is_the_runs_store(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    fs = pafs.PyFileSystem(_Handler(fsspec.filesystem("dir", path=str(tmp_path),
+                                                      fs=fsspec.filesystem("file"))))
+    run = resolve("runs/run", fs)
+    assert run.uri is None
+    # What a worker receives, and what it builds from get_storage().storage_filesystem.
+    script = (
+        "import pickle, sys\n"
+        "from cairn._src.storage.location import resolve\n"
+        "run = pickle.loads(sys.stdin.buffer.read())\n"
+        "ref = resolve(run.path.rsplit('/', 1)[0] + '/refs/x', run.filesystem)\n"
+        "other = resolve(run.path, pickle.loads(pickle.dumps(run.filesystem)))\n"
+        "sys.stdout.buffer.write(pickle.dumps((run, ref, other)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+    done = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(run),
+                          capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout
+    back, ref, other = pickle.loads(out)
+    assert back.filesystem is run.filesystem and ref.filesystem is run.filesystem
+    assert run.same_store(ref)
+    assert not run.same_store(other)  # another handler object without __eq__: not the same

@@ -279,9 +279,16 @@ def _store_id_of(obj: object) -> str:
 
 
 def _remember_store(location: StorageLocation) -> StorageLocation:
-    if location._store_id is not None:
+    store_id = location._store_id
+    if store_id is not None:
         with _stores_lock:
-            _stores.setdefault(location._store_id, (location.filesystem, location._source))
+            _stores.setdefault(store_id, (location.filesystem, location._source))
+            # Its filesystem object, passed again (get_storage().storage_filesystem in a
+            # worker), is the same store: Checkpoint(path, filesystem=it) gets this id.
+            fs = location.filesystem
+            known = _ids_by_object.get(id(fs))
+            if known is None or known[0] is not fs:
+                _ids_by_object[id(fs)] = (fs, store_id)
     return location
 
 
