@@ -357,7 +357,7 @@ class CheckpointManager:
         kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
         dropped = tuple(r for r, k in zip(records, keep, strict=True) if not k)
         index = self.index.with_changes(checkpoints=kept)
-        write_index(self.run, index, self.retry)
+        self._write_index(index)
         self.index = index
         logger.info("Validation metrics of %s merged; retention drops %s", dir_name,
                     [r.dir_name for r in dropped] or "nothing")
