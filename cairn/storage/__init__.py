@@ -5,13 +5,20 @@ Every place Cairn reads or writes (run directories, checkpoints, references pass
 URI (``s3://``, ``gs://``, ``hdfs://``, ``memory://``, any fsspec protocol, a registered
 scheme) or a filesystem object. A custom store implements :class:`ObjectStore` (five
 methods) and is registered under a URI scheme with :func:`register_scheme` or the
-``cairn.storage`` entry point group.
+``cairn.storage`` entry point group. Credentials in URIs stay in memory: :func:`redact`
+masks them for messages, :func:`public_uri` drops them.
 """
 
 from __future__ import annotations
 
 from cairn._src.storage.checksum import CHECKSUM_ALGORITHM, FileEntry
-from cairn._src.storage.location import StorageLocation, redact, resolve, supports_atomic_rename
+from cairn._src.storage.location import (
+    StorageLocation,
+    public_uri,
+    redact,
+    resolve,
+    supports_atomic_rename,
+)
 from cairn._src.storage.object_store import ObjectInfo, ObjectStore, object_store_filesystem
 from cairn._src.storage.registry import (
     ENTRY_POINT_GROUP,
@@ -35,6 +42,7 @@ __all__ = [
     "export_registrations",
     "import_registrations",
     "object_store_filesystem",
+    "public_uri",
     "redact",
     "register_scheme",
     "registered_schemes",

@@ -19,6 +19,7 @@ def test_exported_members() -> None:
         "export_registrations",
         "import_registrations",
         "object_store_filesystem",
+        "public_uri",
         "redact",
         "register_scheme",
         "registered_schemes",
