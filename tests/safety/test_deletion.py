@@ -166,11 +166,14 @@ def test_a_checkpoint_dropped_as_damaged_stays_dropped(
               for line in (run_dir / "events" / name).read_text().splitlines() if line]
     assert [e["dir_name"] for e in events if e["type"] == "checkpoint_dropped"] == [
         "checkpoint_000003"]
-    # The index no longer names it, so `cairn verify` of the index passes; the damaged
-    # directory stays on storage for the user to inspect.
+    # The damaged directory stays on storage for the user to inspect, and `cairn verify`
+    # still reports it, though the index no longer names it.
     assert (run_dir / "checkpoint_000003" / "state").exists()
     capsys.readouterr()
-    assert cli_main(["verify", str(run_dir)]) == 0
+    assert cli_main(["verify", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "DROPPED checkpoint_000003: damaged, dropped from the index at resume" in out
+    assert "verified, 0 failed, 1 dropped as damaged" in out
 
 
 def test_resuming_over_many_bogus_records_writes_the_index_once(

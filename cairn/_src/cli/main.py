@@ -21,7 +21,7 @@ from typing import Any
 from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index, write_index
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
-from cairn._src.checkpoint.ownership import registered_references
+from cairn._src.checkpoint.ownership import could_have_created, registered_references
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError, ManifestError
@@ -29,7 +29,7 @@ from cairn._src.goodput.summary import summarize
 from cairn._src.run.layout import EVENTS_DIR, LEASE_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseInfo, break_lease, is_live
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage.fileio import read_bytes
+from cairn._src.storage.fileio import is_dir, read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import verify_directory
@@ -101,8 +101,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             continue
         print(f"ok      {record.dir_name} ({len(manifest.files)} files, "
               f"{manifest.total_bytes / 2**20:.2f} MiB)")
-    print(f"{len(records) - bad} verified, {bad} failed")
-    return 1 if bad else 0
+    # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
+    dropped = 0
+    indexed = {r.dir_name for r in index.checkpoints}
+    for event in read_log(run.join(EVENTS_DIR), RETRY):
+        name = event.get("dir_name")
+        if (event.get("type") != "checkpoint_dropped" or not isinstance(name, str)
+                or name in indexed or not could_have_created(name)
+                or (args.checkpoint and name not in args.checkpoint)
+                or not is_dir(run.join(name), RETRY)):
+            continue
+        indexed.add(name)
+        dropped += 1
+        print(f"DROPPED {name}: damaged, dropped from the index at resume "
+              f"({str(event.get('reason', ''))[:200]}); delete it by hand when inspected")
+    print(f"{len(records) - bad} verified, {bad} failed"
+          + (f", {dropped} dropped as damaged" if dropped else ""))
+    return 1 if bad or dropped else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
