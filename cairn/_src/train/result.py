@@ -22,6 +22,7 @@ from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
+from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import public_uri
@@ -185,7 +186,7 @@ class Result:
         stripped = text.rstrip("/") or text
         run = resolve(stripped, storage_filesystem)
         retry = RetryPolicy()
-        if not _exists(run):
+        if not _exists(run, retry):
             raise RunNotFoundError(f"Experiment folder {run.display()} doesn't exist!")
         index = read_index(run, retry)
         if index is None:
@@ -212,12 +213,9 @@ def _lookup(metrics: dict[str, Any], metric: str) -> Any:
     return value
 
 
-def _exists(run: StorageLocation) -> bool:
-    try:
-        info = run.filesystem.get_file_info(run.path)
-    except OSError:
-        return False
-    return bool(info.type == pafs.FileType.Directory)
+def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:
+    # Retried like every other read: a transient error must not look like a missing run.
+    return is_dir(run, retry)
 
 
 def ray_order(
