@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.cairn-installed
 
-.PHONY: demo test lint typecheck unit bench install clean
+.PHONY: demo test test-under-load lint typecheck unit bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 test: lint typecheck unit
+
+# `make test` three times in a row beside a busy loop on every core (see CONTRIBUTING.md).
+test-under-load:
+	bash .ci/under-load 3
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt 'ray[train]==2.60.0'
