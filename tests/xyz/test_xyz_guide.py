@@ -48,7 +48,7 @@ def _run_guide(script: Path) -> list[str]:
                           timeout=300, cwd=script.parent)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return [line for line in done.stdout.splitlines()
-            if line.startswith(("latest:", "best:", "files:", "uploaded:"))]
+            if line.startswith(("latest:", "kept:", "best:", "files:", "uploaded:"))]
 
 
 def test_the_guides_code_trains_on_its_store_and_a_new_driver_continues(
@@ -64,7 +64,8 @@ def test_the_guides_code_trains_on_its_store_and_a_new_driver_continues(
     first = _run_guide(script)
     assert first == [
         f"latest: {uri('ckpts/run-1/step_0004')}",
-        f"best: {[uri('ckpts/run-1/step_0004'), uri('ckpts/run-1/step_0003')]}",
+        f"kept: {[uri('ckpts/run-1/step_0003'), uri('ckpts/run-1/step_0004')]}",
+        f"best: {uri('ckpts/run-1/step_0004')}",
         "files: ['rank_0.json', 'rank_1.json']",
         f"uploaded: {uri('runs/uploaded/checkpoint_000003')}",
     ]
@@ -82,5 +83,5 @@ def test_the_guides_code_trains_on_its_store_and_a_new_driver_continues(
     # blobs:// URI (every rank starts after step 4: nothing left to train) and continues the
     # uploaded run's report numbering.
     second = _run_guide(script)
-    assert second[:3] == first[:3]
-    assert second[3] == f"uploaded: {uri('runs/uploaded/checkpoint_000006')}"
+    assert second[:4] == first[:4]
+    assert second[4] == f"uploaded: {uri('runs/uploaded/checkpoint_000006')}"
