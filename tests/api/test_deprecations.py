@@ -56,6 +56,12 @@ ISSUE = r"https://github.com/ray-project/ray/issues/49454"
          r"The `restore` and `can_restore` APIs are deprecated"),
         (lambda: cairn.torch.TorchTrainer.restore("/tmp/run", train_loop_per_worker=print),
          r"The `restore` and `can_restore` APIs are deprecated"),
+        (lambda: Trainer(print, resume_from_checkpoint=cairn.Checkpoint("/tmp/ckpt")),
+         r"`resume_from_checkpoint` is deprecated\. Pass the checkpoint to the train function "
+         r"through train_loop_config"),
+        (lambda: cairn.torch.TorchTrainer(print, metadata={"a": 1}),
+         r"`get_metadata` was an experimental API that accessed the metadata passed to "
+         r"`Trainer\(metadata=\.\.\.\)`"),
     ],
 )
 def test_removed_arguments_raise_deprecation_warning(

@@ -46,9 +46,13 @@ class TorchTrainer(Trainer):
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         validation_config: ValidationConfig | None = None,
+        resume_from_checkpoint: object = None,
+        metadata: object = None,
     ) -> None:
         super().__init__(
             train_loop_per_worker,
+            resume_from_checkpoint=resume_from_checkpoint,
+            metadata=metadata,
             train_loop_config=train_loop_config,
             scaling_config=scaling_config,
             run_config=run_config,

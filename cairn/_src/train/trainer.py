@@ -79,7 +79,14 @@ class Trainer:
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         validation_config: ValidationConfig | None = None,
+        resume_from_checkpoint: object = None,
+        metadata: object = None,
     ) -> None:
+        # Arguments Ray Train v2 removed: refused with Ray's migration hint, as Ray does.
+        if resume_from_checkpoint is not None:
+            raise ConfigDeprecationError(migration.RESUME_FROM_CHECKPOINT)
+        if metadata is not None:
+            raise ConfigDeprecationError(migration.GET_METADATA)
         if not callable(train_loop_per_worker):
             raise ConfigError(
                 f"train_loop_per_worker={train_loop_per_worker!r} must be a function."
