@@ -121,10 +121,14 @@ class RayBackend:
 
     def _bundle(self) -> dict[str, float]:
         if self._scaling.resources_per_worker:
-            return dict(self._scaling.resources_per_worker)
-        bundle = {"CPU": 1.0}
-        if self._scaling.use_gpu:
-            bundle["GPU"] = 1.0
+            bundle = dict(self._scaling.resources_per_worker)
+        else:
+            bundle = {"CPU": 1.0}
+            if self._scaling.use_gpu:
+                bundle["GPU"] = 1.0
+        # accelerator_type travels as Ray Train's custom resource, so the placement group
+        # only lands on nodes that have that accelerator.
+        bundle.update(self._scaling.additional_resources_per_worker)
         return bundle
 
     def start(self, num_workers: int, bootstrap: Bootstrap, *,

@@ -1,0 +1,27 @@
+"""What each worker's placement-group bundle asks the Ray cluster for (no cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from cairn import ScalingConfig
+from cairn._src.execution.ray_backend import RayBackend
+
+
+def test_accelerator_type_becomes_ray_trains_custom_resource() -> None:
+    backend = RayBackend(ScalingConfig(num_workers=2, backend="ray", use_gpu=True,
+                                       accelerator_type="A100"))
+    assert backend._bundle() == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:A100": 0.001}
+
+
+def test_resources_per_worker_are_kept_and_the_accelerator_added() -> None:
+    backend = RayBackend(ScalingConfig(num_workers=1, backend="ray",
+                                       resources_per_worker={"CPU": 2, "custom": 1},
+                                       accelerator_type="H100"))
+    assert backend._bundle() == {"CPU": 2, "custom": 1, "accelerator_type:H100": 0.001}
+
+
+def test_without_accelerator_type_the_bundle_is_unchanged() -> None:
+    assert RayBackend(ScalingConfig(backend="ray"))._bundle() == {"CPU": 1.0}
