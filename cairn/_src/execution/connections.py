@@ -133,17 +133,21 @@ class WorkerChannels:
                 attempt.failures.append(describe_lost(attempt, rank))
 
     def send(self, attempt: Attempt, rank: int, message: object) -> None:
-        """Send to one worker; a worker gone meanwhile becomes that rank's failure."""
+        """Send to one worker; a worker gone meanwhile is left to the reader.
+
+        A worker that finished sends Done and closes its end: a send after that fails,
+        while its Done may still be unread in the socket. The connection stays, so the
+        reader (or the exit watcher, which reads everything first) sees Done, or sees the
+        end of the stream without one and records the rank's failure.
+        """
         connection = attempt.connections.get(rank)
         if connection is None:
             return
         try:
             connection.send(message)
-        except OSError:
-            attempt.connections.pop(rank, None)
-            connection.close()
-            if rank not in attempt.done and not attempt.has_failure(rank):
-                attempt.failures.append(describe_lost(attempt, rank))
+        except OSError as exc:
+            logger.debug("Could not send to rank %d (%s); its messages are read first",
+                         rank, exc)
 
     def broadcast(self, attempt: Attempt, message: object) -> None:
         for rank in list(attempt.connections):
