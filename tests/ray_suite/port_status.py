@@ -105,10 +105,6 @@ XFAIL: dict[str, str] = {
     "test_data_parallel_trainer.py::test_local_in_out_of_band_checkpointing":
         "needs: RunConfig(worker_runtime_env={'env_vars': {...}}), Ray's name for Cairn's "
         "RunConfig(worker_env={...}) (TypeError at RunConfig today)",
-    "test_async_checkpointing_validation.py::test_report_validation_without_checkpoint":
-        "needs: Ray's message 'Validation requires a checkpoint to be provided.' (Cairn: "
-        "'report(validation=True) was given without a checkpoint; validation requires a "
-        "checkpoint to be provided.')",
     "test_async_checkpointing_validation.py::test_report_validation_fn_resumption_checkpoint_status":
         "needs: Result.metrics of the last report merged with its validation result: the run "
         "ends with report(metrics={}, validation=...) whose validation returns {'score': 3}; Ray "
