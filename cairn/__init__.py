@@ -3,6 +3,8 @@ storage. The public API follows Ray Train 2.x; see the README for the contract."
 
 from __future__ import annotations
 
+import importlib
+
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.config import (
     CheckpointConfig,
@@ -50,6 +52,18 @@ from cairn._src.train.validation_config import (
     ValidationFn,
     ValidationTaskConfig,
 )
+
+# Ray Train scripts do `import ray.train.torch` once and call `ray.train.torch.X` inside the
+# train function, which runs in worker processes that never imported the submodule: load the
+# submodules on first attribute access, as `import cairn.torch` would.
+_SUBMODULES = frozenset({"collective", "storage", "torch"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"cairn.{name}")
+    raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

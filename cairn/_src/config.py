@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -267,6 +267,9 @@ class RunConfig:
     callbacks: Sequence[Any] = ()
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     worker_env: dict[str, str] | None = None
+    # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
+    # the driver's Python environment, so pip/conda/working_dir are refused.
+    worker_runtime_env: dict[str, Any] | None = None
     log_to_driver: bool = True
     startup_retry: RetryPolicy | None = None
     sync_config: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
@@ -330,4 +333,41 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."
             )
+        self._merge_worker_runtime_env()
+
+    def _merge_worker_runtime_env(self) -> None:
+        runtime_env = self.worker_runtime_env
+        if runtime_env is None:
+            return
+        if not isinstance(runtime_env, Mapping):
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env={runtime_env!r} must be a dict such as "
+                "{'env_vars': {'NAME': 'value'}}, or None."
+            )
+        unsupported = sorted(str(key) for key in runtime_env if key != "env_vars")
+        if unsupported:
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env has {unsupported}; Cairn supports only "
+                "'env_vars' there: workers run in the driver's Python environment and working "
+                "directory, so install packages (pip, conda, py_modules) and ship code "
+                "(working_dir) on every node beforehand."
+            )
+        env_vars = runtime_env.get("env_vars") or {}
+        if not isinstance(env_vars, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+        ):
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env['env_vars']={env_vars!r} must be a dict of "
+                "str to str."
+            )
+        merged = dict(env_vars)
+        for name, value in (self.worker_env or {}).items():
+            if merged.get(name, value) != value:
+                raise ConfigError(
+                    f"RunConfig.worker_env[{name!r}]={value!r} and "
+                    f"worker_runtime_env['env_vars'][{name!r}]={merged[name]!r} disagree; "
+                    "set the variable in one of them."
+                )
+            merged[name] = value
+        object.__setattr__(self, "worker_env", merged)
 

@@ -208,7 +208,12 @@ def test_repr_is_redacted() -> None:
         "s3://AKIA:TOPSECRET@bkt/run/ck?endpoint_override=127.0.0.1:1&scheme=http&region=eu"
     )
     assert "TOPSECRET" not in repr(checkpoint)
-    assert repr(checkpoint).startswith("Checkpoint('s3://AKIA:***@bkt/run/ck")
+    assert repr(checkpoint).startswith(
+        "Checkpoint(filesystem=s3, path=bkt/run/ck, uri='s3://AKIA:***@bkt/run/ck")
+
+
+def test_repr_is_ray_trains_for_a_local_checkpoint(tmp_path: Path) -> None:
+    assert repr(Checkpoint(str(tmp_path))) == f"Checkpoint(filesystem=local, path={tmp_path})"
 
 
 def test_pickling_follows_the_location(local_dir: Path) -> None:

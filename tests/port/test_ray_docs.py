@@ -41,16 +41,6 @@ PORTER = HERE.parents[1] / "examples" / "ray_port" / "port.py"
 RAY_NAMESPACE = "import cairn, cairn.torch, types; ray = types.SimpleNamespace(train=cairn)"
 # A committed checkpoint directory also holds its manifest (the README's contract item 4).
 MANIFEST = "_cairn_manifest.json"
-# Scripts that write `import ray.train.torch` and call `ray.train.torch.prepare_model(...)`
-# inside the train function: the function travels by value, its `ray` namespace holds the
-# module `cairn`, and a worker process that never imported `cairn.torch` has no such
-# attribute.
-NEEDS_CAIRN_TORCH_ATTRIBUTE = pytest.mark.xfail(
-    strict=False,
-    reason="needs: cairn.torch reachable as an attribute of cairn in the workers "
-    "(AttributeError: module 'cairn' has no attribute 'torch' when the train function "
-    "calls ray.train.torch.prepare_model after `import ray.train.torch` was ported)")
-
 EXTRA_IMPORTS = {
     "import ray.train.torch": RAY_NAMESPACE,
     "import ray.train as train": "import cairn as train",
@@ -130,7 +120,6 @@ def test_port_changes_only_import_lines() -> None:
 
 
 @pytest.mark.slow
-@NEEDS_CAIRN_TORCH_ATTRIBUTE
 def test_quickstart_every_rank_saves_model_pt(tmp_path: Path) -> None:
     source = (DOCS / "getting_started_pytorch.py").read_text()
     assert source.count("use_gpu=True") == 1

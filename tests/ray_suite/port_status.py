@@ -54,6 +54,11 @@ SKIP: dict[str, str] = {
 }
 
 STRICT_XFAIL: dict[str, str] = {
+    "test_data_parallel_trainer.py::test_local_in_out_of_band_checkpointing":
+        "needs: SYNC/ASYNC upload of a checkpoint that is already on remote storage (report 6 "
+        "passes an s3:// Checkpoint with the default upload mode; Cairn uploads local "
+        "directories and says to use NO_UPLOAD: 'is not on the local file system; SYNC and "
+        "ASYNC upload a local directory')",
     "test_result.py::test_result_from_path_validation[str-*]":
         "asserts Ray's own wording ('... Make sure that this is an output directory created by a "
         "Ray Train run.'); Cairn raises the same RuntimeError with its own: 'Failed to restore "
@@ -99,12 +104,6 @@ STRICT_XFAIL: dict[str, str] = {
 }
 
 XFAIL: dict[str, str] = {
-    "test_result.py::test_result_repr":
-        "needs: Checkpoint's repr as Ray writes it, 'Checkpoint(filesystem=local, "
-        "path=/bucket/path/ckpt0)' (Cairn: \"Checkpoint('/bucket/path/ckpt0')\")",
-    "test_data_parallel_trainer.py::test_local_in_out_of_band_checkpointing":
-        "needs: RunConfig(worker_runtime_env={'env_vars': {...}}), Ray's name for Cairn's "
-        "RunConfig(worker_env={...}) (TypeError at RunConfig today)",
     "test_async_checkpointing_validation.py::test_report_validation_fn_resumption_checkpoint_status":
         "needs: Result.metrics of the last report merged with its validation result: the run "
         "ends with report(metrics={}, validation=...) whose validation returns {'score': 3}; Ray "

@@ -107,8 +107,9 @@ def test_a_persisted_uri_with_credentials_is_refused_at_report(
         cairn.Trainer(train, train_loop_config={"ref": reference},
                       run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
     message = str(info.value)
-    assert (f"ReportError: report(checkpoint=Checkpoint('s3://{KEY_ID}:***@cairn-test/refs-"
+    assert ("ReportError: report(checkpoint=Checkpoint(filesystem=s3, path=cairn-test/refs-"
             in message)
+    assert f"uri='s3://{KEY_ID}:***@cairn-test/refs-" in message
     assert ("the checkpoint's URI is 's3://cairn-test/refs-" in message
             and "with a password in its user info ('user:password@')" in message)
     assert ("give the credentials through the environment (for S3: AWS_ACCESS_KEY_ID and "

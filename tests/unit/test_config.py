@@ -112,3 +112,27 @@ def test_callbacks_without_any_hook_are_refused() -> None:
     import cairn
 
     RunConfig(callbacks=[cairn.Callback(), cairn.UserCallback()])
+
+
+def test_worker_runtime_env_env_vars_join_worker_env() -> None:
+    config = RunConfig(worker_runtime_env={"env_vars": {"A": "1"}}, worker_env={"B": "2"})
+    assert config.worker_env == {"A": "1", "B": "2"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"worker_runtime_env": {"pip": ["numpy"], "env_vars": {}}},
+         r"RunConfig.worker_runtime_env has \['pip'\]; Cairn supports only 'env_vars' there"),
+        ({"worker_runtime_env": "env"},
+         r"RunConfig.worker_runtime_env='env' must be a dict such as \{'env_vars'"),
+        ({"worker_runtime_env": {"env_vars": {"A": 1}}},
+         r"RunConfig.worker_runtime_env\['env_vars'\]=\{'A': 1\} must be a dict of str to str"),
+        ({"worker_runtime_env": {"env_vars": {"A": "1"}}, "worker_env": {"A": "2"}},
+         r"RunConfig.worker_env\['A'\]='2' and worker_runtime_env\['env_vars'\]\['A'\]='1' "
+         r"disagree"),
+    ],
+)
+def test_worker_runtime_env_refusals(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RunConfig(**kwargs)  # type: ignore[arg-type]

@@ -278,7 +278,13 @@ class Checkpoint:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"Checkpoint({self._location.display()!r})"
+        # Ray Train's form, plus the URI (credentials redacted) where the filesystem type
+        # alone does not say which store it is.
+        location = self._location
+        text = f"Checkpoint(filesystem={location.filesystem.type_name}, path={location.path}"
+        if location.uri is not None and location.uri != location.path:
+            text += f", uri={location.display()!r}"
+        return text + ")"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self._location, "manifest_location": self._manifest_location}
