@@ -18,6 +18,7 @@ from cairn._src.errors import (
     ResultLookupError,
     RunNotFoundError,
 )
+from cairn._src.execution.validation import score_value
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
@@ -156,7 +157,7 @@ class Result:
                 f"(get_best_checkpoint(mode={mode!r}))"
             )
         scored = [(checkpoint, value) for checkpoint, metrics in self.best_checkpoints
-                  if (value := _lookup(metrics, metric)) is not None]
+                  if (value := score_value(metrics, metric)) is not None]
         if not scored:
             known = sorted((self.metrics or {}).keys())
             raise ResultLookupError(
@@ -200,17 +201,6 @@ class Result:
         metrics = history[-1].get("metrics") if history else None
         return build_result(run, index, checkpoint_config or CheckpointConfig(),
                             metrics=metrics, retry=retry)
-
-
-def _lookup(metrics: dict[str, Any], metric: str) -> Any:
-    if metric in metrics:
-        return metrics[metric]
-    value: Any = metrics
-    for part in metric.split("/"):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:
