@@ -105,8 +105,8 @@ def test_pending_validation_survives_a_driver_kill_and_completes_on_rerun(
       r"validation was requested. Pass Trainer\(\.\.\., validation_config="
       r"cairn.ValidationConfig\(fn\)\)"),
      (v2_workloads.validation_without_checkpoint,
-      r"report\(validation=True\) was given without a checkpoint; validation requires a "
-      r"checkpoint")],
+      r"report\(validation=True\) was given without a checkpoint. Validation requires a "
+      r"checkpoint to be provided.")],
 )
 def test_validation_refused_with_a_clear_error(
     workload: Callable[..., None], message: str, run_config: RunConfigFactory

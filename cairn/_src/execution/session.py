@@ -177,8 +177,8 @@ class WorkerSession:
             return None
         if checkpoint is None:
             raise ReportError(
-                f"report(validation={validation!r}) was given without a checkpoint; "
-                "validation requires a checkpoint to be provided."
+                f"report(validation={validation!r}) was given without a checkpoint. "
+                "Validation requires a checkpoint to be provided."
             )
         if not self._setup.validation:
             raise ReportError(
