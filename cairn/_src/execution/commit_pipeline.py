@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig
@@ -25,6 +25,8 @@ from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.execution.worker_errors import WorkerFailure
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.train.callbacks import CallbackDispatcher
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,30 @@ class CommitPipeline:
         """Run ``task`` on the commit thread, after the commits already queued (a
         validation result: the checkpoint manager has one writer)."""
         self._commits.put(task)
+
+    def call_on_commit_thread(self, task: Callable[[], T]) -> T:
+        """Run ``task`` on the commit thread once everything queued before it is done (the
+        deletions retention decided after each commit included), wait, and return its
+        result or raise its error. The checkpoint manager's deletion bookkeeping has one
+        writer this way: a retry from the loop's thread could otherwise run before, or
+        beside, a deletion the commit thread has still to try."""
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = task()
+            except BaseException as exc:
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        self._commits.put(run)
+        done.wait()
+        if "error" in outcome:
+            raise outcome["error"]
+        value: T = outcome["value"]
+        return value
 
     def close(self) -> None:
         """Stop the commit thread after the commits already queued."""

@@ -199,13 +199,15 @@ class Controller:
             self._machine.transition(ControllerState.RESTARTING, failure.reason.splitlines()[0])
 
     def _start_attempt(self) -> Attempt:
+        # On the commit thread, after the deletions it still has queued, and outside the
+        # pause below: a validation result waiting there takes the same lock.
+        self._commits.call_on_commit_thread(self._manager.retry_deletions)
         with self._validations.paused():
             index = self._manager.index
             number = index.attempts
             # A commit whose index write failed after its manifest landed is settled
             # first (committed: adopted), so this attempt resumes from it consistently.
             self._manager.settle_uncertain()
-            self._manager.retry_deletions()
             resume = self._manager.choose_resume()
             self._manager.save_index(
                 attempts=number + 1,
@@ -589,7 +591,7 @@ class Controller:
         # index write (on a full disk their space is what that write needs), then the
         # deletions that failed earlier in the run are tried once more.
         self._manager.delete_uncommitted(sorted(set(attempt.skipped_dirs.values())))
-        left = self._manager.retry_deletions()
+        left = self._commits.call_on_commit_thread(self._manager.retry_deletions)
         if left:
             logger.warning("Could not delete %d checkpoint directories the run no longer "
                            "needs (%s): the storage still refuses; a later fit() of this run "
