@@ -13,7 +13,7 @@ $(BIN)/python:
 # Reinstall when the package's metadata or the pins change.
 $(STAMP): pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch,ray]'
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch,ray,pandas,plot,huggingface,lightning]'
 	# The example store of docs/custom-storage.md, registered as xyz:// by its entry point.
 	$(BIN)/python -m pip install -q --no-deps -e examples/xyzstorage
 	touch $(STAMP)

@@ -272,6 +272,9 @@ class RunConfig:
     worker_runtime_env: dict[str, Any] | None = None
     log_to_driver: bool = True
     startup_retry: RetryPolicy | None = None
+    # The driver's live view: 0 off, 1 one status line, 2 also a line per event; None: the
+    # CAIRN_PROGRESS environment variable, else 1.
+    progress: int | None = None
     sync_config: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     verbose: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     stop: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
@@ -313,6 +316,13 @@ class RunConfig:
         if not isinstance(self.failure_config, FailureConfig):
             raise ConfigError(
                 f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig."
+            )
+        if self.progress is not None and (type(self.progress) is not int
+                                          or self.progress not in (0, 1, 2)):
+            raise ConfigError(
+                f"RunConfig.progress={self.progress!r} must be 0 (no live view), 1 (a status "
+                "line), 2 (a status line and a line per event) or None (the CAIRN_PROGRESS "
+                "environment variable, else 1)."
             )
         if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks,
                                                                        Sequence):

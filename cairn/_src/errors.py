@@ -8,6 +8,11 @@ pickle: they keep their constructor arguments in ``self.args``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cairn._src.run.status import ErrorInfo
+
 
 class CairnError(Exception):
     """Root of every error raised by Cairn."""
@@ -124,6 +129,31 @@ class TrainingFailedError(CairnError):
     Either a :class:`WorkerGroupError` (workers failed) or a :class:`ControllerError`
     (the driver failed, a callback included), as in Ray Train.
     """
+
+
+class RunFailedError(TrainingFailedError):
+    """The error of a failed run, read back from its event log (``Result.from_path``).
+
+    The original exception lives only in the driver that raised it; this one carries what
+    the log kept of it: ``error_type`` (its class's name, such as ``cairn.WorkerGroupError``),
+    ``ranks`` / ``rank`` (the failed ranks, empty when the driver itself failed) and the
+    message (bounded, with URIs redacted).
+    """
+
+    def __init__(self, message: str, *, error_type: str, ranks: tuple[int, ...] = (),
+                 run_path: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.ranks = ranks
+        self.rank = ranks[0] if ranks else None
+        self.run_path = run_path
+
+    @classmethod
+    def from_info(cls, info: ErrorInfo, run_path: str | None = None) -> RunFailedError:
+        where = f"rank {info.rank}" if info.rank is not None else "the driver"
+        head = f"{info.type} in {where}: " if info.type else f"{where}: "
+        return cls(head + info.message, error_type=info.type, ranks=tuple(info.ranks),
+                   run_path=run_path)
 
 
 class WorkerGroupError(TrainingFailedError):

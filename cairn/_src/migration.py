@@ -26,8 +26,9 @@ TRAINER_RESOURCES = (
 )
 
 _RUN_CONFIG_HINTS = {
-    "verbose": "Cairn logs through Python's logging module: set the level of the 'cairn' "
-    "logger instead",
+    "verbose": "Cairn's driver shows a live view of the run instead: set it with "
+    "RunConfig(progress=0|1|2), and the detail of its logs with the level of the 'cairn' "
+    "logger",
     "log_to_file": "the workers' stdout and stderr already reach the driver "
     "(RunConfig(log_to_driver=True), the default)",
     "stop": "stop from the train function instead: return from it when your condition holds",

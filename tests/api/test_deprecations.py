@@ -33,7 +33,7 @@ ISSUE = r"https://github.com/ray-project/ray/issues/49454"
          r"of multiple trials running in Ray Tune\. Remove it: FailureConfig\(max_failures=0\)"),
         (lambda: FailureConfig(fail_fast="raise"), r"`FailureConfig\(fail_fast\)` is deprecated"),
         (lambda: RunConfig(verbose=0),
-         r"`RunConfig\(verbose\)` is deprecated\. .*set the level of the 'cairn' logger"),
+         r"`RunConfig\(verbose\)` is deprecated\. .*RunConfig\(progress=0\|1\|2\)"),
         (lambda: RunConfig(log_to_file=True),
          r"`RunConfig\(log_to_file\)` is deprecated\. .*RunConfig\(log_to_driver=True\)"),
         (lambda: RunConfig(stop={"training_iteration": 3}),

@@ -12,7 +12,8 @@ import cli_workloads
 import pytest
 
 import cairn
-from cairn._src.cli.main import main, sparkline
+from cairn._src.cli.main import main
+from cairn._src.cli.plots import sparkline
 
 
 @pytest.fixture(scope="module")

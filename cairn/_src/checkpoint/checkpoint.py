@@ -35,7 +35,7 @@ from cairn._src.storage.location import StorageLocation, local_root, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory, verify_directory
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.checkpoint")
 
 METADATA_FILE_NAME = ".metadata.json"
 

@@ -23,7 +23,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path
 from cairn._src.storage.retry import RetryPolicy
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.index")
 
 INDEX_VERSION = 1
 
@@ -96,6 +96,17 @@ RECORD_SCHEMA = schema.Object(
     required=frozenset({"dir_name", "report_index"}),
     noun="a checkpoint record (an object with 'dir_name' and 'report_index')",
 )
+RETENTION_SCHEMA = schema.Object(
+    {
+        "num_to_keep": schema.Nullable(schema.Integer(minimum=1)),
+        "score_attribute": schema.Nullable(schema.String()),
+        "score_order": schema.String(expected="'max' or 'min'",
+                                     test=lambda v: v in ("max", "min")),
+    },
+    required=frozenset({"score_order"}),
+    noun="the run's retention settings (num_to_keep, score_attribute, score_order)",
+)
+
 INDEX_SCHEMA = schema.Document(
     "run index",
     schema.Object(
@@ -109,12 +120,27 @@ INDEX_SCHEMA = schema.Document(
             "created_at": schema.TIME,
             "updated_at": schema.TIME,
             "checkpoints": schema.ListOf(RECORD_SCHEMA, noun="checkpoint records"),
+            "retention": schema.Nullable(RETENTION_SCHEMA),
         },
         required=frozenset({"version", "checkpoints"}),
         noun="a JSON object",
     ),
     hint=_INDEX_HINT,
 )
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The checkpoint config's retention settings, as the driver that last ran the run had
+    them: what orders ``Result.from_path``'s best checkpoints and explains `cairn show`'s
+    kept ones."""
+
+    num_to_keep: int | None = None
+    score_attribute: str | None = None
+    score_order: str = "max"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +152,7 @@ class RunIndex:
     attempts: int = 0
     failures: int = 0
     resumed_from: str | None = None
+    retention: Retention | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     version: int = INDEX_VERSION
@@ -148,7 +175,7 @@ class RunIndex:
         return replace(self, updated_at=time.time(), **changes)
 
     def to_json(self) -> bytes:
-        body = {
+        body: dict[str, Any] = {
             "version": self.version,
             "layout_version": self.layout_version,
             "next_report_index": self.next_report_index,
@@ -159,6 +186,8 @@ class RunIndex:
             "updated_at": self.updated_at,
             "checkpoints": [r.to_json() for r in self.checkpoints],
         }
+        if self.retention is not None:
+            body["retention"] = self.retention.to_json()
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -195,11 +224,18 @@ class RunIndex:
             attempts=body.get("attempts", 0),
             failures=body.get("failures", 0),
             resumed_from=body.get("resumed_from"),
+            retention=_retention(body.get("retention")),
             created_at=float(body.get("created_at", now)),
             updated_at=float(body.get("updated_at", now)),
             version=version,
             layout_version=body.get("layout_version", LAYOUT_VERSION),
         )
+
+
+def _retention(body: dict[str, Any] | None) -> Retention | None:
+    if not body:
+        return None
+    return Retention(body.get("num_to_keep"), body.get("score_attribute"), body["score_order"])
 
 
 def read_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex | None:

@@ -61,7 +61,7 @@ from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import compute_entries, verify_directory
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.manager")
 
 
 @dataclass(frozen=True)

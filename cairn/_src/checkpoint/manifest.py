@@ -32,7 +32,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path, check_relative_path
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.manifest")
 
 MANIFEST_NAME = layout.MANIFEST_NAME
 MANIFEST_VERSION = 1

@@ -29,7 +29,7 @@ from cairn._src.errors import CollectiveTimeoutError, ReportError
 from cairn._src.execution.reports import describe_ranks
 from cairn._src.execution.worker_errors import WorkerFailure
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.collective")
 
 T = TypeVar("T")
 

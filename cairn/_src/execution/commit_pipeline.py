@@ -28,7 +28,7 @@ from cairn._src.train.callbacks import CallbackDispatcher
 
 T = TypeVar("T")
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.commit_pipeline")
 
 
 class CommitPipeline:

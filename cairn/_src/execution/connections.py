@@ -30,7 +30,7 @@ from cairn._src.execution.attempt import Attempt
 from cairn._src.execution.local_backend import abort_connection, disable_nagle
 from cairn._src.execution.worker_errors import WorkerFailure
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.connections")
 
 _HANDSHAKE_TIMEOUT_S = 10.0
 _MESSAGES_PER_WAKE = 1000

@@ -35,7 +35,7 @@ from cairn._src.execution.backend import make_backend
 from cairn._src.execution.commit_pipeline import CommitPipeline
 from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.controller_services import AttemptServices
-from cairn._src.execution.failure_errors import worker_group_error
+from cairn._src.execution.failure_errors import error_summary, worker_group_error
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
@@ -60,7 +60,7 @@ from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.registry import export_registrations
 from cairn._src.train.callbacks import CallbackDispatcher, TrainRunContext
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.controller")
 
 # How long to wait, after the first failure of an attempt, for other ranks' errors to
 # arrive so they are reported together.
@@ -151,6 +151,7 @@ class Controller:
         self._validations.resume(read_log(manager.run.join(EVENTS_DIR), manager.retry))
         self._services: AttemptServices | None = None
         self._last_metrics: dict[str, Any] = {}
+        self._last_error: dict[str, Any] | None = None
         self._payload = (
             cloudpickle.dumps(spec.train_fn),
             cloudpickle.dumps(spec.config),
@@ -170,10 +171,20 @@ class Controller:
         self._channels.start()
         self._commits.start()
         self._events.append({"type": "session_start", "t": time.time()})
+        # How the session ended, for `cairn ls` and Result.from_path: "finished", "failed"
+        # (with the error), or "interrupted" (Ctrl-C, or the driver itself broke).
+        end: dict[str, Any] = {"status": "interrupted"}
         try:
-            return self._run_attempts()
+            outcome = self._run_attempts()
+            end = ({"status": "finished"} if outcome.error is None
+                   else {"status": "failed", "error": self._last_error})
+            return outcome
+        except BaseException as exc:
+            if not isinstance(exc, KeyboardInterrupt):
+                end = {"status": "failed", "error": error_summary(exc, ranks=())}
+            raise
         finally:
-            self._close()
+            self._close(end)
 
     def _run_attempts(self) -> RunOutcome:
         while True:
@@ -569,15 +580,18 @@ class Controller:
             self._manager.save_index(failures=failures,
                                      next_report_index=self._next_report_index)
         now = time.time()
+        # Each rank's own exception, as Ray Train's worker_failures; the text says where
+        # the committed checkpoints stay.
+        error = worker_group_error(attempt.failures, failure.reason, self._manager.run.display())
+        self._last_error = error_summary(error, ranks=failure.ranks)
         self._events.append({
             "type": "failure", "attempt": attempt.number, "t": now,
             "ranks": list(failure.ranks), "reason": failure.reason.splitlines()[0],
             "last_commit_t": attempt.last_commit_t or attempt.started_at,
+            "errors": [error_summary(exc, ranks=(rank,))
+                       for rank, exc in error.worker_failures.items()],
         })
         self._flush_logs()
-        # Each rank's own exception, as Ray Train's worker_failures; the text says where
-        # the committed checkpoints stay.
-        error = worker_group_error(attempt.failures, failure.reason, self._manager.run.display())
         self._callbacks.failed(error)
         return error
 
@@ -603,14 +617,14 @@ class Controller:
         value = cloudpickle.loads(rank0.return_value) if rank0 and rank0.return_value else None
         return RunOutcome(return_value=value, last_metrics=self._last_metrics)
 
-    def _close(self) -> None:
+    def _close(self, end: dict[str, Any]) -> None:
         self._channels.stop_accepting()
         self._validations.close()
         self._commits.close()
         try:
             self._backend.kill()
         finally:
-            self._events.append({"type": "session_end", "t": time.time()})
+            self._events.append({"type": "session_end", "t": time.time(), **end})
             for log in (self._history, self._events):
                 try:
                     log.flush()

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 
 from cairn._src.errors import WorkerGroupError, WorkerProcessError
 from cairn._src.execution.worker_errors import WorkerFailure
+from cairn._src.storage.uris import redact_text
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.failure_errors")
 
 
 def worker_exceptions(failures: Sequence[WorkerFailure]) -> dict[int, BaseException]:
@@ -49,3 +51,19 @@ def worker_group_error(
     """The error for an attempt that failed with ``failures`` (``reason``: their grouped
     text); ``run_path`` is where its committed checkpoints stay."""
     return WorkerGroupError(reason, worker_exceptions(failures), run_path)
+
+
+# What the event log keeps of an error message: enough to say why, never a whole log.
+MESSAGE_LIMIT = 2000
+
+
+def error_summary(error: BaseException, ranks: Sequence[int]) -> dict[str, Any]:
+    """A failure as the event log keeps it: ``{"type", "ranks", "message"}``, the message
+    bounded and with any URI in it redacted (the log lives on storage)."""
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__.replace('cairn._src.errors', 'cairn')}.{kind.__qualname__}")
+    message = redact_text(str(error))
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 3] + "..."
+    return {"type": name, "ranks": sorted(int(r) for r in ranks), "message": message}

@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cairn._src.execution.backend import WorkerHandle
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.local_backend")
 
 
 @dataclass(frozen=True)

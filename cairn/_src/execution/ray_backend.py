@@ -26,7 +26,7 @@ from cairn._src.config import ScalingConfig
 from cairn._src.execution.backend import WorkerHandle
 from cairn._src.execution.local_backend import Bootstrap
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.ray_backend")
 
 
 @ray.remote

@@ -26,7 +26,7 @@ from cairn._src.execution.messages import CheckpointIntent, ReportMessage, Uploa
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.reports")
 
 
 @dataclass

@@ -59,7 +59,7 @@ from cairn._src.train.context import RunStorage, TrainContext
 from cairn._src.train.reported import CheckpointConsistencyMode, ReportedCheckpoint
 from cairn._src.train.validation_config import task_for_report
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.session")
 
 UploadFn = Callable[[Checkpoint, str], Checkpoint]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.state")
 
 
 class ControllerState(enum.Enum):

@@ -42,7 +42,7 @@ from cairn._src.run.segment_log import SegmentLog
 from cairn._src.train.reported import ReportedCheckpointStatus
 from cairn._src.train.validation_config import ValidationConfig, merged_task
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.validation_runner")
 
 REQUESTED = "validation_requested"
 FINISHED = "validation_finished"

@@ -30,7 +30,7 @@ from cairn._src.execution.messages import (
 from cairn._src.execution.session import WorkerSession, set_session
 from cairn._src.storage.registry import import_registrations
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.worker_main")
 
 # Mistakes in the training code that a restart would only repeat.
 FATAL_ERRORS = (ReportError, ConfigError, CheckpointCollisionError)

@@ -20,7 +20,7 @@ from cairn._src.errors import (
     UnsafePathError,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.storage.paths")
 
 
 def check_relative_path(rel: str, *, argument: str = "path") -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from cairn._src.errors import ConfigError, UnknownSchemeError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.storage.registry")
 
 ENTRY_POINT_GROUP = "cairn.storage"
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from cairn._src.errors import CairnError, ConfigError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.storage.retry")
 
 T = TypeVar("T")
 

@@ -60,7 +60,7 @@ from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.reader import local_os_path, open_regular_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.storage.transfer")
 
 __all__ = [
     "CHECKSUM_ALGORITHM",

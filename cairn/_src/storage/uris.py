@@ -213,6 +213,15 @@ def normalize_uri(text: str) -> str:
     return f"{head}{body}{question}{query}"
 
 
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every URI in it redacted (:func:`redact`): for free text, such as an
+    exception message, that is written to storage."""
+    return _URI_IN_TEXT.sub(lambda match: redact(match.group(0)), text)
+
+
 def scrub(message: str, uri: str) -> str:
     """``message`` with any copy of ``uri`` (a backend may quote it whole) redacted, and
     any secret value of ``uri`` (a backend may quote one parameter) masked too."""

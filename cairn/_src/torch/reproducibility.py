@@ -10,7 +10,7 @@ import torch
 
 from cairn._src.errors import ConfigError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.torch.reproducibility")
 
 _seed: int | None = None
 

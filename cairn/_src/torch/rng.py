@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.torch.rng")
 
 
 def _numpy() -> Any:

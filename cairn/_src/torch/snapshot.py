@@ -30,7 +30,7 @@ from cairn._src.torch.training_state import (
     write_files,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.torch.snapshot")
 
 STATE_FILE = "state.pt"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.torch.snapshot_buffers")
 
 Path = tuple[Hashable, ...]
 

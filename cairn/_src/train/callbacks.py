@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from cairn._src.errors import WorkerGroupError
     from cairn._src.train.result import Result
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.callbacks")
 
 HOOK_NAMES = ("on_report", "on_checkpoint", "on_failure", "on_run_end", "after_report",
               "after_exception")

@@ -16,6 +16,7 @@ from cairn._src.errors import (
     ConfigDeprecationError,
     ConfigError,
     ResultLookupError,
+    RunFailedError,
     RunNotFoundError,
 )
 from cairn._src.execution.validation import score_value
@@ -23,6 +24,7 @@ from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
+from cairn._src.run.status import run_history
 from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
@@ -199,8 +201,17 @@ class Result:
             )
         history = read_log(run.join(METRICS_DIR), retry)
         metrics = history[-1].get("metrics") if history else None
-        return build_result(run, index, checkpoint_config or CheckpointConfig(),
-                            metrics=metrics, retry=retry)
+        if checkpoint_config is None:
+            # As fit() ordered them: by the retention settings the run was started with.
+            kept = index.retention
+            checkpoint_config = CheckpointConfig() if kept is None else CheckpointConfig(
+                checkpoint_score_attribute=kept.score_attribute,
+                checkpoint_score_order="min" if kept.score_order == "min" else "max")
+        # A failed run reads back with its error, as fit() returned it.
+        past = run_history(read_log(run.join(EVENTS_DIR), retry))
+        error = RunFailedError.from_info(past.error, run.display()) if past.error else None
+        return build_result(run, index, checkpoint_config, metrics=metrics, error=error,
+                            retry=retry)
 
 
 def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:

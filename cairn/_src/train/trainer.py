@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cairn._src import migration
-from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
+from cairn._src.checkpoint.index import Retention, RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
@@ -41,7 +41,7 @@ from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.result import Result, build_result
 from cairn._src.train.validation_config import ValidationConfig
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.trainer")
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:
@@ -219,14 +219,21 @@ class Trainer:
             logger.info("Continuing run %s: %d committed checkpoints, %d attempts so far",
                         run.display(), len(index.checkpoints), index.attempts)
         history = SegmentLog(run.join(METRICS_DIR), retry)
-        manager = CheckpointManager(run, self.run_config.checkpoint_config, retry,
-                                    index or RunIndex(), history)
+        checkpoint_config = self.run_config.checkpoint_config
+        # The retention settings go into the index: Result.from_path orders the best
+        # checkpoints by them, and `cairn show` says why each one is kept.
+        retention = Retention(checkpoint_config.num_to_keep,
+                              checkpoint_config.checkpoint_score_attribute,
+                              checkpoint_config.checkpoint_score_order)
+        manager = CheckpointManager(run, checkpoint_config, retry,
+                                    RunIndex(retention=retention) if index is None
+                                    else index.with_changes(retention=retention), history)
         events = read_log(run.join(EVENTS_DIR), retry)
         if index is None and any(e.get("type") == "commit" for e in events):
             # The index is gone but the run committed checkpoints: rebuild it from them.
             logger.warning("%s has no run index but committed checkpoints; rebuilding it "
                            "from the manifests", run.display())
-            manager.index = rebuild_index(run, retry)
+            manager.index = rebuild_index(run, retry).with_changes(retention=retention)
             index = manager.index
         # What this run recorded decides what it may delete (ownership.py), never the
         # index alone.

@@ -22,7 +22,7 @@ from cairn._src.errors import ConfigError
 if TYPE_CHECKING:
     from cairn._src.checkpoint.checkpoint import Checkpoint
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cairn.validation_config")
 
 
 class ValidationFn(Protocol):

@@ -1,0 +1,174 @@
+"""The subcommands that read, check and change a run: inspect, verify, prune,
+rebuild-index and lease break. ``prune`` refuses to touch a run that a live driver holds and
+deletes only what the run owns (:mod:`cairn._src.checkpoint.ownership`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cairn._src.checkpoint.index import rebuild_index, write_index
+from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
+from cairn._src.checkpoint.manifest import read_manifest
+from cairn._src.checkpoint.ownership import could_have_created, registered_references
+from cairn._src.checkpoint.retention import decide_retention, make_policy
+from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run
+from cairn._src.config import CheckpointConfig
+from cairn._src.errors import CairnError
+from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
+from cairn._src.run.lease import break_lease
+from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage.fileio import is_dir
+from cairn._src.storage.location import resolve
+from cairn._src.storage.transfer import verify_directory
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    run, index = open_run(args.run)
+    if args.json:
+        print(index.to_json().decode())
+        return 0
+    lease = live_lease(run)
+    print(f"run        {run.display()}")
+    print(f"attempts   {index.attempts}  failures {index.failures}  "
+          f"next report {index.next_report_index}")
+    print(f"driver     {f'live: host {lease.host}, pid {lease.pid}' if lease else 'none'}")
+    latest = index.latest
+    print(f"resumed    {index.resumed_from or '-'}  latest {latest.dir_name if latest else '-'}")
+    print(f"\n{'checkpoint':<24} {'report':>6} {'MiB':>9}  {'where':<8} metrics")
+    for record in sorted(index.checkpoints, key=lambda r: r.report_index):
+        where = "run" if record.target_uri is None else ("ref-run" if record.managed else "ref")
+        print(f"{record.dir_name:<24} {record.report_index:>6} "
+              f"{record.size_bytes / 2**20:>9.2f}  {where:<8} {format_metrics(record.metrics)}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    run, index = open_run(args.run)
+    records = [r for r in index.checkpoints if not args.checkpoint or r.dir_name in args.checkpoint]
+    unknown = set(args.checkpoint or ()) - {r.dir_name for r in records}
+    if unknown:
+        raise CairnError(f"--checkpoint {sorted(unknown)} not in the run; known: "
+                         f"{sorted(r.dir_name for r in index.checkpoints)}")
+    bad = 0
+    for record in sorted(records, key=lambda r: r.report_index):
+        view = checkpoint_view(run, record)
+        try:
+            manifest = read_manifest(view.manifest_at, RETRY)
+            if manifest is None:
+                raise CairnError("no manifest")
+            verify_directory(view.data, manifest.files, retry=RETRY)
+        except (CairnError, OSError) as exc:
+            bad += 1
+            print(f"FAILED  {record.dir_name}: {exc}")
+            continue
+        print(f"ok      {record.dir_name} ({len(manifest.files)} files, "
+              f"{manifest.total_bytes / 2**20:.2f} MiB)")
+    # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
+    dropped = 0
+    indexed = {r.dir_name for r in index.checkpoints}
+    for event in read_log(run.join(EVENTS_DIR), RETRY):
+        name = event.get("dir_name")
+        if (event.get("type") != "checkpoint_dropped" or not isinstance(name, str)
+                or name in indexed or not could_have_created(name)
+                or (args.checkpoint and name not in args.checkpoint)
+                or not is_dir(run.join(name), RETRY)):
+            continue
+        indexed.add(name)
+        dropped += 1
+        print(f"DROPPED {name}: damaged, dropped from the index at resume "
+              f"({str(event.get('reason', ''))[:200]}); delete it by hand when inspected")
+    print(f"{len(records) - bad} verified, {bad} failed"
+          + (f", {dropped} dropped as damaged" if dropped else ""))
+    return 1 if bad or dropped else 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    run, index = open_run(args.run)
+    lease = live_lease(run)
+    if lease is not None:
+        raise CairnError(f"A live driver (host {lease.host}, pid {lease.pid}) holds this run; "
+                         "prune it when the run has stopped (`cairn lease break RUN` clears "
+                         "the lease of a driver that is gone).")
+    if args.keep < 1:
+        raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
+    policy = make_policy(args.keep, args.score, args.order)
+    records = list(index.checkpoints)
+    keep = decide_retention(policy, records, protected=[index.resumed_from])
+    dropped = [r for r, k in zip(records, keep, strict=True) if not k]
+    for record in dropped:
+        print(f"{'would drop' if args.dry_run else 'dropping'} {record.dir_name}")
+    if args.dry_run or not dropped:
+        print(f"{len(dropped)} to drop, {len(records) - len(dropped)} kept")
+        return 0
+    # Index first, deletion after: a crash in between leaves only unreferenced data.
+    write_index(run, index.with_changes(
+        checkpoints=tuple(r for r, k in zip(records, keep, strict=True) if k)), RETRY)
+    # What the run recorded decides what may be deleted, never the index alone.
+    manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                SegmentLog(run.join(METRICS_DIR), RETRY))
+    manager.registered = registered_references(read_log(run.join(EVENTS_DIR), RETRY))
+    left = 0
+    for record in dropped:
+        if not manager.delete_owned(record, delete_references=args.delete_references):
+            left += 1
+            print(f"left in place: {record.dir_name} (not a checkpoint directory this run "
+                  "owns; see the warning above)")
+    print(f"{len(dropped)} dropped, {len(records) - len(dropped)} kept")
+    return 0
+
+
+def cmd_lease_break(args: argparse.Namespace) -> int:
+    run = resolve(args.run)
+    previous = break_lease(run, RETRY)
+    if previous is None:
+        print(f"cleared the lease of {run.display()} (there was no readable lease)")
+    else:
+        print(f"cleared the lease of {run.display()} (was host {previous.host}, pid "
+              f"{previous.pid}, heartbeat {previous.heartbeat_at:.0f})")
+    return 0
+
+
+def cmd_rebuild_index(args: argparse.Namespace) -> int:
+    run = resolve(args.run)
+    if live_lease(run) is not None:
+        raise CairnError("A live driver holds this run; rebuild the index when it has stopped.")
+    index = rebuild_index(run, RETRY)
+    write_index(run, index, RETRY)
+    print(f"rebuilt the index of {run.display()}: {len(index.checkpoints)} checkpoints")
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add this module's subcommands to the ``cairn`` parser's subparsers."""
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text,
+                                                           description=help_text)
+        sub.add_argument("run", help="the run directory: a path or URI")
+        return sub
+
+    inspect = command("inspect", "Show a run's checkpoints, attempts and driver.")
+    inspect.add_argument("--json", action="store_true", help="print the raw run index")
+    inspect.set_defaults(func=cmd_inspect)
+    verify = command("verify", "Check every file of committed checkpoints against manifests.")
+    verify.add_argument("--checkpoint", action="append", help="only this checkpoint (repeat)")
+    verify.set_defaults(func=cmd_verify)
+    prune = command("prune", "Keep the best (or latest) N checkpoints, delete the rest.")
+    prune.add_argument("--keep", type=int, required=True)
+    prune.add_argument("--score", help="metric to rank by (default: the latest are kept)")
+    prune.add_argument("--order", choices=("max", "min"), default="max")
+    prune.add_argument("--delete-references", action="store_true",
+                       help="also delete NO_UPLOAD data outside the run directory")
+    prune.add_argument("--dry-run", action="store_true")
+    prune.set_defaults(func=cmd_prune)
+    rebuild = command("rebuild-index", "Rebuild the run index from the checkpoint manifests.")
+    rebuild.set_defaults(func=cmd_rebuild_index)
+    lease = commands.add_parser("lease", help="Manage a run's lease.",
+                                description="Manage a run's lease.")
+    lease_commands = lease.add_subparsers(dest="lease_command", required=True)
+    lease_break = lease_commands.add_parser(
+        "break", help="Clear a run's lease by hand (only when no driver runs it).",
+        description="Clear a run's lease by hand (only when no driver runs it).")
+    lease_break.add_argument("run", help="the run directory: a path or URI")
+    lease_break.set_defaults(func=cmd_lease_break)
