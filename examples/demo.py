@@ -2,7 +2,7 @@
 
     python examples/demo.py [--epochs 50] [--workers 2] [--storage ./runs/demo]
 
-An MLP learns the handwritten digits (8x8 images, shipped inside the package: nothing is
+An MLP learns the handwritten digits (8x8 images in examples/data: nothing is
 downloaded) on 2 worker processes joined by torch.distributed (gloo, DDP). Every epoch
 each rank takes an in-memory snapshot of the whole training state (model, optimizer, LR
 schedule, RNGs, data-loader position) with ``cairn.torch.report_snapshot``: the train loop
@@ -24,15 +24,16 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import cairn
 from cairn import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from cairn._src.data.digits import NUM_CLASSES, load_digits  # ships with Cairn
 from cairn.torch import (
     TorchTrainer,
     load_training_state,
@@ -41,13 +42,18 @@ from cairn.torch import (
     report_snapshot,
 )
 
+# The handwritten digits: 1,797 8x8 images (pixels 0..16) and labels 0..9, exported once
+# from scikit-learn's load_digits() (source and license: examples/data/README.md).
+DIGITS = Path(__file__).resolve().parent / "data" / "digits.npz"
+NUM_CLASSES = 10
 TEST_FRACTION = 0.2
 REPORT_EVERY = 10  # steps between metric-only reports
 
 
 def digits_split() -> tuple[TensorDataset, TensorDataset]:
     """The digits as float tensors in [0, 1], split 80/20 in a fixed random order."""
-    images, labels = load_digits()
+    with numpy.load(DIGITS, allow_pickle=False) as archive:
+        images, labels = archive["images"], archive["labels"]
     inputs = torch.from_numpy(images).float().reshape(len(images), -1) / 16.0
     targets = torch.from_numpy(labels).long()
     order = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(0))

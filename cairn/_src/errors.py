@@ -8,7 +8,7 @@ pickle: they keep their constructor arguments in ``self.args``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cairn._src.run.status import ErrorInfo
@@ -148,12 +148,20 @@ class RunFailedError(TrainingFailedError):
         self.rank = ranks[0] if ranks else None
         self.run_path = run_path
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_run_failed_error, (str(self), self.error_type, self.ranks, self.run_path))
+
     @classmethod
     def from_info(cls, info: ErrorInfo, run_path: str | None = None) -> RunFailedError:
         where = f"rank {info.rank}" if info.rank is not None else "the driver"
         head = f"{info.type} in {where}: " if info.type else f"{where}: "
         return cls(head + info.message, error_type=info.type, ranks=tuple(info.ranks),
                    run_path=run_path)
+
+
+def _run_failed_error(message: str, error_type: str, ranks: tuple[int, ...],
+                      run_path: str | None) -> RunFailedError:
+    return RunFailedError(message, error_type=error_type, ranks=ranks, run_path=run_path)
 
 
 class WorkerGroupError(TrainingFailedError):

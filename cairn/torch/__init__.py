@@ -8,6 +8,11 @@ The names follow ``ray.train.torch`` (``TorchTrainer``, ``TorchConfig``,
 
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _missing:
+    raise ImportError("cairn.torch needs PyTorch: pip install 'cairn-train[torch]'") from _missing
+
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.data_loader import PreparedDataLoader, prepare_data_loader
 from cairn._src.torch.model import prepare_model

@@ -45,8 +45,16 @@ def test_except_worker_group_error_catches_a_failing_rank(tmp_path: Path) -> Non
     again = pickle.loads(pickle.dumps(caught))
     assert type(again) is WorkerGroupError and str(again) == message
     assert type(again.worker_failures[1]) is ValueError
-    # The Result a callback saw, and Result.from_path, carry the run; from_path has no error.
-    assert cairn.Result.from_path(tmp_path / "run").error is None
+    # Result.from_path reads the failed run back with what its event log kept of the error.
+    read_back = cairn.Result.from_path(tmp_path / "run").error
+    assert isinstance(read_back, cairn.RunFailedError)
+    assert isinstance(read_back, TrainingFailedError)
+    assert (read_back.error_type, read_back.rank, read_back.ranks) == (
+        "cairn.WorkerGroupError", 1, (1,))
+    assert str(read_back).startswith("cairn.WorkerGroupError in rank 1: Training failed due "
+                                     "to worker errors:\n[rank 1] ValueError: rank 1 is broken")
+    again = pickle.loads(pickle.dumps(read_back))
+    assert (type(again), str(again), again.rank) == (cairn.RunFailedError, str(read_back), 1)
 
 
 def test_custom_exceptions_come_back_as_their_class(tmp_path: Path) -> None:

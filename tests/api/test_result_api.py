@@ -104,11 +104,14 @@ def test_best_checkpoints_in_ray_order(tmp_path: Path) -> None:
     assert _iters(result) == [1, 3, 0, 2, 4]
     _, result = _fit(str(tmp_path / "none"), None, scores)
     assert _iters(result) == [0, 1, 2, 3, 4]  # report order without a score attribute
-    # from_path orders the same way, given the same checkpoint config.
-    config = CheckpointConfig(checkpoint_score_attribute="metric_a")
+    # from_path orders as fit() did: by the retention settings the run recorded.
+    assert _iters(Result.from_path(tmp_path / "max" / "run")) == [4, 2, 0, 1, 3]
+    assert _iters(Result.from_path(tmp_path / "min" / "run")) == [1, 3, 0, 2, 4]
+    assert _iters(Result.from_path(tmp_path / "none" / "run")) == [0, 1, 2, 3, 4]
+    # An explicit checkpoint config still wins.
+    config = CheckpointConfig(checkpoint_score_attribute="metric_a", checkpoint_score_order="min")
     assert _iters(Result.from_path(tmp_path / "max" / "run", checkpoint_config=config)) == [
-        4, 2, 0, 1, 3]
-    assert _iters(Result.from_path(tmp_path / "max" / "run")) == [0, 1, 2, 3, 4]
+        1, 3, 0, 2, 4]
 
 
 def test_result_keeps_cairn_extras(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ def test_exported_members() -> None:
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
         "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError", "ReportError",
         "ReportHandle", "ReportedCheckpoint", "ReportedCheckpointStatus", "Result", "RetryPolicy",
-        "RunConfig", "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
+        "RunConfig", "RunFailedError", "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
         "TrainContext", "Trainer", "TrainingFailedError", "UnknownSchemeError", "UnsafePathError",
         "UserCallback", "ValidationConfig", "ValidationFn", "ValidationTaskConfig",
         "WorkerGroupError", "WorkerProcessError", "get_all_reported_checkpoints", "get_checkpoint",

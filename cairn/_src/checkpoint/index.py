@@ -22,6 +22,7 @@ from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_at
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.text import plural
 
 logger = logging.getLogger("cairn.index")
 
@@ -289,5 +290,6 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
     records.sort(key=lambda r: r.report_index)
     base = previous or RunIndex()
     next_index = max([base.next_report_index] + [r.report_index + 1 for r in records])
-    logger.info("Rebuilt the index of %s from %d manifests", run.display(), len(records))
+    logger.info("Rebuilt the index of %s from %s", run.display(),
+                plural(len(records), "manifest"))
     return base.with_changes(checkpoints=tuple(records), next_report_index=next_index)

@@ -31,6 +31,7 @@ from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path, check_relative_path
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
+from cairn._src.text import plural
 
 logger = logging.getLogger("cairn.manifest")
 
@@ -299,6 +300,6 @@ def write_manifest(
     """
     write_bytes_atomic(checkpoint_dir.join(MANIFEST_NAME), manifest.to_json(), retry)
     logger.debug(
-        "Wrote manifest of %s (%d files, %d bytes)",
-        checkpoint_dir.display(), len(manifest.files), manifest.total_bytes,
+        "Wrote manifest of %s (%s, %d bytes)",
+        checkpoint_dir.display(), plural(len(manifest.files), "file"), manifest.total_bytes,
     )

@@ -69,7 +69,7 @@ def make_backend(scaling: ScalingConfig, run_config: RunConfig) -> WorkerBackend
             from cairn._src.execution.ray_backend import RayBackend
         except ImportError as exc:
             raise ConfigError(
-                "ScalingConfig(backend='ray') needs Ray: pip install 'cairn[ray]' "
+                "ScalingConfig(backend='ray') needs Ray: pip install 'cairn-train[ray]' "
                 f"(import failed: {exc})."
             ) from exc
         return RayBackend(scaling, env=run_config.worker_env)

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cairn._src.text import plural
+
 
 @dataclass(frozen=True)
 class GoodputSummary:
@@ -63,8 +65,8 @@ class GoodputSummary:
             return f"{seconds:8.2f}s {100 * seconds / self.wall_s:5.1f}%" if self.wall_s else "-"
 
         lines = [
-            f"goodput            {100 * self.goodput:5.1f}%  ({self.attempts} attempts, "
-            f"{self.failures} failures)",
+            f"goodput            {100 * self.goodput:5.1f}%  ({plural(self.attempts, 'attempt')}, "
+            f"{plural(self.failures, 'failure')})",
             f"wall time          {self.wall_s:8.2f}s",
             f"  productive       {share(self.productive_s)}",
             f"  start-up         {share(self.startup_s)}",

@@ -59,6 +59,7 @@ from cairn._src.storage.parallel import (
 from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.reader import local_os_path, open_regular_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from cairn._src.text import plural
 
 logger = logging.getLogger("cairn.storage.transfer")
 
@@ -160,8 +161,8 @@ def upload_directory(
     total = sum(entry.size for entry in results.values())
     elapsed = time.perf_counter() - started
     logger.debug(
-        "Uploaded %d files (%d bytes) to %s in %.3fs", len(results), total, dest.display(),
-        elapsed,
+        "Uploaded %s (%d bytes) to %s in %.3fs", plural(len(results), "file"), total,
+        dest.display(), elapsed,
     )
     return {rel: results[rel] for rel in sorted(results)}
 
@@ -264,8 +265,8 @@ def download_directory(
     _, errors = run_parallel(tasks, workers, collect_all=False)
     raise_first(errors)
     logger.debug(
-        "Downloaded %d files from %s to %s in %.3fs", len(tasks), src.display(), local_dir,
-        time.perf_counter() - started,
+        "Downloaded %s from %s to %s in %.3fs", plural(len(tasks), "file"), src.display(),
+        local_dir, time.perf_counter() - started,
     )
 
 
@@ -424,5 +425,6 @@ def verify_directory(
     lines = [str(errors[rel]) for rel in bad[:_MAX_NAMED_FAILURES]]
     if len(bad) > _MAX_NAMED_FAILURES:
         lines.append(f"... and {len(bad) - _MAX_NAMED_FAILURES} more bad files")
-    message = f"{len(bad)} of {len(files)} files under {loc.display()} failed verification: "
+    message = (f"{len(bad)} of {plural(len(files), 'file')} under {loc.display()} failed "
+               "verification: ")
     raise type(first)(message + "; ".join(lines)) from first

@@ -119,7 +119,11 @@ class Result:
         """Every rank-0 report of every attempt, one row each (nested keys joined by ``/``)."""
         if self._metrics_dataframe is not None:
             return self._metrics_dataframe
-        import pandas
+        try:
+            import pandas
+        except ImportError as exc:
+            raise ImportError("Result.metrics_dataframe needs pandas: "
+                              "pip install 'cairn-train[pandas]'") from exc
 
         records = read_log(self._run.join(METRICS_DIR), self._retry) if self._run else []
         rows = []

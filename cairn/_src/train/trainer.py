@@ -37,6 +37,7 @@ from cairn._src.storage.location import (
 )
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import scheme_of
+from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.result import Result, build_result
 from cairn._src.train.validation_config import ValidationConfig
@@ -216,8 +217,9 @@ class Trainer:
                 failures=max(index.failures, sum(e.get("type") == "failure" for e in events)),
             )
         if index is not None:
-            logger.info("Continuing run %s: %d committed checkpoints, %d attempts so far",
-                        run.display(), len(index.checkpoints), index.attempts)
+            logger.info("Continuing run %s: %s committed, %s so far", run.display(),
+                        plural(len(index.checkpoints), "checkpoint"),
+                        plural(index.attempts, "attempt"))
         history = SegmentLog(run.join(METRICS_DIR), retry)
         checkpoint_config = self.run_config.checkpoint_config
         # The retention settings go into the index: Result.from_path orders the best
