@@ -178,6 +178,13 @@ class CheckpointConfig:
       that checkpoint with a warning and training goes on.
     * ``delete_unmanaged_checkpoints``: retention deletes NO_UPLOAD checkpoints that live
       outside the run directory instead of only forgetting them.
+    * ``verify_on_resume``: what the driver checks of the checkpoint an attempt resumes
+      from. ``"sizes"`` (the default): its manifest, and that every file is a regular file
+      of the recorded size, without reading data; the workers verify checksums as they
+      restore, and a checksum failure on any rank makes the next attempt verify that
+      checkpoint fully and fall back from it on every rank. A checkpoint this driver
+      committed itself is not re-checked at all. ``"full"``: every byte is read and
+      checksummed on the driver before the workers start.
     """
 
     num_to_keep: int | None = None
@@ -186,6 +193,7 @@ class CheckpointConfig:
     max_pending_uploads: int = 2
     upload_failure_policy: UploadFailurePolicy = "fail"
     delete_unmanaged_checkpoints: bool = False
+    verify_on_resume: Literal["sizes", "full"] = "sizes"
     checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
@@ -208,6 +216,12 @@ class CheckpointConfig:
                 "is not one of 'max', 'min'."
             )
         _check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
+        if self.verify_on_resume not in ("sizes", "full"):
+            raise ConfigError(
+                f"CheckpointConfig.verify_on_resume={self.verify_on_resume!r} is not one of "
+                "'sizes' (the manifest and file sizes; workers verify checksums as they "
+                "restore), 'full' (every byte checksummed on the driver)."
+            )
         if self.upload_failure_policy not in ("fail", "skip"):
             raise ConfigError(
                 f"CheckpointConfig.upload_failure_policy={self.upload_failure_policy!r} "

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import cairn
-from cairn import Checkpoint, CheckpointUploadMode
+from cairn import Checkpoint, CheckpointUploadMode, ChecksumMismatchError
 
 
 def _note(config: dict[str, Any], name: str, value: object) -> None:
@@ -86,3 +86,15 @@ def diverging(config: dict[str, Any]) -> None:
     with open(os.path.join(directory, f"rank_{rank}.json"), "w") as f:
         f.write("{}")
     cairn.report({"step": 0}, checkpoint=Checkpoint.from_directory(directory))
+
+
+def damaged_elsewhere(config: dict[str, Any]) -> None:
+    """Reports one checkpoint, then (once resumed) fails on damage in some other data."""
+    if cairn.get_checkpoint() is None:
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, "x.json"), "w") as f:
+            json.dump({"step": 0}, f)
+        cairn.report({"step": 0}, checkpoint=Checkpoint.from_directory(directory))
+        return
+    _note(config, f"damaged_elsewhere_{cairn.get_context().get_attempt()}", 1)
+    raise ChecksumMismatchError("a dataset shard failed its checksum")

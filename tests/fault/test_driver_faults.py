@@ -84,22 +84,40 @@ def test_second_live_driver_is_refused(tmp_path: str, scratch: str) -> None:
     assert lease["pid"] == driver.pid
 
 
+@pytest.mark.parametrize("verify_on_resume", ["sizes", "full"])
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(
-    run_config: Callable[..., cairn.RunConfig], scratch: str, caplog: pytest.LogCaptureFixture
+    run_config: Callable[..., cairn.RunConfig], scratch: str, caplog: pytest.LogCaptureFixture,
+    verify_on_resume: str,
 ) -> None:
-    config = run_config()
+    config = run_config(checkpoint_config=cairn.CheckpointConfig(
+        verify_on_resume=verify_on_resume))  # type: ignore[arg-type]
     directory = run_dir(config)
     job = {"steps": 3, "scratch": scratch, "run_dir": directory, "first_index": 1}
     trainer = Trainer(fault_workloads.resumable, train_loop_config=job,
                       scaling_config=ScalingConfig(num_workers=2), run_config=config)
     trainer.fit()
+    # One byte flipped, the size unchanged: only a checksum finds it.
     with open(os.path.join(directory, "checkpoint_000003", "rank_1.json"), "r+b") as f:
         f.write(b"X")
     job["steps"] = 5
-    Trainer(fault_workloads.resumable, train_loop_config=job,
-            scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    result = Trainer(fault_workloads.resumable, train_loop_config=job,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
     assert "Not resuming from checkpoint_000003 (report 3)" in caplog.text
-    assert resumed_steps(scratch)[(1, 0)] == 2  # from checkpoint_000002, i.e. after step 1
+    resumed = resumed_steps(scratch)
+    if verify_on_resume == "full":
+        # The driver read every byte before the workers started.
+        assert resumed[(1, 0)] == resumed[(1, 1)] == 2  # from checkpoint_000002
+    else:
+        # The driver checked sizes only; the workers found the damage as they restored,
+        # and the next attempt fell back on every rank, without counting a failure.
+        assert "a rank found the checkpoint it resumed from, checkpoint_000003, damaged" in (
+            caplog.text)
+        assert (1, 0) not in resumed and (1, 1) not in resumed
+        assert resumed[(2, 0)] == resumed[(2, 1)] == 2
+    assert result.error is None
+    index = json.load(open(os.path.join(directory, "cairn_run.json")))
+    assert index["failures"] == 0
+    assert "checkpoint_000003" not in {r["dir_name"] for r in index["checkpoints"]}
 
 
 def test_missing_latest_checkpoint_falls_back(

@@ -59,7 +59,11 @@ from cairn._src.storage.fileio import (
 )
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import compute_entries, verify_directory
+from cairn._src.storage.transfer import (
+    check_directory_sizes,
+    compute_entries,
+    verify_directory,
+)
 
 logger = logging.getLogger("cairn.manager")
 
@@ -146,6 +150,12 @@ class CheckpointManager:
         self.failed_deletions: dict[str, CheckpointRecord | None] = {}
         # Deletions the ownership check approved and that have not finished yet.
         self._approved: dict[str, DeletionPlan] = {}
+        # For choose_resume(): checkpoints this driver committed (uploads into the run
+        # directory), those a worker found damaged while restoring (verified in full next
+        # time), and those verified in full by this process.
+        self.committed_here: set[str] = set()
+        self.suspects: set[str] = set()
+        self.fully_verified: set[str] = set()
 
     # --- views of committed checkpoints ----------------------------------------------------
 
@@ -243,6 +253,10 @@ class CheckpointManager:
             self._uncertain.append(record)
             raise
         self.index = index
+        if ready.reference is None:
+            # Uploaded by Cairn into the run directory and committed by this driver: a
+            # resume right after a worker crash does not re-read it (verify_on_resume).
+            self.committed_here.add(ready.dir_name)
         seconds = time.perf_counter() - started
         logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
                     ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
@@ -486,24 +500,38 @@ class CheckpointManager:
                 self.index.next_report_index, records[-1].report_index + 1))
 
     def choose_resume(self) -> CheckpointView | None:
-        """The latest committed checkpoint that verifies; damaged ones are skipped.
+        """The latest committed checkpoint that passes its check; damaged ones are skipped.
 
-        Every file is checked against its manifest (size and checksum, regular files
-        only). A checkpoint with any kind of damage (:class:`CheckpointDamagedError`) is
-        dropped from the index with a warning, recorded as dropped in the event log (so
-        reconcile never adopts it back) and the previous one is tried. All drops are
-        written in one index write. A storage outage is no damage: it propagates.
+        The check (``CheckpointConfig.verify_on_resume``): ``"sizes"`` reads the manifest
+        and checks that every file is a regular file of the recorded size, reading no data
+        (the workers verify checksums as they restore); ``"full"``, and any checkpoint in
+        :attr:`suspects` (a worker found it damaged), reads and checksums every byte. A
+        checkpoint this driver committed itself (:attr:`committed_here`) and no worker
+        found damaged is not re-read at all. A checkpoint with any kind of damage
+        (:class:`CheckpointDamagedError`) is dropped from the index with a warning,
+        recorded as dropped in the event log (so reconcile never adopts it back) and the
+        previous one is tried. All drops are written in one index write. A storage outage
+        is no damage: it propagates.
         """
         records = sorted(self.index.checkpoints, key=lambda r: r.report_index, reverse=True)
         dropped: list[CheckpointRecord] = []
         chosen: CheckpointView | None = None
         for record in records:
             view = self.view(record)
+            name = record.dir_name
+            if name in self.committed_here and name not in self.suspects:
+                chosen = view
+                break
             try:
                 manifest = read_manifest(view.manifest_at, self.retry)
                 if manifest is None:
                     raise ManifestError(f"{view.manifest_at.display()} has no manifest")
-                verify_directory(view.data, manifest.files, retry=self.retry)
+                if self.config.verify_on_resume == "full" or name in self.suspects:
+                    verify_directory(view.data, manifest.files, retry=self.retry)
+                    self.fully_verified.add(name)
+                    self.suspects.discard(name)
+                else:
+                    check_directory_sizes(view.data, manifest.files, retry=self.retry)
             except (CheckpointDamagedError, CheckpointNotFoundError) as exc:
                 # Only damage drops a checkpoint; a storage outage fails the attempt instead
                 # (it counts as a failure and the next attempt tries again).

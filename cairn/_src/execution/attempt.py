@@ -32,6 +32,8 @@ class Attempt:
     train_started: bool = False
     announced_dirs: set[str] = field(default_factory=set)
     last_commit_t: float | None = None
+    # A rank found the resume checkpoint damaged (see Controller._resume_found_damaged).
+    resume_damaged: bool = False
 
     def has_failure(self, rank: int) -> bool:
         return any(f.rank == rank for f in self.failures)

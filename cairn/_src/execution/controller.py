@@ -29,7 +29,12 @@ import cloudpickle
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig, ScalingConfig
-from cairn._src.errors import ConfigError, ReportError
+from cairn._src.errors import (
+    CheckpointDamagedError,
+    ConfigError,
+    ReportError,
+    WorkerGroupError,
+)
 from cairn._src.execution.attempt import Attempt, placement
 from cairn._src.execution.backend import make_backend
 from cairn._src.execution.commit_pipeline import CommitPipeline
@@ -197,6 +202,17 @@ class Controller:
                 self._machine.transition(ControllerState.FINISHED, "run complete")
                 return outcome
             error = self._end_failed_attempt(attempt, failure)
+            if attempt.resume_damaged:
+                logger.warning(
+                    "Attempt %d: a rank found the checkpoint it resumed from, %s, damaged "
+                    "(%s). The next attempt verifies it in full and, if it is damaged, falls "
+                    "back to the previous committed checkpoint on every rank; this does not "
+                    "count as a failure.", attempt.number,
+                    attempt.resume.dir_name if attempt.resume else "-",
+                    failure.reason.splitlines()[0])
+                self._machine.transition(ControllerState.RESTARTING,
+                                         "the resume checkpoint is damaged")
+                continue
             failures = self._manager.index.failures
             decision = self._policy.decide(failure, failures - 1)
             logger.warning("Attempt %d failed (%s); failure %d of %s allowed: %s", attempt.number,
@@ -575,14 +591,15 @@ class Controller:
         attempt.connections.clear()
         self._wait_for_commits(attempt)
         self._manager.delete_uncommitted(attempt.tracker.pending_dir_names())
-        with self._validations.paused():
-            failures = self._manager.index.failures + 1
-            self._manager.save_index(failures=failures,
-                                     next_report_index=self._next_report_index)
-        now = time.time()
         # Each rank's own exception, as Ray Train's worker_failures; the text says where
         # the committed checkpoints stay.
         error = worker_group_error(attempt.failures, failure.reason, self._manager.run.display())
+        attempt.resume_damaged = self._resume_found_damaged(attempt, failure, error)
+        with self._validations.paused():
+            failures = self._manager.index.failures + (0 if attempt.resume_damaged else 1)
+            self._manager.save_index(failures=failures,
+                                     next_report_index=self._next_report_index)
+        now = time.time()
         self._last_error = error_summary(error, ranks=failure.ranks)
         self._events.append({
             "type": "failure", "attempt": attempt.number, "t": now,
@@ -590,10 +607,27 @@ class Controller:
             "last_commit_t": attempt.last_commit_t or attempt.started_at,
             "errors": [error_summary(exc, ranks=(rank,))
                        for rank, exc in error.worker_failures.items()],
+            "counted": not attempt.resume_damaged,
         })
         self._flush_logs()
         self._callbacks.failed(error)
         return error
+
+    def _resume_found_damaged(self, attempt: Attempt, failure: AttemptFailure,
+                              error: WorkerGroupError) -> bool:
+        """Whether a rank failed on damage while the attempt's resume checkpoint was only
+        size-checked: then that checkpoint is verified in full before the next attempt
+        (choose_resume drops it if damaged) and the failure is not counted. Once it was
+        verified in full, such a failure counts like any other."""
+        resume = attempt.resume
+        if resume is None or failure.fatal or not any(
+                isinstance(exc, CheckpointDamagedError)
+                for exc in error.worker_failures.values()):
+            return False
+        if resume.dir_name in self._manager.fully_verified:
+            return False
+        self._manager.suspects.add(resume.dir_name)
+        return True
 
     def _finish(self, attempt: Attempt) -> RunOutcome:
         self._backend.shutdown(grace_s=5.0)

@@ -25,6 +25,7 @@ from cairn._src.errors import (
     CairnError,
     CheckpointDamagedError,
     ChecksumMismatchError,
+    MissingCheckpointFileError,
     NotARegularFileError,
     StorageError,
     UnsafePathError,
@@ -389,6 +390,50 @@ def compute_entries(
             ) from error
     raise_first(errors)
     return {rel: results[rel] for rel in names}
+
+
+def check_directory_sizes(
+    loc: StorageLocation, files: Mapping[str, FileEntry], *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> None:
+    """The cheap check of a committed checkpoint: every file of ``files`` is a regular file
+    of the recorded size. No data is read, so checksums are not checked (readers verify
+    them as they download).
+
+    On local storage each file is opened through the bounded, typed reader (links, FIFOs,
+    devices and directories refused, nothing read); elsewhere one recursive listing is
+    compared with the manifest. Raises the :class:`CheckpointDamagedError` of the first
+    damaged file in path order; an outage propagates as itself.
+    """
+    if local_os_path(loc) is not None:
+        for rel in sorted(files):
+            what = f"check {loc.join(rel).display()}"
+
+            def open_only(rel: str = rel) -> None:
+                with open_regular_file(loc, check_relative_path(rel, argument="files"),
+                                       expected_size=files[rel].size):
+                    pass
+
+            try:
+                call_with_retry(open_only, retry, what=what)
+            except CairnError:
+                raise
+            except Exception as exc:
+                raise convert_error(exc, what) from exc
+        return
+    listed = list_files(loc, retry)
+    for rel in sorted(files):
+        want = files[rel].size
+        if rel not in listed:
+            # Listed as a directory, or not at all: either way not the committed file.
+            raise MissingCheckpointFileError(
+                f"File {rel!r} of {loc.display()} does not exist as a file: it was deleted "
+                "or replaced after the checkpoint was committed.")
+        if listed[rel] != want:
+            raise ChecksumMismatchError(
+                f"File {rel!r} of {loc.display()} is corrupt: expected {want} bytes, storage "
+                f"holds {listed[rel]}. The file was changed or truncated after it was "
+                "committed.")
 
 
 def verify_directory(

@@ -214,7 +214,9 @@ class Trainer:
             index = index.with_changes(
                 attempts=max(index.attempts,
                              sum(e.get("type") == "attempt_start" for e in events)),
-                failures=max(index.failures, sum(e.get("type") == "failure" for e in events)),
+                failures=max(index.failures, sum(e.get("type") == "failure"
+                                                 and e.get("counted") is not False
+                                                 for e in events)),
             )
         if index is not None:
             logger.info("Continuing run %s: %s committed, %s so far", run.display(),
