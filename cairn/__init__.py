@@ -57,7 +57,7 @@ from cairn._src.train.validation_config import (
 # Ray Train scripts do `import ray.train.torch` once and call `ray.train.torch.X` inside the
 # train function, which runs in worker processes that never imported the submodule: load the
 # submodules on first attribute access, as `import cairn.torch` would.
-_SUBMODULES = frozenset({"collective", "storage", "torch"})
+_SUBMODULES = frozenset({"collective", "huggingface", "lightning", "storage", "torch"})
 
 
 def __getattr__(name: str) -> object:

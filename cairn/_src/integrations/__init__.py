@@ -1,0 +1,1 @@
+"""Callbacks and helpers that report from Hugging Face Transformers and Lightning trainers."""
