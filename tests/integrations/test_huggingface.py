@@ -1,0 +1,126 @@
+"""cairn.huggingface: the report callback and prepare_trainer in real runs, with a kill -9
+and a resume, and their argument checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+import hf_workloads
+
+import cairn
+from cairn import ConfigError, FailureConfig, RunConfig, ScalingConfig
+from cairn.huggingface import CairnReportCallback, RayTrainReportCallback, prepare_trainer
+from cairn.torch import TorchTrainer
+
+
+def _fit(tmp_path: Path, **config: object) -> cairn.Result:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    trainer = TorchTrainer(
+        hf_workloads.train_transformers,
+        train_loop_config={"output_dir": str(tmp_path / "hf_output"), "scratch": str(scratch),
+                           **config},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="hf", storage_path=str(tmp_path / "runs"),
+                             failure_config=FailureConfig(max_failures=1)),
+    )
+    return trainer.fit()
+
+
+def _trainer_state(checkpoint: cairn.Checkpoint) -> dict[str, object]:
+    with checkpoint.as_directory() as directory:
+        hf_folder = Path(directory, CairnReportCallback.CHECKPOINT_NAME)
+        names = {path.name for path in hf_folder.iterdir()}
+        state: dict[str, object] = json.loads((hf_folder / "trainer_state.json").read_text())
+    state["_files"] = names
+    return state
+
+
+def _steps(scratch: Path, attempt: int, rank: int) -> list[int]:
+    return [int(line) for line in (scratch / f"steps_{attempt}_{rank}.txt").read_text().split()]
+
+
+@pytest.mark.slow
+def test_two_workers_report_every_save_with_the_logged_metrics(tmp_path: Path) -> None:
+    result = _fit(tmp_path, max_steps=4, save_steps=2)
+
+    assert result.error is None
+    assert "loss" in result.metrics and result.metrics["step"] == 4
+    state = _trainer_state(result.checkpoint)
+    assert state["global_step"] == 4
+    # Rank 0's model and optimizer, each rank's own RNG state, merged into one checkpoint.
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state_0.pth",
+            "rng_state_1.pth"} <= state["_files"]
+    # One report per save (steps 2 and 4), none for the logs in between.
+    steps = sorted(_trainer_state(c)["global_step"] for c, _ in result.best_checkpoints)
+    assert steps == [2, 4]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_resumes_the_trainer_from_the_committed_step(tmp_path: Path) -> None:
+    result = _fit(tmp_path, max_steps=6, save_steps=2, kill_at_step=3)
+
+    scratch = tmp_path / "scratch"
+    assert (scratch / "killed").exists()
+    assert _steps(scratch, 0, 1)[-1] == 3
+    # The second attempt continues after the checkpoint of step 2, not from step 0.
+    for rank in (0, 1):
+        assert _steps(scratch, 1, rank) == [3, 4, 5, 6]
+    assert result.error is None
+    assert _trainer_state(result.checkpoint)["global_step"] == 6
+    assert result.metrics["step"] == 6 and "loss" in result.metrics
+
+
+def test_the_ray_name_is_the_same_class() -> None:
+    assert RayTrainReportCallback is CairnReportCallback
+    assert CairnReportCallback.CHECKPOINT_NAME == "checkpoint"
+    assert cairn.huggingface.prepare_trainer is prepare_trainer
+
+
+def test_bad_callback_arguments_name_the_argument_and_the_accepted_values() -> None:
+    with pytest.raises(ConfigError, match=r"CairnReportCallback\(checkpoint_upload_mode\)="
+                                          r"'fast' is not one of 'SYNC', 'ASYNC', 'NO_UPLOAD'"):
+        CairnReportCallback(checkpoint_upload_mode="fast")
+    with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='NO_UPLOAD'\) is not "
+                                          r"accepted.*use 'SYNC' \(the default\) or 'ASYNC'"):
+        CairnReportCallback(checkpoint_upload_mode="NO_UPLOAD")
+    with pytest.raises(ConfigError, match=r"CairnReportCallback\(validation='yes'\) must be "
+                                          r"True, False or a cairn.ValidationTaskConfig"):
+        CairnReportCallback(validation="yes")  # type: ignore[arg-type]
+
+
+def test_prepare_trainer_refuses_what_is_not_a_trainer() -> None:
+    with pytest.raises(ConfigError, match=r"prepare_trainer\(trainer=42\) must be a "
+                                          r"transformers.Trainer, not int"):
+        prepare_trainer(42)
+
+
+def test_prepare_trainer_warns_when_nothing_would_be_reported(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_strategy="no", report_to="none",
+                             use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=hf_workloads.TinyRegressor(hf_workloads.TinyConfig()), args=args,
+                      train_dataset=hf_workloads.LinearData())
+    with caplog.at_level(logging.WARNING, logger="cairn.huggingface"):
+        assert prepare_trainer(trainer) is trainer
+    text = caplog.text
+    assert "has no cairn.huggingface.CairnReportCallback" in text
+    assert "save_strategy='no'" in text
+
+    caplog.clear()
+    trainer.add_callback(CairnReportCallback())
+    trainer.args.save_strategy = "steps"
+    with caplog.at_level(logging.WARNING, logger="cairn.huggingface"):
+        prepare_trainer(trainer)
+    assert caplog.text == ""
+    assert os.listdir(tmp_path) == []
