@@ -105,7 +105,8 @@ def train_transformers(config: dict[str, Any]) -> None:
         args=args,
         train_dataset=LinearData(),
         callbacks=[
-            huggingface.RayTrainReportCallback(),
+            huggingface.RayTrainReportCallback(
+                checkpoint_upload_mode=config.get("upload_mode", "SYNC")),
             RecordSteps(config["scratch"], config.get("kill_at_step")),
         ],
     )

@@ -87,7 +87,7 @@ def train_lightning(config: dict[str, Any]) -> None:
         devices="auto",
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
-        callbacks=[RayTrainReportCallback(),
+        callbacks=[RayTrainReportCallback(config.get("upload_mode", "SYNC")),
                    RecordEpochs(config["scratch"], config.get("kill_in_epoch"))],
         enable_checkpointing=False,
         enable_progress_bar=False,

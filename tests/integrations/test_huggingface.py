@@ -24,13 +24,16 @@ from cairn.torch import TorchTrainer
 def _fit(tmp_path: Path, **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
+    # The workers' temporary directory, where the callback stages each checkpoint.
+    (tmp_path / "worker_tmp").mkdir(exist_ok=True)
     trainer = TorchTrainer(
         hf_workloads.train_transformers,
         train_loop_config={"output_dir": str(tmp_path / "hf_output"), "scratch": str(scratch),
                            **config},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="hf", storage_path=str(tmp_path / "runs"),
-                             failure_config=FailureConfig(max_failures=1)),
+                             failure_config=FailureConfig(max_failures=1),
+                             worker_env={"TMPDIR": str(tmp_path / "worker_tmp")}),
     )
     return trainer.fit()
 
@@ -49,8 +52,10 @@ def _steps(scratch: Path, attempt: int, rank: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_workers_report_every_save_with_the_logged_metrics(tmp_path: Path) -> None:
-    result = _fit(tmp_path, max_steps=4, save_steps=2)
+@pytest.mark.parametrize("upload_mode", ["SYNC", "ASYNC"])
+def test_two_workers_report_every_save_with_the_logged_metrics(
+        tmp_path: Path, upload_mode: str) -> None:
+    result = _fit(tmp_path, max_steps=4, save_steps=2, upload_mode=upload_mode)
 
     assert result.error is None
     assert "loss" in result.metrics and result.metrics["step"] == 4
@@ -62,6 +67,8 @@ def test_two_workers_report_every_save_with_the_logged_metrics(tmp_path: Path) -
     # One report per save (steps 2 and 4), none for the logs in between.
     steps = sorted(_trainer_state(c)["global_step"] for c, _ in result.best_checkpoints)
     assert steps == [2, 4]
+    # Every staging directory is gone once its checkpoint is committed.
+    assert os.listdir(tmp_path / "worker_tmp") == []
 
 
 @pytest.mark.slow

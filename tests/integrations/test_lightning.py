@@ -3,6 +3,7 @@ in real runs, with a kill -9 and a resume, and their argument checks."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,16 @@ from cairn.torch import TorchTrainer
 def _fit(tmp_path: Path, **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
+    # The workers' temporary directory, where the callback stages each checkpoint.
+    (tmp_path / "worker_tmp").mkdir(exist_ok=True)
     trainer = TorchTrainer(
         lightning_workloads.train_lightning,
         train_loop_config={"root_dir": str(tmp_path / "lightning_root"),
                            "scratch": str(scratch), **config},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="lightning", storage_path=str(tmp_path / "runs"),
-                             failure_config=FailureConfig(max_failures=1)),
+                             failure_config=FailureConfig(max_failures=1),
+                             worker_env={"TMPDIR": str(tmp_path / "worker_tmp")}),
     )
     return trainer.fit()
 
@@ -63,8 +67,9 @@ def _epochs(scratch: Path, attempt: int, rank: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_workers_report_a_checkpoint_every_epoch(tmp_path: Path) -> None:
-    result = _fit(tmp_path, max_epochs=2)
+@pytest.mark.parametrize("upload_mode", ["SYNC", "ASYNC"])
+def test_two_workers_report_a_checkpoint_every_epoch(tmp_path: Path, upload_mode: str) -> None:
+    result = _fit(tmp_path, max_epochs=2, upload_mode=upload_mode)
 
     assert result.error is None
     for rank in (0, 1):
@@ -75,6 +80,8 @@ def test_two_workers_report_a_checkpoint_every_epoch(tmp_path: Path) -> None:
     assert saved["_files"] == ["checkpoint.ckpt"]
     assert saved["epoch"] == 1 and saved["global_step"] == 8
     assert [metrics["epoch"] for _, metrics in result.best_checkpoints] == [0, 1]
+    # Every staging directory is gone once its checkpoint is committed.
+    assert os.listdir(tmp_path / "worker_tmp") == []
 
 
 @pytest.mark.slow
