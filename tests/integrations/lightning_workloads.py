@@ -65,6 +65,13 @@ class RecordEpochs(pl.Callback):  # type: ignore[misc]
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def validate_checkpoint(checkpoint: cairn.Checkpoint) -> dict[str, Any]:
+    """The validation function (it runs in the driver): the epoch the checkpoint holds."""
+    with checkpoint.as_directory() as directory:
+        state = torch.load(os.path.join(directory, "checkpoint.ckpt"), weights_only=False)
+    return {"validated_epoch": state["epoch"]}
+
+
 def train_lightning(config: dict[str, Any]) -> None:
     """Ray Train's documented Lightning pattern, with `ray.train.lightning` ported to
     `cairn.lightning` (imported here, in the worker)."""
@@ -87,7 +94,8 @@ def train_lightning(config: dict[str, Any]) -> None:
         devices="auto",
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
-        callbacks=[RayTrainReportCallback(config.get("upload_mode", "SYNC")),
+        callbacks=[RayTrainReportCallback(config.get("upload_mode", "SYNC"),
+                                          validation=config.get("validation", False)),
                    RecordEpochs(config["scratch"], config.get("kill_in_epoch"))],
         enable_checkpointing=False,
         enable_progress_bar=False,

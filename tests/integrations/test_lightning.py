@@ -34,7 +34,8 @@ from cairn.lightning import (
 from cairn.torch import TorchTrainer
 
 
-def _fit(tmp_path: Path, **config: object) -> cairn.Result:
+def _fit(tmp_path: Path, validation_config: cairn.ValidationConfig | None = None,
+         **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     # The workers' temporary directory, where the callback stages each checkpoint.
@@ -44,6 +45,7 @@ def _fit(tmp_path: Path, **config: object) -> cairn.Result:
         train_loop_config={"root_dir": str(tmp_path / "lightning_root"),
                            "scratch": str(scratch), **config},
         scaling_config=ScalingConfig(num_workers=2),
+        validation_config=validation_config,
         run_config=RunConfig(name="lightning", storage_path=str(tmp_path / "runs"),
                              failure_config=FailureConfig(max_failures=1),
                              worker_env={"TMPDIR": str(tmp_path / "worker_tmp")}),
@@ -97,6 +99,17 @@ def test_a_killed_worker_resumes_at_the_next_epoch(tmp_path: Path) -> None:
     assert result.error is None
     assert result.metrics["epoch"] == 2 and result.metrics["step"] == 12
     assert _saved(result.checkpoint)["epoch"] == 2
+
+
+@pytest.mark.slow
+def test_validation_true_validates_every_epoch_checkpoint_in_the_driver(tmp_path: Path) -> None:
+    result = _fit(tmp_path, max_epochs=2, validation=True,
+                  validation_config=cairn.ValidationConfig(lightning_workloads.validate_checkpoint))
+
+    assert result.error is None
+    reported = [(metrics["epoch"], metrics.get("validated_epoch"))
+                for _, metrics in result.best_checkpoints]
+    assert reported == [(0, 0), (1, 1)]
 
 
 def test_the_ray_names_are_the_cairn_classes() -> None:
