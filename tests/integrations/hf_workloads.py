@@ -118,3 +118,11 @@ def train_transformers(config: dict[str, Any]) -> None:
     with checkpoint.as_directory() as directory:
         trainer.train(resume_from_checkpoint=os.path.join(
             directory, huggingface.RayTrainReportCallback.CHECKPOINT_NAME))
+
+
+def prepare_without_process_group(config: dict[str, Any]) -> None:
+    """prepare_trainer in a plain cairn.Trainer worker, where torch.distributed is not set up."""
+    args = TrainingArguments(output_dir=config["output_dir"], report_to="none", use_cpu=True,
+                             disable_tqdm=True)
+    trainer = Trainer(model=TinyRegressor(TinyConfig()), args=args, train_dataset=LinearData())
+    cairn.huggingface.prepare_trainer(trainer)

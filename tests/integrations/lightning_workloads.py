@@ -112,3 +112,13 @@ def train_lightning(config: dict[str, Any]) -> None:
     with checkpoint.as_directory() as directory:
         trainer.fit(TinyRegressor(), train_dataloaders=data(),
                     ckpt_path=os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME))
+
+
+def prepare_without_process_group(config: dict[str, Any]) -> None:
+    """prepare_trainer in a plain cairn.Trainer worker, where torch.distributed is not set up."""
+    from cairn.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+
+    trainer = pl.Trainer(accelerator="cpu", devices="auto", strategy=RayDDPStrategy(),
+                         plugins=[RayLightningEnvironment()], logger=False,
+                         enable_checkpointing=False, default_root_dir=config["root_dir"])
+    prepare_trainer(trainer)

@@ -131,3 +131,19 @@ def test_prepare_trainer_warns_when_nothing_would_be_reported(
         prepare_trainer(trainer)
     assert caplog.text == ""
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_prepare_trainer_without_a_process_group_says_to_use_torch_trainer(
+        tmp_path: Path) -> None:
+    trainer = cairn.Trainer(
+        hf_workloads.prepare_without_process_group,
+        train_loop_config={"output_dir": str(tmp_path / "out")},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="plain", storage_path=str(tmp_path / "runs")),
+    )
+    with pytest.raises(cairn.TrainingFailedError) as failure:
+        trainer.fit()
+    assert failure.match(r"prepare_trainer: this run has 2 workers but torch.distributed is "
+                         r"not initialized in them.*run the train function with "
+                         r"cairn.torch.TorchTrainer")

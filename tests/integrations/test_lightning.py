@@ -160,3 +160,19 @@ def test_prepare_trainer_refuses_another_cluster_environment() -> None:
     with pytest.raises(ConfigError, match=r"cluster environment is a LightningEnvironment; it "
                                           r"must be a cairn.lightning.CairnLightningEnvironment"):
         prepare_trainer(trainer)
+
+
+@pytest.mark.slow
+def test_prepare_trainer_without_a_process_group_says_to_use_torch_trainer(
+        tmp_path: Path) -> None:
+    trainer = cairn.Trainer(
+        lightning_workloads.prepare_without_process_group,
+        train_loop_config={"root_dir": str(tmp_path / "out")},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="plain", storage_path=str(tmp_path / "runs")),
+    )
+    with pytest.raises(cairn.TrainingFailedError) as failure:
+        trainer.fit()
+    assert failure.match(r"prepare_trainer: this run has 2 workers but torch.distributed is "
+                         r"not initialized in them.*run the train function with "
+                         r"cairn.torch.TorchTrainer")

@@ -19,6 +19,7 @@ import os
 import shutil
 from typing import Any
 
+import torch.distributed as dist
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -26,6 +27,7 @@ from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import ConfigError
 from cairn._src.execution.session import get_session
 from cairn._src.integrations.reporting import ReportOptions, report_staged, staging_directory
+from cairn._src.torch.placement import rank_and_world_size
 from cairn._src.train.api import get_context
 from cairn._src.train.validation_config import ValidationTaskConfig
 
@@ -118,7 +120,10 @@ def prepare_trainer(trainer: Any) -> Any:
     :class:`cairn.torch.TorchTrainer` worker, ``torch.distributed`` is initialized and the
     Trainer shards the data over the ranks itself. What this does:
 
-    * refuses anything but a ``transformers.Trainer`` (:class:`cairn.ConfigError`);
+    * refuses anything but a ``transformers.Trainer``, and, with more than one worker, a
+      worker where ``torch.distributed`` is not initialized (the function must run under
+      :class:`cairn.torch.TorchTrainer`: without a process group every rank would train
+      alone), with a :class:`cairn.ConfigError`;
     * warns when no :class:`CairnReportCallback` is among the Trainer's callbacks, or when
       ``save_strategy`` is ``"no"``: nothing would be checkpointed, and a restart would
       start from scratch.
@@ -127,6 +132,13 @@ def prepare_trainer(trainer: Any) -> Any:
         raise ConfigError(
             f"prepare_trainer(trainer={trainer!r}) must be a transformers.Trainer, not "
             f"{type(trainer).__name__}."
+        )
+    _, world_size = rank_and_world_size()
+    if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            f"prepare_trainer: this run has {world_size} workers but torch.distributed is not "
+            "initialized in them, so each would train alone; run the train function with "
+            "cairn.torch.TorchTrainer, which sets up the process group the Trainer uses."
         )
     callbacks = trainer.callback_handler.callbacks
     if not any(isinstance(callback, CairnReportCallback) for callback in callbacks):

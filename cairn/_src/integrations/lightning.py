@@ -25,7 +25,7 @@ import torch.distributed as dist
 from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import ConfigError
 from cairn._src.integrations.reporting import ReportOptions, report_staged, staging_directory
-from cairn._src.torch.placement import get_device
+from cairn._src.torch.placement import get_device, rank_and_world_size
 from cairn._src.train.api import get_context
 from cairn._src.train.validation_config import ValidationTaskConfig
 
@@ -164,7 +164,7 @@ def prepare_trainer(trainer: Any) -> Any:
             f"{type(environment).__name__}; it must be a cairn.lightning."
             "CairnLightningEnvironment: pass Trainer(plugins=[CairnLightningEnvironment()])."
         )
-    world_size = get_context().get_world_size()
+    _, world_size = rank_and_world_size()
     if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
         raise ConfigError(
             f"prepare_trainer: this run has {world_size} workers but torch.distributed is not "
