@@ -138,6 +138,18 @@ def test_bad_callback_arguments_name_the_argument_and_the_accepted_values() -> N
     assert CairnReportCallback("ASYNC").checkpoint_upload_mode is cairn.CheckpointUploadMode.ASYNC
 
 
+def test_a_metric_that_is_not_a_scalar_is_refused_by_name() -> None:
+    class FakeTrainer:  # only what the callback reads before it saves
+        callback_metrics = {"train_loss": torch.tensor(0.5), "histogram": torch.zeros(3)}
+        current_epoch = 0
+        global_step = 4
+
+    with pytest.raises(ConfigError, match=r"trainer.callback_metrics\['histogram'\] is a tensor "
+                                          r"of shape \(3,\); CairnReportCallback reports "
+                                          r"scalars only"):
+        CairnReportCallback().on_train_epoch_end(FakeTrainer(), None)
+
+
 def _trainer(**kwargs: Any) -> Any:
     return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, **kwargs)
