@@ -68,6 +68,7 @@ def test_two_workers_report_every_save_with_the_logged_metrics(
     steps = sorted(_trainer_state(c)["global_step"] for c, _ in result.best_checkpoints)
     assert steps == [2, 4]
     # Every staging directory is gone once its checkpoint is committed.
+    assert sorted(os.listdir(tmp_path / "hf_output")) == ["checkpoint-2", "checkpoint-4"]
     assert os.listdir(tmp_path / "worker_tmp") == []
 
 

@@ -33,6 +33,8 @@ from cairn._src.train.validation_config import ValidationTaskConfig
 
 logger = logging.getLogger("cairn.huggingface")
 
+STAGING_PREFIX = ".cairn-staging-"
+
 
 def _link_or_copy(source: str, destination: str) -> None:
     # A hard link costs no data copy, and keeps the file's content even when the Trainer
@@ -66,8 +68,9 @@ class CairnReportCallback(transformers.TrainerCallback):
     still writing, and every rank contributes the files it sees: rank 0's model, optimizer
     and trainer state and each rank's own ``rng_state_<rank>.pth`` merge into one
     checkpoint (identical files are stored once). A rank whose folder does not exist
-    reports its metrics alone. Files are hard-linked into a staging directory, not copied,
-    where the file system allows it.
+    reports its metrics alone. Files are hard-linked (copied where the file system refuses
+    links) into a staging directory ``<output_dir>/.cairn-staging-*``, removed once the
+    checkpoint is committed (after its upload, with ASYNC).
 
     ``checkpoint_upload_mode`` (``"SYNC"``, the default, or ``"ASYNC"``) and
     ``validation`` are passed to :func:`cairn.report`, as Ray's Lightning callback does.
@@ -96,7 +99,9 @@ class CairnReportCallback(transformers.TrainerCallback):
             # The Trainer saves without a barrier after it: rank 0 may still be writing
             # the model while rank 1 is already here.
             get_session("CairnReportCallback.on_save").collectives.barrier()
-        staging = staging_directory("cairn-transformers-")
+        # Inside output_dir: on the checkpoint's own file system, so the files can be linked.
+        # The Trainer ignores it (its checkpoint folders are named checkpoint-<step>).
+        staging = staging_directory(STAGING_PREFIX, parent=args.output_dir)
         try:
             if os.path.isdir(source):
                 _stage(source, staging, self.CHECKPOINT_NAME)

@@ -54,9 +54,12 @@ class ReportOptions:
         return cls(mode, validation)
 
 
-def staging_directory(prefix: str) -> str:
-    """A new, empty local directory for one checkpoint."""
-    return tempfile.mkdtemp(prefix=prefix)
+def staging_directory(prefix: str, parent: str | None = None) -> str:
+    """A new, empty local directory for one checkpoint, under ``parent`` (created if
+    needed) or the temporary directory."""
+    if parent is not None:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
 
 
 def has_files(directory: str) -> bool:
