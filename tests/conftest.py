@@ -32,6 +32,10 @@ import cairn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 from cairn.storage import ObjectInfo, register_scheme
 
+# The driver's live view stays quiet in tests; tests of the view turn it on with
+# RunConfig(progress=1 | 2).
+os.environ.setdefault("CAIRN_PROGRESS", "0")
+
 S3_BUCKET = "cairn-test"
 DICTSTORE_SCHEME = "dictstore"
 _AWS_ENV = {

@@ -42,6 +42,7 @@ from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.controller_services import AttemptServices
 from cairn._src.execution.failure_errors import error_summary, worker_group_error
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
+from cairn._src.execution.live_view import LiveView
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
     CommittedMessage,
@@ -139,6 +140,8 @@ class Controller:
         self._experiment_name = experiment_name
         self._next_report_index = next_report_index
         self._policy = FailurePolicy(run_config.failure_config.max_failures)
+        # The driver's live view (RunConfig.progress); its hooks never block this thread.
+        self._view = LiveView.for_run(run_config, scaling.num_workers)
         self._machine = StateMachine()
         self._backend = make_backend(scaling, run_config)
         self._channels = WorkerChannels(self._backend.bind_host)
@@ -153,7 +156,9 @@ class Controller:
         self._validations = ValidationRunner(
             spec.validation_config, manager, events, submit=self._commits.run_on_commit_thread,
             wake=lambda: self._channels.post("validated", None))
-        self._validations.resume(read_log(manager.run.join(EVENTS_DIR), manager.retry))
+        earlier_events = read_log(manager.run.join(EVENTS_DIR), manager.retry)
+        self._validations.resume(earlier_events)
+        self._view.follow(earlier_events, self._validations.status)
         self._services: AttemptServices | None = None
         self._last_metrics: dict[str, Any] = {}
         self._last_error: dict[str, Any] | None = None
@@ -176,6 +181,7 @@ class Controller:
         self._channels.start()
         self._commits.start()
         self._events.append({"type": "session_start", "t": time.time()})
+        self._view.start()
         # How the session ended, for `cairn ls` and Result.from_path: "finished", "failed"
         # (with the error), or "interrupted" (Ctrl-C, or the driver itself broke).
         end: dict[str, Any] = {"status": "interrupted"}
@@ -189,7 +195,11 @@ class Controller:
                 end = {"status": "failed", "error": error_summary(exc, ranks=())}
             raise
         finally:
-            self._close(end)
+            try:
+                self._close(end)
+            finally:
+                # Also on Ctrl-C or a broken driver: the terminal is left as it was.
+                self._view.stop()
 
     def _run_attempts(self) -> RunOutcome:
         while True:
@@ -257,6 +267,8 @@ class Controller:
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
         self._events.flush()
+        self._view.on_attempt_start(number, attempt.started_at,
+                                    resume.dir_name if resume else None)
         logger.info("Attempt %d: %d workers, resuming from %s", number,
                     self._scaling.num_workers, resume.dir_name if resume else "scratch")
         port = self._channels.port
@@ -435,6 +447,7 @@ class Controller:
     def _on_committed(self, attempt: Attempt, ready: ReadyCheckpoint, outcome: Any,
                       error: BaseException | None) -> None:
         self._commits.on_committed(attempt, ready, outcome, error)
+        self._view.on_committed(ready, outcome, error)
         attempt.tracker.on_committed(ready.index)
         self._validations.after_commit(ready, committed=error is None)
         if self._services is not None:
@@ -446,6 +459,7 @@ class Controller:
                             lambda message: self._handle(attempt, message), everything=everything)
 
     def _handle(self, attempt: Attempt, message: object) -> None:
+        self._view.on_message(message)
         if isinstance(message, ReportMessage):
             self._on_report(attempt, message)
         elif isinstance(message, UploadedMessage):
@@ -610,6 +624,9 @@ class Controller:
             "counted": not attempt.resume_damaged,
         })
         self._flush_logs()
+        self._view.on_failure(attempt.number, failure.reason,
+                              attempt.last_commit_t or attempt.started_at,
+                              not attempt.resume_damaged)
         self._callbacks.failed(error)
         return error
 
