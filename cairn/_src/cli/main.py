@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,13 +22,37 @@ from cairn._src.errors import CairnError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cairn", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions")
+    parser.add_argument("--version", action="version", version=f"cairn {_version()}",
+                        help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     runs.register(commands)
     plots.register(commands)
     return parser
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("cairn-train")
+    except metadata.PackageNotFoundError:
+        import cairn
+
+        return str(cairn.__version__)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (``cairn ls X | head -1``): no traceback, and no second
+        # error when the interpreter flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -41,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # traceback.
         print(f"cairn {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    sys.stdout.flush()
     return code
 
 

@@ -5,7 +5,7 @@ deletes only what the run owns (:mod:`cairn._src.checkpoint.ownership`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Literal
 
 from cairn._src.checkpoint.index import rebuild_index, write_index
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
@@ -21,6 +21,7 @@ from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.location import resolve
 from cairn._src.storage.transfer import verify_directory
+from cairn._src.text import plural
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -62,7 +63,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             bad += 1
             print(f"FAILED  {record.dir_name}: {exc}")
             continue
-        print(f"ok      {record.dir_name} ({len(manifest.files)} files, "
+        print(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
               f"{manifest.total_bytes / 2**20:.2f} MiB)")
     # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
     dropped = 0
@@ -92,7 +93,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
                          "the lease of a driver that is gone).")
     if args.keep < 1:
         raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
-    policy = make_policy(args.keep, args.score, args.order)
+    order: Literal["max", "min"] = args.order or "max"
+    if args.score is not None and args.order is None:
+        print(f"ordering by --order {order} (the default)")
+    policy = make_policy(args.keep, args.score, order)
     records = list(index.checkpoints)
     keep = decide_retention(policy, records, protected=[index.resumed_from])
     dropped = [r for r, k in zip(records, keep, strict=True) if not k]
@@ -135,7 +139,8 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
         raise CairnError("A live driver holds this run; rebuild the index when it has stopped.")
     index = rebuild_index(run, RETRY)
     write_index(run, index, RETRY)
-    print(f"rebuilt the index of {run.display()}: {len(index.checkpoints)} checkpoints")
+    print(f"rebuilt the index of {run.display()}: "
+          f"{plural(len(index.checkpoints), 'checkpoint')}")
     return 0
 
 
@@ -155,12 +160,15 @@ def register(commands: Any) -> None:
     verify.add_argument("--checkpoint", action="append", help="only this checkpoint (repeat)")
     verify.set_defaults(func=cmd_verify)
     prune = command("prune", "Keep the best (or latest) N checkpoints, delete the rest.")
-    prune.add_argument("--keep", type=int, required=True)
+    prune.add_argument("--keep", type=int, required=True,
+                       help="how many checkpoints to keep")
     prune.add_argument("--score", help="metric to rank by (default: the latest are kept)")
-    prune.add_argument("--order", choices=("max", "min"), default="max")
+    prune.add_argument("--order", choices=("max", "min"), default=None,
+                       help="with --score: keep the highest (max, the default) or lowest")
     prune.add_argument("--delete-references", action="store_true",
                        help="also delete NO_UPLOAD data outside the run directory")
-    prune.add_argument("--dry-run", action="store_true")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="say what would be dropped, delete nothing")
     prune.set_defaults(func=cmd_prune)
     rebuild = command("rebuild-index", "Rebuild the run index from the checkpoint manifests.")
     rebuild.set_defaults(func=cmd_rebuild_index)
