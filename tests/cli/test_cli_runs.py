@@ -6,6 +6,9 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import cairn
 from cairn._src.cli.main import build_parser, main
@@ -52,3 +55,16 @@ def test_a_closed_pipe_gives_no_traceback() -> None:
 
 def test_main_is_importable_as_a_function() -> None:
     assert callable(main)
+
+
+def test_rebuild_index_refuses_a_path_that_holds_no_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["rebuild-index", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no run" in err and "nothing written" in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert main(["rebuild-index", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -15,10 +15,10 @@ from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError
-from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
+from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage.fileio import is_dir
+from cairn._src.storage.fileio import exists, is_dir
 from cairn._src.storage.location import resolve
 from cairn._src.storage.transfer import verify_directory
 from cairn._src.text import plural
@@ -137,7 +137,13 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     if live_lease(run) is not None:
         raise CairnError("A live driver holds this run; rebuild the index when it has stopped.")
+    if not is_dir(run, RETRY):
+        raise CairnError(f"{run.display()} does not exist (or is not a directory).")
     index = rebuild_index(run, RETRY)
+    if (not index.checkpoints and not exists(run.join(INDEX_NAME), RETRY)
+            and not is_dir(run.join(EVENTS_DIR), RETRY)):
+        raise CairnError(f"{run.display()} holds no run (no checkpoint manifests, no run index, "
+                         "no event log); nothing written.")
     write_index(run, index, RETRY)
     print(f"rebuilt the index of {run.display()}: "
           f"{plural(len(index.checkpoints), 'checkpoint')}")
