@@ -68,3 +68,20 @@ def test_rebuild_index_refuses_a_path_that_holds_no_run(
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert main(["rebuild-index", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_prune_refuses_a_metric_the_run_lacks_and_states_the_default_order(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import cli_workloads
+
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 3},
+                  run_config=cairn.RunConfig(name="p", storage_path=str(tmp_path))).fit()
+    run = str(tmp_path / "p")
+    assert main(["prune", run, "--keep", "1", "--score", "acc", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--score='acc'" in err and "loss, step" in err
+    assert main(["prune", run, "--keep", "1", "--score", "loss", "--dry-run"]) == 0
+    assert "ordering by --order max (the default)" in capsys.readouterr().out
+    assert main(["prune", run, "--keep", "1", "--score", "loss", "--order", "min",
+                 "--dry-run"]) == 0
+    assert "the default" not in capsys.readouterr().out

@@ -93,6 +93,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
                          "the lease of a driver that is gone).")
     if args.keep < 1:
         raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
+    if args.score is not None:
+        known = sorted({k for r in index.checkpoints for k in r.metrics})
+        if args.score not in known:
+            raise CairnError(f"--score={args.score!r} is not a metric of this run's "
+                             f"checkpoints; they have: {', '.join(known) or 'no metrics'}.")
     order: Literal["max", "min"] = args.order or "max"
     if args.score is not None and args.order is None:
         print(f"ordering by --order {order} (the default)")
