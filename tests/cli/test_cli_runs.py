@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +86,55 @@ def test_prune_refuses_a_metric_the_run_lacks_and_states_the_default_order(
     assert main(["prune", run, "--keep", "1", "--score", "loss", "--order", "min",
                  "--dry-run"]) == 0
     assert "the default" not in capsys.readouterr().out
+
+
+def _failing(config: dict[str, object]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cairn.report({"step": 0}, checkpoint=cairn.Checkpoint.from_directory(tmp))
+    if cairn.get_context().get_world_rank() == 1:
+        raise ValueError("rank one gives up")
+
+
+def test_ls_lists_runs_newest_first_and_skips_what_is_not_a_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import cli_workloads
+
+    storage = tmp_path / "storage"
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 2},
+                  run_config=cairn.RunConfig(name="done", storage_path=str(storage))).fit()
+    with pytest.raises(cairn.WorkerGroupError):
+        cairn.Trainer(_failing, scaling_config=cairn.ScalingConfig(num_workers=2),
+                      run_config=cairn.RunConfig(
+                          name="broke", storage_path=str(storage),
+                          failure_config=cairn.FailureConfig(max_failures=0))).fit()
+    (storage / "notes").mkdir()
+    (storage / "bad").mkdir()
+    (storage / "bad" / "cairn_run.json").write_text("{not json")
+    assert main(["ls", str(storage), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in data["runs"]}
+    assert set(by_name) == {"done", "broke", "bad"}
+    assert by_name["done"]["status"] == "finished"
+    assert by_name["done"]["attempts"] == 1 and by_name["done"]["failures"] == 0
+    assert by_name["done"]["last_report"] == 2
+    assert isinstance(by_name["done"]["size_bytes"], int) and by_name["done"]["size_bytes"] > 0
+    assert by_name["broke"]["status"] == "failed" and by_name["broke"]["failures"] == 1
+    assert by_name["bad"]["status"] == "unreadable" and by_name["bad"]["reason"]
+    assert [r["name"] for r in data["runs"]][:2] == ["broke", "done"]
+    assert main(["ls", str(storage)]) == 0
+    out = capsys.readouterr().out
+    assert "finished" in out and "failed" in out and "unreadable" in out
+    assert "Traceback" not in out
+    (tmp_path / "empty").mkdir()
+    assert main(["ls", str(tmp_path / "empty")]) == 0
+    assert "no runs under" in capsys.readouterr().out
+    assert main(["ls", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    error = cairn.Result.from_path(str(storage / "broke")).error
+    assert isinstance(error, cairn.RunFailedError)
+    assert isinstance(error.error_type, str) and error.error_type
+    assert error.rank == 1
+    assert "ValueError" in str(error) and "rank one gives up" in str(error)
+    assert cairn.Result.from_path(str(storage / "done")).error is None

@@ -5,9 +5,11 @@ deletes only what the run owns (:mod:`cairn._src.checkpoint.ownership`)."""
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from typing import Any, Literal
 
-from cairn._src.checkpoint.index import rebuild_index, write_index
+from cairn._src.checkpoint.index import read_index, rebuild_index, write_index
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
@@ -18,8 +20,9 @@ from cairn._src.errors import CairnError
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage.fileio import exists, is_dir
-from cairn._src.storage.location import resolve
+from cairn._src.run.status import run_history
+from cairn._src.storage.fileio import exists, is_dir, list_dir_names
+from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.transfer import verify_directory
 from cairn._src.text import plural
 
@@ -155,6 +158,66 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ls_entry(storage: StorageLocation, name: str) -> dict[str, Any] | None:
+    run = storage.join(name)
+    if not exists(run.join(INDEX_NAME), RETRY):
+        return None  # not a run: skipped silently
+    try:
+        index = read_index(run, RETRY)
+        if index is None:
+            return None
+        history = run_history(read_log(run.join(EVENTS_DIR), RETRY),
+                              driver_live=live_lease(run) is not None)
+    except (CairnError, OSError, ValueError, TypeError, KeyError) as exc:
+        return {"name": name, "status": "unreadable",
+                "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+    last = max(index.checkpoints, key=lambda r: r.report_index, default=None)
+    activity = max([t for t in (history.last_event_at,
+                                last.committed_at if last else None) if t], default=None)
+    return {"name": name, "status": history.status, "attempts": int(history.attempts),
+            "failures": len(history.failures),
+            "last_report": int(last.report_index) if last else None,
+            "last_activity": activity,
+            "last_metrics": dict(last.metrics) if last else {},
+            "size_bytes": int(sum(r.size_bytes for r in index.checkpoints))}
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    storage = resolve(args.storage)
+    if not is_dir(storage, RETRY):
+        raise CairnError(f"STORAGE={args.storage!r} does not exist (or is not a directory).")
+    entries = [e for e in (_ls_entry(storage, n) for n in sorted(list_dir_names(storage, RETRY)))
+               if e is not None]
+    entries.sort(key=lambda e: e.get("last_activity") or 0.0, reverse=True)
+    if args.json:
+        print(json.dumps({"storage": storage.display(), "runs": entries}, indent=2))
+        return 0
+    if not entries:
+        print(f"no runs under {storage.display()}")
+        return 0
+    now = time.time()
+    print(f"{'name':<24} {'status':<11} {'attempts':>8} {'failures':>8} {'last report':<16} "
+          f"{'MiB':>9}  metrics")
+    for e in entries:
+        if e["status"] == "unreadable":
+            print(f"{e['name']:<24} {'unreadable':<11} {e['reason']}")
+            continue
+        age = (f"{e['last_report']} ({_age(now - e['last_activity'])} ago)"
+               if e["last_report"] is not None and e["last_activity"] else "-")
+        print(f"{e['name']:<24} {e['status']:<11} {e['attempts']:>8} {e['failures']:>8} "
+              f"{age:<16} {e['size_bytes'] / 2**20:>9.2f}  "
+              f"{format_metrics(e['last_metrics'], 40)}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def register(commands: Any) -> None:
     """Add this module's subcommands to the ``cairn`` parser's subparsers."""
 
@@ -164,6 +227,12 @@ def register(commands: Any) -> None:
         sub.add_argument("run", help="the run directory: a path or URI")
         return sub
 
+    ls = commands.add_parser("ls", help="List the runs under a storage path or URI.",
+                             description="List the runs under a storage path or URI; size is "
+                             "the checkpoints' bytes.")
+    ls.add_argument("storage", help="the storage path or URI that holds run directories")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    ls.set_defaults(func=cmd_ls)
     inspect = command("inspect", "Show a run's checkpoints, attempts and driver.")
     inspect.add_argument("--json", action="store_true", help="print the raw run index")
     inspect.set_defaults(func=cmd_inspect)
