@@ -138,3 +138,14 @@ def test_ls_lists_runs_newest_first_and_skips_what_is_not_a_run(
     assert error.rank == 1
     assert "ValueError" in str(error) and "rank one gives up" in str(error)
     assert cairn.Result.from_path(str(storage / "done")).error is None
+
+
+def test_show_is_an_alias_of_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import cli_workloads
+
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 2},
+                  run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
+    assert main(["show", str(tmp_path / "r")]) == 0
+    shown = capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "r")]) == 0
+    assert capsys.readouterr().out == shown

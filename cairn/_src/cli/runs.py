@@ -221,9 +221,11 @@ def _age(seconds: float) -> str:
 def register(commands: Any) -> None:
     """Add this module's subcommands to the ``cairn`` parser's subparsers."""
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, aliases: tuple[str, ...] = ()
+                ) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text,
-                                                           description=help_text)
+                                                           description=help_text,
+                                                           aliases=list(aliases))
         sub.add_argument("run", help="the run directory: a path or URI")
         return sub
 
@@ -233,7 +235,8 @@ def register(commands: Any) -> None:
     ls.add_argument("storage", help="the storage path or URI that holds run directories")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     ls.set_defaults(func=cmd_ls)
-    inspect = command("inspect", "Show a run's checkpoints, attempts and driver.")
+    inspect = command("inspect", "Show a run's checkpoints, attempts and driver.",
+                      aliases=("show",))
     inspect.add_argument("--json", action="store_true", help="print the raw run index")
     inspect.set_defaults(func=cmd_inspect)
     verify = command("verify", "Check every file of committed checkpoints against manifests.")
