@@ -149,3 +149,17 @@ def test_show_is_an_alias_of_inspect(tmp_path: Path, capsys: pytest.CaptureFixtu
     shown = capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "r")]) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_rebuild_index_and_lease_break_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import cli_workloads
+
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 2},
+                  run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
+    run = str(tmp_path / "r")
+    assert main(["rebuild-index", run, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["checkpoints"] == 2 and type(data["checkpoints"]) is int
+    assert main(["lease", "break", run, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run"]

@@ -133,6 +133,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_lease_break(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     previous = break_lease(run, RETRY)
+    if args.json:
+        print(json.dumps({"run": run.display(), "previous": None if previous is None else {
+            "host": previous.host, "pid": int(previous.pid),
+            "heartbeat_at": float(previous.heartbeat_at)}}))
+        return 0
     if previous is None:
         print(f"cleared the lease of {run.display()} (there was no readable lease)")
     else:
@@ -153,6 +158,9 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
         raise CairnError(f"{run.display()} holds no run (no checkpoint manifests, no run index, "
                          "no event log); nothing written.")
     write_index(run, index, RETRY)
+    if args.json:
+        print(json.dumps({"run": run.display(), "checkpoints": len(index.checkpoints)}))
+        return 0
     print(f"rebuilt the index of {run.display()}: "
           f"{plural(len(index.checkpoints), 'checkpoint')}")
     return 0
@@ -254,6 +262,7 @@ def register(commands: Any) -> None:
                        help="say what would be dropped, delete nothing")
     prune.set_defaults(func=cmd_prune)
     rebuild = command("rebuild-index", "Rebuild the run index from the checkpoint manifests.")
+    rebuild.add_argument("--json", action="store_true", help="print the result as JSON")
     rebuild.set_defaults(func=cmd_rebuild_index)
     lease = commands.add_parser("lease", help="Manage a run's lease.",
                                 description="Manage a run's lease.")
@@ -262,4 +271,5 @@ def register(commands: Any) -> None:
         "break", help="Clear a run's lease by hand (only when no driver runs it).",
         description="Clear a run's lease by hand (only when no driver runs it).")
     lease_break.add_argument("run", help="the run directory: a path or URI")
+    lease_break.add_argument("--json", action="store_true", help="print the result as JSON")
     lease_break.set_defaults(func=cmd_lease_break)
