@@ -614,13 +614,14 @@ class Controller:
             self._manager.save_index(failures=failures,
                                      next_report_index=self._next_report_index)
         now = time.time()
-        self._last_error = error_summary(error, ranks=failure.ranks)
+        errors = [error_summary(exc, ranks=(rank,))
+                  for rank, exc in error.worker_failures.items()]
+        self._last_error = _run_error(errors) or error_summary(error, ranks=failure.ranks)
         self._events.append({
             "type": "failure", "attempt": attempt.number, "t": now,
             "ranks": list(failure.ranks), "reason": failure.reason.splitlines()[0],
             "last_commit_t": attempt.last_commit_t or attempt.started_at,
-            "errors": [error_summary(exc, ranks=(rank,))
-                       for rank, exc in error.worker_failures.items()],
+            "errors": errors,
             "counted": not attempt.resume_damaged,
         })
         self._flush_logs()
@@ -682,3 +683,15 @@ class Controller:
                 except Exception:
                     logger.warning("Could not flush a run log", exc_info=True)
             self._channels.close()
+
+
+def _run_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The error a failed run reads back with (``Result.from_path``, ``cairn show``): the
+    lowest failed rank's own exception, as the user's train function raised it, with every
+    rank that failed the same way."""
+    if not errors:
+        return None
+    first = errors[0]
+    ranks = [rank for error in errors if (error["type"], error["message"]) == (
+        first["type"], first["message"]) for rank in error["ranks"]]
+    return {**first, "ranks": sorted(ranks)}
