@@ -9,11 +9,11 @@ resumed from are kept: :func:`decide_retention` enforces that on top of any poli
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from cairn._src.checkpoint.index import CheckpointRecord
+from cairn._src.checkpoint.index import CheckpointRecord, Retention
 
 
 class RetentionPolicy(Protocol):
@@ -111,3 +111,72 @@ def best_first(
         return sorted(records, key=lambda r: r.report_index, reverse=True)
     policy = KeepBest(len(records), score_attribute, score_order)
     return [records[i] for i in policy.ranking(records)]
+
+
+def score_of(record: CheckpointRecord, attribute: str) -> float | None:
+    """The record's ``attribute`` (``/`` reaches into nested metrics) as a number, or None
+    when it has no usable one (missing, not a number, NaN): what ranks it last."""
+    score = _score(record, attribute)
+    return None if score == -math.inf else score
+
+
+@dataclass(frozen=True)
+class KeepReason:
+    """Why retention keeps a checkpoint: a stable ``code`` for programs and a ``text`` for
+    people.
+
+    Codes: ``all`` (no ``num_to_keep``), ``best`` (among the best N by score),
+    ``latest_n`` (among the latest N, without a score), ``latest`` (the latest committed
+    checkpoint), ``resumed_from`` (the one the run's current attempt resumed from) and
+    ``pending_validation`` (its validation has not finished).
+    """
+
+    code: str
+    text: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "text": self.text}
+
+
+def retention_reasons(
+    records: Sequence[CheckpointRecord],
+    retention: Retention,
+    *,
+    resumed_from: str | None = None,
+    pending: Collection[str] = (),
+) -> list[tuple[KeepReason, ...]]:
+    """Why each of ``records`` is kept under ``retention``: one tuple per record, in the
+    same order, empty for a record retention drops.
+
+    A record is kept (its tuple is not empty) exactly when :func:`decide_retention` of the
+    same policy keeps it with ``resumed_from`` and ``pending`` protected, as the driver and
+    ``cairn prune`` decide. Pure: it reads only its arguments.
+    """
+    n, attribute = retention.num_to_keep, retention.score_attribute
+    order: Literal["max", "min"] = "min" if retention.score_order == "min" else "max"
+    reasons: list[list[KeepReason]] = [[] for _ in records]
+    if n is None:
+        for found in reasons:
+            found.append(KeepReason("all", "every checkpoint is kept (no num_to_keep)"))
+    elif attribute is None:
+        by_recency = sorted(range(len(records)), key=lambda i: records[i].report_index,
+                            reverse=True)
+        for place, i in enumerate(by_recency[:n], start=1):
+            reasons[i].append(KeepReason("latest_n", f"#{place} of the latest {n}"))
+    else:
+        best = KeepBest(n, attribute, order)
+        for place, i in enumerate(best.ranking(records)[: best.n], start=1):
+            text = f"#{place} of the best {n} by {attribute} ({order})"
+            if score_of(records[i], attribute) is None:
+                text += f", though it has no {attribute}"
+            reasons[i].append(KeepReason("best", text))
+    if records:
+        latest = max(range(len(records)), key=lambda i: records[i].report_index)
+        reasons[latest].append(KeepReason("latest", "the latest checkpoint"))
+    pending_names = set(pending)
+    for record, found in zip(records, reasons, strict=True):
+        if resumed_from and record.dir_name == resumed_from:
+            found.append(KeepReason("resumed_from", "the run's last attempt resumed from it"))
+        if record.dir_name in pending_names:
+            found.append(KeepReason("pending_validation", "its validation is pending"))
+    return [tuple(found) for found in reasons]
