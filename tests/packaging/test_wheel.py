@@ -73,3 +73,16 @@ def test_optional_parts_name_their_extra(clean_env: Path) -> None:
     """)
     assert done.returncode != 0
     assert "pip install 'cairn-train[pandas]'" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("module", "needs", "extra"), [
+    ("huggingface", "Hugging Face Transformers and PyTorch", "huggingface"),
+    ("lightning", "Lightning and PyTorch", "lightning"),
+])
+def test_framework_integrations_name_their_extra(
+    clean_env: Path, module: str, needs: str, extra: str,
+) -> None:
+    done = in_clean_env(clean_env, f"import cairn.{module}")
+    assert done.returncode != 0
+    assert f"cairn.{module} needs {needs}: pip install 'cairn-train[{extra}]'" in done.stderr
