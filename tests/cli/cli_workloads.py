@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Any
 
 import cairn
@@ -14,3 +15,22 @@ def train(config: dict[str, Any]) -> None:
             f.write(str(step))
         cairn.report({"step": step, "loss": 1.0 / (step + 1)},
                      checkpoint=cairn.Checkpoint.from_directory(d))
+
+
+def fail_on_rank_one(config: dict[str, Any]) -> None:
+    """Reports a checkpoint, then rank 1 raises ValueError."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "state.txt"), "w") as f:
+            f.write("0")
+        cairn.report({"step": 0, "loss": 1.0}, checkpoint=cairn.Checkpoint.from_directory(tmp))
+    if cairn.get_context().get_world_rank() == 1:
+        raise ValueError("rank one gives up")
+
+
+def checkpoint_then_wait(config: dict[str, Any]) -> None:
+    """Reports ``steps`` checkpoints, then waits in the train loop until the file
+    ``config["release"]`` exists (or the driver that started this worker is gone)."""
+    train({"steps": config["steps"]})
+    driver = os.getppid()
+    while not os.path.exists(config["release"]) and os.getppid() == driver:
+        time.sleep(0.02)

@@ -27,7 +27,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_inspect(run: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", run]) == 0
     out = capsys.readouterr().out
-    assert "attempts   1  failures 0  next report 6" in out
+    assert "attempts   1 attempt in 1 driver session, 0 failures" in out
+    assert "next report 6" in out
     assert "checkpoint_000005" in out and "loss=0.2" in out
     assert main(["inspect", run, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["checkpoints"]) == 5

@@ -50,7 +50,9 @@ INDEXES = {
 
 @pytest.mark.parametrize("case", sorted(INDEXES))
 @pytest.mark.parametrize("command", [["inspect"], ["verify"], ["goodput"],
-                                     ["prune", "--keep", "1"], ["plot", "--metric", "loss"]])
+                                     ["prune", "--keep", "1"], ["plot", "--metric", "loss"],
+                                     ["show", "--json"], ["verify", "--json"],
+                                     ["prune", "--keep", "1", "--dry-run", "--json"]])
 def test_a_malformed_index_gives_exit_2_and_no_traceback(
     case: str, command: list[str], run: Path
 ) -> None:
@@ -60,6 +62,8 @@ def test_a_malformed_index_gives_exit_2_and_no_traceback(
     assert "Traceback" not in done.stderr + done.stdout
     assert done.stderr.startswith(f"cairn {command[0]}: error: ")
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    if "--json" in command:
+        assert json.loads(done.stdout)["error"] == done.stderr.strip().split(": error: ", 1)[1]
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"version": 1, "files": 5}', b"\xff" * 64])
@@ -77,7 +81,7 @@ def test_a_malformed_manifest_fails_verification_without_a_traceback(
 def test_malformed_log_records_give_no_traceback(log: str, run: Path) -> None:
     segment = sorted((run / log).iterdir())[0]
     segment.write_bytes(b'{"report_index": "x", "metrics": 5}\n[1, 2\n\xff\xfe\n' + b"[" * 100_000)
-    for command in (["plot", "--metric", "loss"], ["goodput"], ["inspect"]):
+    for command in (["plot", "--metric", "loss"], ["goodput"], ["inspect"], ["show", "--json"]):
         done = cairn_cli(command[0], str(run), *command[1:])
         assert done.returncode in (0, 2), done.stderr
         assert "Traceback" not in done.stderr + done.stdout

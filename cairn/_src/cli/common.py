@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index
@@ -36,3 +38,20 @@ def format_metrics(metrics: dict[str, Any], limit: int = 60) -> str:
     text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in metrics.items())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (a diverged loss) as None: strict JSON readers
+    (``jq``, JavaScript) refuse ``NaN`` and ``Infinity``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def print_json(document: Any) -> None:
+    """Print ``document`` as the strict JSON every ``--json`` writes (see docs/cli.md)."""
+    print(json.dumps(json_safe(document), indent=1, allow_nan=False))

@@ -10,12 +10,13 @@ that configures logging handlers.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from cairn._src.cli import plots, runs
+from cairn._src.cli import plots, runs, show
 from cairn._src.errors import CairnError
 
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     runs.register(commands)
+    show.register(commands)
     plots.register(commands)
     return parser
 
@@ -59,15 +61,23 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         code: int = args.func(args)
     except CairnError as exc:
-        print(f"cairn {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(args, str(exc))
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
         # The run's files are untrusted input: whatever they hold, one line, never a
         # traceback.
-        print(f"cairn {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return _error(args, f"{type(exc).__name__}: {exc}")
     sys.stdout.flush()
     return code
+
+
+def _error(args: argparse.Namespace, message: str) -> int:
+    """Exit code 2 with the one-line error on stderr; with ``--json``, stdout gets it too,
+    as ``{"error": ...}``, so a program reading stdout gets JSON either way."""
+    message = " ".join(message.split())
+    print(f"cairn {args.command}: error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "command": args.command}))
+    return 2
 
 
 def run() -> None:

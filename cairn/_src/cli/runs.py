@@ -1,20 +1,29 @@
-"""The subcommands that read, check and change a run: inspect, verify, prune,
-rebuild-index and lease break. ``prune`` refuses to touch a run that a live driver holds and
-deletes only what the run owns (:mod:`cairn._src.checkpoint.ownership`)."""
+"""The subcommands that list, check and change runs: ls, verify, prune, rebuild-index and
+lease break (``show`` lives in :mod:`cairn._src.cli.show`). ``prune`` refuses to touch a
+run that a live driver holds and deletes only what the run owns
+(:mod:`cairn._src.checkpoint.ownership`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
-from cairn._src.checkpoint.index import read_index, rebuild_index, write_index
+from cairn._src.checkpoint.index import (
+    CheckpointRecord,
+    Retention,
+    read_index,
+    rebuild_index,
+    write_index,
+)
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
-from cairn._src.checkpoint.retention import decide_retention, make_policy
-from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run
+from cairn._src.checkpoint.retention import retention_reasons
+from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run, print_json
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
@@ -24,27 +33,8 @@ from cairn._src.run.status import run_history
 from cairn._src.storage.fileio import exists, is_dir, list_dir_names
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.transfer import verify_directory
+from cairn._src.storage.uris import redact_text
 from cairn._src.text import plural
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    run, index = open_run(args.run)
-    if args.json:
-        print(index.to_json().decode())
-        return 0
-    lease = live_lease(run)
-    print(f"run        {run.display()}")
-    print(f"attempts   {index.attempts}  failures {index.failures}  "
-          f"next report {index.next_report_index}")
-    print(f"driver     {f'live: host {lease.host}, pid {lease.pid}' if lease else 'none'}")
-    latest = index.latest
-    print(f"resumed    {index.resumed_from or '-'}  latest {latest.dir_name if latest else '-'}")
-    print(f"\n{'checkpoint':<24} {'report':>6} {'MiB':>9}  {'where':<8} metrics")
-    for record in sorted(index.checkpoints, key=lambda r: r.report_index):
-        where = "run" if record.target_uri is None else ("ref-run" if record.managed else "ref")
-        print(f"{record.dir_name:<24} {record.report_index:>6} "
-              f"{record.size_bytes / 2**20:>9.2f}  {where:<8} {format_metrics(record.metrics)}")
-    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -54,22 +44,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if unknown:
         raise CairnError(f"--checkpoint {sorted(unknown)} not in the run; known: "
                          f"{sorted(r.dir_name for r in index.checkpoints)}")
-    bad = 0
-    for record in sorted(records, key=lambda r: r.report_index):
-        view = checkpoint_view(run, record)
-        try:
-            manifest = read_manifest(view.manifest_at, RETRY)
-            if manifest is None:
-                raise CairnError("no manifest")
-            verify_directory(view.data, manifest.files, retry=RETRY)
-        except (CairnError, OSError) as exc:
-            bad += 1
-            print(f"FAILED  {record.dir_name}: {exc}")
-            continue
-        print(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
-              f"{manifest.total_bytes / 2**20:.2f} MiB)")
+    records.sort(key=lambda r: r.report_index)
+    results: list[dict[str, Any]] = []
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line)
+
+    with verify_progress(records, shown=not args.json and sys.stderr.isatty()) as step:
+        for record in records:
+            step(record)
+            entry: dict[str, Any] = {"dir_name": record.dir_name,
+                                     "report_index": int(record.report_index),
+                                     "status": "ok", "files": None, "size_bytes": None,
+                                     "error": None}
+            results.append(entry)
+            view = checkpoint_view(run, record)
+            try:
+                manifest = read_manifest(view.manifest_at, RETRY)
+                if manifest is None:
+                    raise CairnError("no manifest")
+                verify_directory(view.data, manifest.files, retry=RETRY)
+            except (CairnError, OSError) as exc:
+                entry.update(status="failed", error=str(exc))
+                say(f"FAILED  {record.dir_name}: {exc}")
+                continue
+            entry.update(files=len(manifest.files), size_bytes=int(manifest.total_bytes))
+            say(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
+                f"{manifest.total_bytes / 2**20:.2f} MiB)")
     # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
-    dropped = 0
     indexed = {r.dir_name for r in index.checkpoints}
     for event in read_log(run.join(EVENTS_DIR), RETRY):
         name = event.get("dir_name")
@@ -79,12 +82,58 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 or not is_dir(run.join(name), RETRY)):
             continue
         indexed.add(name)
-        dropped += 1
-        print(f"DROPPED {name}: damaged, dropped from the index at resume "
-              f"({str(event.get('reason', ''))[:200]}); delete it by hand when inspected")
-    print(f"{len(records) - bad} verified, {bad} failed"
-          + (f", {dropped} dropped as damaged" if dropped else ""))
-    return 1 if bad or dropped else 0
+        reason = redact_text(str(event.get("reason", "")))[:200]
+        results.append({"dir_name": name, "report_index": None, "status": "dropped",
+                        "files": None, "size_bytes": None, "error": reason})
+        say(f"DROPPED {name}: damaged, dropped from the index at resume ({reason}); delete "
+            "it by hand when inspected")
+    counts = {status: sum(r["status"] == status for r in results)
+              for status in ("ok", "failed", "dropped")}
+    if args.json:
+        print_json({"run": run.display(), "checkpoints": results, "verified": counts["ok"],
+                    "failed": counts["failed"], "dropped": counts["dropped"]})
+    else:
+        print(f"{counts['ok']} verified, {counts['failed']} failed"
+              + (f", {counts['dropped']} dropped as damaged" if counts["dropped"] else ""))
+    return 1 if counts["failed"] or counts["dropped"] else 0
+
+
+@contextmanager
+def verify_progress(records: list[CheckpointRecord], *, shown: bool
+                    ) -> Iterator[Callable[[CheckpointRecord], None]]:
+    """A progress bar on stderr over the bytes of ``records`` when ``shown`` (a terminal,
+    no --json); call the handle as each record starts. Gone when the block ends."""
+    if not shown or not records:
+        yield lambda record: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    progress = Progress(TextColumn("verifying {task.description}"), BarColumn(),
+                        DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                        console=Console(stderr=True), transient=True,
+                        # Lines on stdout go above the bar when both are the terminal; a
+                        # redirected stdout is left alone.
+                        redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
+    task = progress.add_task(records[0].dir_name,
+                             total=max(1, sum(max(0, r.size_bytes) for r in records)))
+    previous: list[CheckpointRecord] = []
+
+    def step(record: CheckpointRecord) -> None:
+        if previous:
+            progress.advance(task, max(0, previous.pop().size_bytes))
+        previous.append(record)
+        progress.update(task, description=record.dir_name)
+
+    with progress:
+        yield step
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -102,31 +151,46 @@ def cmd_prune(args: argparse.Namespace) -> int:
             raise CairnError(f"--score={args.score!r} is not a metric of this run's "
                              f"checkpoints; they have: {', '.join(known) or 'no metrics'}.")
     order: Literal["max", "min"] = args.order or "max"
-    if args.score is not None and args.order is None:
+    if args.score is not None and args.order is None and not args.json:
         print(f"ordering by --order {order} (the default)")
-    policy = make_policy(args.keep, args.score, order)
-    records = list(index.checkpoints)
-    keep = decide_retention(policy, records, protected=[index.resumed_from])
-    dropped = [r for r, k in zip(records, keep, strict=True) if not k]
-    for record in dropped:
-        print(f"{'would drop' if args.dry_run else 'dropping'} {record.dir_name}")
-    if args.dry_run or not dropped:
-        print(f"{len(dropped)} to drop, {len(records) - len(dropped)} kept")
+    records = sorted(index.checkpoints, key=lambda r: r.report_index)
+    reasons = retention_reasons(records, Retention(args.keep, args.score, order),
+                                resumed_from=index.resumed_from)
+    kept = [(r, why) for r, why in zip(records, reasons, strict=True) if why]
+    dropped = [r for r, why in zip(records, reasons, strict=True) if not why]
+    deleted: dict[str, bool] = {}
+    if not args.json:
+        for record, why in kept:
+            print(f"{'would keep' if args.dry_run else 'keeping':<10} {record.dir_name}: "
+                  f"{'; '.join(reason.text for reason in why)}")
+        for record in dropped:
+            print(f"{'would drop' if args.dry_run else 'dropping':<10} {record.dir_name}")
+    if not args.dry_run and dropped:
+        # Index first, deletion after: a crash in between leaves only unreferenced data.
+        write_index(run, index.with_changes(checkpoints=tuple(r for r, _ in kept)), RETRY)
+        # What the run recorded decides what may be deleted, never the index alone.
+        manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                    SegmentLog(run.join(METRICS_DIR), RETRY))
+        manager.registered = registered_references(read_log(run.join(EVENTS_DIR), RETRY))
+        for record in dropped:
+            deleted[record.dir_name] = manager.delete_owned(
+                record, delete_references=args.delete_references)
+            if not deleted[record.dir_name] and not args.json:
+                print(f"left in place: {record.dir_name} (not a checkpoint directory this run "
+                      "owns; see the warning above)")
+    if args.json:
+        print_json({
+            "run": run.display(), "dry_run": bool(args.dry_run), "keep": int(args.keep),
+            "score": args.score, "order": order,
+            "kept": [{"dir_name": r.dir_name, "report_index": int(r.report_index),
+                      "kept_because": [reason.as_dict() for reason in why]} for r, why in kept],
+            "dropped": [{"dir_name": r.dir_name, "report_index": int(r.report_index),
+                         "deleted": deleted.get(r.dir_name, False)} for r in dropped]})
         return 0
-    # Index first, deletion after: a crash in between leaves only unreferenced data.
-    write_index(run, index.with_changes(
-        checkpoints=tuple(r for r, k in zip(records, keep, strict=True) if k)), RETRY)
-    # What the run recorded decides what may be deleted, never the index alone.
-    manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
-                                SegmentLog(run.join(METRICS_DIR), RETRY))
-    manager.registered = registered_references(read_log(run.join(EVENTS_DIR), RETRY))
-    left = 0
-    for record in dropped:
-        if not manager.delete_owned(record, delete_references=args.delete_references):
-            left += 1
-            print(f"left in place: {record.dir_name} (not a checkpoint directory this run "
-                  "owns; see the warning above)")
-    print(f"{len(dropped)} dropped, {len(records) - len(dropped)} kept")
+    verb = "to drop" if args.dry_run or not dropped else "dropped"
+    left = list(deleted.values()).count(False)
+    print(f"{plural(len(dropped), 'checkpoint')} {verb}, {len(kept)} kept"
+          + (f", {plural(left, 'directory', 'directories')} left in place" if left else ""))
     return 0
 
 
@@ -134,9 +198,9 @@ def cmd_lease_break(args: argparse.Namespace) -> int:
     run = resolve(args.run)
     previous = break_lease(run, RETRY)
     if args.json:
-        print(json.dumps({"run": run.display(), "previous": None if previous is None else {
+        print_json({"run": run.display(), "previous": None if previous is None else {
             "host": previous.host, "pid": int(previous.pid),
-            "heartbeat_at": float(previous.heartbeat_at)}}))
+            "heartbeat_at": float(previous.heartbeat_at)}})
         return 0
     if previous is None:
         print(f"cleared the lease of {run.display()} (there was no readable lease)")
@@ -159,7 +223,7 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
                          "no event log); nothing written.")
     write_index(run, index, RETRY)
     if args.json:
-        print(json.dumps({"run": run.display(), "checkpoints": len(index.checkpoints)}))
+        print_json({"run": run.display(), "checkpoints": len(index.checkpoints)})
         return 0
     print(f"rebuilt the index of {run.display()}: "
           f"{plural(len(index.checkpoints), 'checkpoint')}")
@@ -198,7 +262,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                if e is not None]
     entries.sort(key=lambda e: e.get("last_activity") or 0.0, reverse=True)
     if args.json:
-        print(json.dumps({"storage": storage.display(), "runs": entries}, indent=2))
+        print_json({"storage": storage.display(), "runs": entries})
         return 0
     if not entries:
         print(f"no runs under {storage.display()}")
@@ -243,12 +307,9 @@ def register(commands: Any) -> None:
     ls.add_argument("storage", help="the storage path or URI that holds run directories")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     ls.set_defaults(func=cmd_ls)
-    inspect = command("inspect", "Show a run's checkpoints, attempts and driver.",
-                      aliases=("show",))
-    inspect.add_argument("--json", action="store_true", help="print the raw run index")
-    inspect.set_defaults(func=cmd_inspect)
     verify = command("verify", "Check every file of committed checkpoints against manifests.")
     verify.add_argument("--checkpoint", action="append", help="only this checkpoint (repeat)")
+    verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.set_defaults(func=cmd_verify)
     prune = command("prune", "Keep the best (or latest) N checkpoints, delete the rest.")
     prune.add_argument("--keep", type=int, required=True,
@@ -259,7 +320,8 @@ def register(commands: Any) -> None:
     prune.add_argument("--delete-references", action="store_true",
                        help="also delete NO_UPLOAD data outside the run directory")
     prune.add_argument("--dry-run", action="store_true",
-                       help="say what would be dropped, delete nothing")
+                       help="say what would be kept (and why) and dropped, delete nothing")
+    prune.add_argument("--json", action="store_true", help="print the decision as JSON")
     prune.set_defaults(func=cmd_prune)
     rebuild = command("rebuild-index", "Rebuild the run index from the checkpoint manifests.")
     rebuild.add_argument("--json", action="store_true", help="print the result as JSON")
