@@ -1,5 +1,7 @@
-"""The subcommands that chart a run: ``plot`` (a metric's history) and ``goodput`` (where
-the run's wall time went)."""
+"""The subcommands that chart a run: ``plot`` (metrics' history) and ``goodput`` (where the
+run's wall time went). The data comes from :mod:`cairn._src.plots.series` and
+:mod:`cairn._src.goodput.timeline` (pure), the drawing from :mod:`cairn._src.plots.drawing`
+(matplotlib, optional)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,36 @@ from collections.abc import Sequence
 from typing import Any
 
 from cairn._src.cli.common import RETRY, open_run
-from cairn._src.errors import CairnError
+from cairn._src.errors import ConfigError
 from cairn._src.goodput.summary import summarize
+from cairn._src.goodput.timeline import build_timeline
+from cairn._src.plots import drawing
+from cairn._src.plots.series import X_AXES, build_plot
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
+from cairn._src.storage.location import StorageLocation
+
+
+def _run_name(run: StorageLocation) -> str:
+    return run.path.rstrip("/").rpartition("/")[2] or run.display()
+
+
+def _check_out(path: str | None) -> None:
+    if path is not None and path.rpartition(".")[2].lower() not in drawing.FORMATS:
+        raise ConfigError(f"-o={path!r} must end in one of "
+                          f"{', '.join('.' + f for f in drawing.FORMATS)}")
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     run, _ = open_run(args.run)
-    summary = summarize(read_log(run.join(EVENTS_DIR), RETRY))
+    events = read_log(run.join(EVENTS_DIR), RETRY)
+    summary = summarize(events)
+    if args.out:
+        drawing.draw_timeline(build_timeline(events), summary, _run_name(run), args.out)
     print(json.dumps(summary.as_dict(), indent=1) if args.json else summary.format())
+    if args.out and not args.json:
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -42,50 +64,53 @@ def sparkline(values: Sequence[float], width: int = 72) -> str:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    run, _ = open_run(args.run)
+    _check_out(args.out)
+    run, index = open_run(args.run)
     records = read_log(run.join(METRICS_DIR), RETRY)
-    series = [(r.get("report_index"), (r.get("metrics") or {}).get(args.metric))
-              for r in records]
-    points = [(i, float(v)) for i, v in series
-              if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if not points:
-        names = sorted({k for r in records for k in (r.get("metrics") or {})})
-        raise CairnError(f"--metric={args.metric!r} is not a numeric metric of this run; "
-                         f"metrics: {names}")
-    values = [v for _, v in points]
+    metrics = list(dict.fromkeys(args.metric))
+    events = read_log(run.join(EVENTS_DIR), RETRY)
+    kept = {r.dir_name: r.report_index for r in index.checkpoints}
+    plot = build_plot(_run_name(run), records, events, kept, metrics, args.x, log=args.log)
     if args.out:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise CairnError("--out needs matplotlib: pip install matplotlib") from exc
-        figure, axes = plt.subplots(figsize=(8, 4))
-        axes.plot([i for i, _ in points], values)  # type: ignore[arg-type]
-        axes.set_xlabel("report")
-        axes.set_ylabel(args.metric)
-        figure.savefig(args.out, dpi=100, bbox_inches="tight")
+        drawing.draw_metric_plot(plot, args.out)
+    if args.json:
+        print(json.dumps(plot.as_dict(), indent=1))
+        return 0
+    if args.out:
         print(f"wrote {args.out}")
         return 0
-    print(f"{args.metric}: {len(values)} reports, first {values[0]:.4g}, last {values[-1]:.4g}, "
-          f"min {min(values):.4g}, max {max(values):.4g}")
-    print(sparkline(values))
+    for metric in metrics:
+        values = [y for series in plot.series_of(metric) for y in series.y]
+        print(f"{metric}: {len(values)} reports, first {values[0]:.4g}, "
+              f"last {values[-1]:.4g}, min {min(values):.4g}, max {max(values):.4g}")
+        print(sparkline(values))
     return 0
 
 
 def register(commands: Any) -> None:
     """Add this module's subcommands to the ``cairn`` parser's subparsers."""
     plot: argparse.ArgumentParser = commands.add_parser(
-        "plot", help="Chart a metric of the run's history.",
-        description="Chart a metric of the run's history.")
+        "plot", help="Chart metrics of the run's history.",
+        description="Chart metrics of the run's history: one axis per metric, one line per "
+        "attempt, restarts and checkpoints marked. Without -o or --json, a text chart.")
     plot.add_argument("run", help="the run directory: a path or URI")
-    plot.add_argument("--metric", required=True)
-    plot.add_argument("--out", help="write a PNG (needs matplotlib) instead of a text chart")
+    plot.add_argument("--metric", required=True, action="append",
+                      help="a metric the run reports (repeat for more)")
+    plot.add_argument("--x", choices=X_AXES, default="report",
+                      help="the x axis: report index, the 'step' metric, or wall time in "
+                      "seconds since the run started (default: report)")
+    plot.add_argument("--log", action="store_true", help="a logarithmic y scale")
+    plot.add_argument("-o", "--out", metavar="FILE",
+                      help="write a chart (.png, .svg or .pdf; needs matplotlib)")
+    plot.add_argument("--json", action="store_true",
+                      help="print the plotted series as JSON (docs/plots.md)")
     plot.set_defaults(func=cmd_plot)
     goodput: argparse.ArgumentParser = commands.add_parser(
         "goodput", help="Where the run's wall time went.",
-        description="Where the run's wall time went.")
+        description="Where the run's wall time went: a summary, and with -o a timeline "
+        "with one lane per attempt and rank.")
     goodput.add_argument("run", help="the run directory: a path or URI")
+    goodput.add_argument("-o", "--out", metavar="FILE",
+                         help="also write a timeline (.png, .svg or .pdf; needs matplotlib)")
     goodput.add_argument("--json", action="store_true")
     goodput.set_defaults(func=cmd_goodput)

@@ -1,0 +1,284 @@
+"""Where each rank's wall time went, as intervals on a timeline: the data of
+``cairn goodput -o``.
+
+Pure logic over the run's event log (the event types :mod:`cairn._src.goodput.summary`
+lists), which is untrusted input: a record without a finite ``t`` or with a value of the
+wrong type is skipped. The categories are those of the goodput summary:
+
+* ``startup``: an attempt's worker group starting, up to the train function's start
+  (``attempt_start`` to ``train_start``, or to ``first_report`` in older logs);
+* ``recovery``: the same after a failure, measured from the failure, as the summary does;
+* ``training``: the rest of an attempt's time;
+* ``checkpoint_stall``: a rank blocked in ``report()`` (a ``blocked`` event: it ends at
+  ``t`` and lasted ``seconds``);
+* ``lost_work``: the work of a failed attempt after its last commit, which the next
+  attempt redoes (``last_commit_t`` to the failure).
+
+Each (attempt, rank) lane is a sequence of disjoint, ordered intervals; where categories
+overlap, the later one in ``_PRIORITY`` wins (a failed attempt's stalls after its last
+commit are lost work).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn._src.run.status import ErrorInfo
+
+CATEGORIES = ("training", "checkpoint_stall", "lost_work", "startup", "recovery")
+_PRIORITY = {category: rank for rank, category in enumerate(CATEGORIES)}
+_DETAIL_CHARS = 120
+_MAX_RANKS = 4096
+# Events at the same instant, in the order they can happen (a sort is stable otherwise).
+_TIE_ORDER = {"session_start": 0, "failure": 1, "attempt_start": 2, "workers_ready": 3,
+              "train_start": 4, "first_report": 4, "session_end": 9}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """``[start, end)`` in seconds since the run's start, spent on ``category``."""
+
+    start: float
+    end: float
+    category: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "category": self.category}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One rank's time in one attempt; ``rank`` is None when the log names no rank (a run
+    whose reports never blocked)."""
+
+    attempt: int
+    rank: int | None
+    intervals: tuple[Interval, ...]
+
+    @property
+    def label(self) -> str:
+        return f"attempt {self.attempt}" + ("" if self.rank is None else f" · rank {self.rank}")
+
+    def seconds(self, category: str) -> float:
+        return sum(i.end - i.start for i in self.intervals if i.category == category)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "rank": self.rank,
+                "intervals": [i.as_dict() for i in self.intervals]}
+
+
+@dataclass(frozen=True)
+class FailureMark:
+    """An attempt that failed, at ``t`` seconds since the run's start."""
+
+    attempt: int
+    t: float
+    label: str
+    detail: str
+    errors: tuple[ErrorInfo, ...] = ()
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "t": self.t, "label": self.label,
+                "reason": self.reason, "errors": [e.as_dict() for e in self.errors]}
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The lanes in order (by attempt, then rank), the failures, and the times of the
+    commits, all in seconds since ``started_at`` (a Unix time; None for an empty log)."""
+
+    started_at: float | None
+    lanes: tuple[Lane, ...] = ()
+    failures: tuple[FailureMark, ...] = ()
+    commits: tuple[float, ...] = ()
+    end: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"started_at": self.started_at, "end": self.end,
+                "lanes": [lane.as_dict() for lane in self.lanes],
+                "failures": [f.as_dict() for f in self.failures],
+                "commits": list(self.commits)}
+
+
+def describe_failure(errors: Iterable[ErrorInfo], reason: str) -> tuple[str, str]:
+    """A short label (``"rank 1: WorkerProcessError"``) and a one-line detail (with the
+    first error's message) for a failure, from its per-rank errors or else its reason."""
+    by_type: dict[str, list[int]] = {}
+    messages: list[str] = []
+    for error in errors:
+        name = error.type.rpartition(".")[2] or "error"
+        by_type.setdefault(name, []).extend(error.ranks)
+        messages.append(error.message.splitlines()[0] if error.message else "")
+    if not by_type:
+        line = reason.splitlines()[0] if reason else "failed"
+        return _shorten(line, 40), _shorten(line, _DETAIL_CHARS)
+    parts = []
+    for name, ranks in by_type.items():
+        ranks = sorted(set(ranks))
+        who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+        parts.append(f"{who}: {name}" if ranks else name)
+    label = "; ".join(parts)
+    detail = label + (f" ({messages[0]})" if messages and messages[0] else "")
+    return _shorten(label, 48), _shorten(detail, _DETAIL_CHARS)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+@dataclass
+class _Span:
+    """One attempt's times, as the walk over the log finds them."""
+
+    number: int
+    start: float
+    recovering_from: float | None = None
+    train_start: float | None = None
+    end: float | None = None
+    lost_from: float | None = None
+    stalls: list[tuple[int, float, float]] = field(default_factory=list)
+
+
+def build_timeline(events: Iterable[object]) -> Timeline:
+    """The :class:`Timeline` of a run's ``events`` (any order; sorted by ``t``)."""
+    ordered = sorted(((t, e) for e in events if isinstance(e, Mapping)
+                      and isinstance(e.get("type"), str) and (t := _time(e.get("t"))) is not None),
+                     key=lambda pair: (pair[0], _TIE_ORDER.get(pair[1]["type"], 5)))
+    if not ordered:
+        return Timeline(started_at=None)
+    spans: list[_Span] = []
+    failures: list[tuple[int, float, tuple[ErrorInfo, ...], str]] = []
+    commits: list[float] = []
+    ranks: set[int] = set()
+    current: _Span | None = None
+    failed_at: float | None = None
+    last_t = ordered[0][0]
+    for t, event in ordered:
+        kind = event["type"]
+        if kind == "session_start":
+            if current is not None:
+                # The previous driver died without a word: its attempt ended with its
+                # last event.
+                current.end = last_t
+                current = None
+            failed_at = None
+        elif kind == "attempt_start":
+            if current is not None:
+                current.end = t
+            number = _count(event.get("attempt"))
+            if number is None:
+                number = spans[-1].number + 1 if spans else 0
+            current = _Span(number=number, start=t, recovering_from=failed_at)
+            spans.append(current)
+        elif kind in ("train_start", "first_report"):
+            if current is not None and current.train_start is None:
+                current.train_start = t
+                failed_at = None
+        elif kind == "blocked":
+            rank, seconds = _count(event.get("rank")), _time(event.get("seconds"))
+            if rank is not None and seconds is not None and current is not None:
+                ranks.add(rank)
+                current.stalls.append((rank, t - max(0.0, seconds), t))
+        elif kind == "commit":
+            commits.append(t)
+        elif kind == "failure":
+            errors = event.get("errors", ())
+            parsed = tuple(e for e in map(ErrorInfo.parse, errors) if e is not None) \
+                if isinstance(errors, (list, tuple)) else ()
+            for error in parsed:
+                ranks.update(error.ranks)
+            failed_ranks = event.get("ranks", ())
+            if isinstance(failed_ranks, (list, tuple)):
+                ranks.update(r for r in failed_ranks if _count(r) is not None)
+            reason = event.get("reason")
+            attempt = _count(event.get("attempt"))
+            if current is not None:
+                since = _time(event.get("last_commit_t")) or _time(event.get("attempt_t"))
+                current.lost_from = current.start if since is None else since
+                current.end = t
+                attempt = current.number if attempt is None else attempt
+                current = None
+            failures.append((attempt if attempt is not None else -1, t, parsed,
+                             reason if isinstance(reason, str) else ""))
+            failed_at = t
+        elif kind == "session_end":
+            if current is not None:
+                current.end = t
+                current = None
+        last_t = t
+    if current is not None:
+        current.end = last_t
+    origin = ordered[0][0]
+    # Ranks are 0..N-1: a rank the log never names (it never blocked) still had a lane.
+    # (The log is untrusted: an absurd rank does not make millions of lanes.)
+    lane_ranks: list[int | None] = (
+        [None] if not ranks else list(range(max(ranks) + 1)) if max(ranks) < _MAX_RANKS
+        else list(sorted(ranks)[:_MAX_RANKS]))
+    lanes = [Lane(span.number, rank, _paint(_paints(span, rank), origin))
+             for span in spans for rank in lane_ranks]
+    marks = []
+    for attempt, t, errors, reason in failures:
+        label, detail = describe_failure(errors, reason)
+        marks.append(FailureMark(attempt, t - origin, label, detail, errors, reason))
+    return Timeline(started_at=origin, lanes=tuple(lanes), failures=tuple(marks),
+                    commits=tuple(t - origin for t in commits), end=last_t - origin)
+
+
+def _paints(span: _Span, rank: int | None) -> list[tuple[float, float, str]]:
+    end = span.end if span.end is not None else span.start
+    begin = span.start if span.recovering_from is None else min(span.start,
+                                                                 span.recovering_from)
+    trained = span.train_start if span.train_start is not None else end
+    trained = min(max(trained, begin), end)
+    paints = [(begin, trained, "startup" if span.recovering_from is None else "recovery"),
+              (trained, end, "training")]
+    if span.lost_from is not None:
+        paints.append((max(span.lost_from, begin), end, "lost_work"))
+    paints.extend((max(a, begin), min(b, end), "checkpoint_stall")
+                  for r, a, b in span.stalls if rank is None or r == rank)
+    return [(a, b, c) for a, b, c in paints if b > a]
+
+
+def _paint(paints: list[tuple[float, float, str]], origin: float) -> tuple[Interval, ...]:
+    """Disjoint intervals from overlapping ``paints``: on each stretch the category of
+    highest priority that covers it (a sweep over the boundaries, O(n log n))."""
+    boundaries: list[tuple[float, int, str]] = []
+    for start, end, category in paints:
+        boundaries.append((start, 1, category))
+        boundaries.append((end, -1, category))
+    boundaries.sort(key=lambda b: b[0])
+    active = [0] * len(CATEGORIES)
+    out: list[Interval] = []
+    position: float | None = None
+    i = 0
+    while i < len(boundaries):
+        at = boundaries[i][0]
+        if position is not None and at > position:
+            top = max((p for p, n in enumerate(active) if n > 0), default=None)
+            if top is not None:
+                category = CATEGORIES[top]
+                start, end = position - origin, at - origin
+                if out and out[-1].category == category and out[-1].end == start:
+                    out[-1] = Interval(out[-1].start, end, category)
+                else:
+                    out.append(Interval(start, end, category))
+        while i < len(boundaries) and boundaries[i][0] == at:
+            active[_PRIORITY[boundaries[i][2]]] += boundaries[i][1]
+            i += 1
+        position = at
+    return tuple(out)
