@@ -173,7 +173,7 @@ def test_show_a_failed_run_gives_the_error_and_every_failure(
         assert failure["reason"] == "[rank 1] ValueError: rank one gives up"
         assert failure["errors"] == [{"type": "ValueError", "ranks": [1],
                                       "message": "rank one gives up"}]
-        assert isinstance(failure["t"], float)
+        assert isinstance(failure["t"], float) and failure["counted"] is True
     assert doc["failures"][0]["t"] < doc["failures"][1]["t"]
     # Without num_to_keep, every checkpoint is kept; the second attempt resumed from the
     # first one.

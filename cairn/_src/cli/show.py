@@ -91,9 +91,17 @@ def _driver(lease: LeaseInfo | None) -> dict[str, Any] | None:
     return {"host": lease.host, "pid": int(lease.pid), "heartbeat_at": float(lease.heartbeat_at)}
 
 
-def _failure(failure: FailureInfo) -> dict[str, Any]:
+def _failure(failure: FailureInfo, counted: bool) -> dict[str, Any]:
     return {"attempt": failure.attempt, "t": failure.t, "ranks": list(failure.ranks),
-            "reason": failure.reason, "errors": [e.as_dict() for e in failure.errors]}
+            "reason": failure.reason, "errors": [e.as_dict() for e in failure.errors],
+            "counted": counted}
+
+
+def _counted(events: Iterable[object]) -> list[bool]:
+    """For each failure event, in the order run_history lists them: whether it counts
+    against ``max_failures`` (not when a rank found the resume checkpoint damaged)."""
+    return [event.get("counted") is not False for event in events
+            if isinstance(event, Mapping) and event.get("type") == "failure"]
 
 
 def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, Any]],
@@ -122,7 +130,8 @@ def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, 
         "retention": None if index.retention is None else {
             "num_to_keep": retention.num_to_keep, "score_attribute": retention.score_attribute,
             "score_order": retention.score_order},
-        "failures": [_failure(f) for f in history.failures],
+        "failures": [_failure(f, counted) for f, counted in
+                     zip(history.failures, _counted(events), strict=True)],
         "checkpoints": [_checkpoint(r, retention, statuses.get(r.dir_name, "COMMITTED"), why)
                         for r, why in zip(records, reasons, strict=True)],
         "dropped_as_damaged": _dropped_as_damaged(events, {r.dir_name for r in records}),
@@ -197,7 +206,9 @@ def format_show(doc: dict[str, Any]) -> list[str]:
     for failure in doc["failures"]:
         attempt = "-" if failure["attempt"] is None else failure["attempt"]
         out.append(f"  {_when(failure['t'])}  attempt {attempt}  {_ranks(failure['ranks'])}: "
-                   f"{_shorten(failure['reason'] or '(no reason recorded)')}")
+                   f"{_shorten(failure['reason'] or '(no reason recorded)')}"
+                   + ("" if failure["counted"] else
+                      " (not counted: the checkpoint it resumed from was damaged)"))
         for rank_error in failure["errors"]:
             # Each rank's error, unless the reason (the grouped first lines) says it all.
             first, *rest = _message_lines(rank_error["message"])
