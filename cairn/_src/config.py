@@ -58,6 +58,34 @@ def _check_positive_float(name: str, value: object) -> None:
 BACKENDS = ("local", "ray")
 
 
+def _check_num_workers(value: object) -> None:
+    accepted = ("an integer >= 1, or a (min_workers, max_workers) tuple of integers with "
+                "1 <= min_workers <= max_workers, such as (2, 4)")
+
+    def is_count(item: object) -> bool:
+        return isinstance(item, int) and not isinstance(item, bool)
+
+    if is_count(value):
+        if value < 1:  # type: ignore[operator]
+            raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}.")
+        return
+    if not (isinstance(value, tuple) and len(value) == 2 and all(map(is_count, value))):
+        hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
+                else "")
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
+    low, high = value
+    if low < 1:
+        raise ConfigError(
+            f"ScalingConfig.num_workers={value!r}: min_workers={low} must be >= 1; "
+            f"num_workers must be {accepted}."
+        )
+    if low > high:
+        raise ConfigError(
+            f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
+            f"max_workers={high}; num_workers must be {accepted}."
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScalingConfig:
     """How many workers to run, and where.
@@ -70,20 +98,36 @@ class ScalingConfig:
     per worker) in :attr:`additional_resources_per_worker` and :attr:`total_resources`, for
     a cluster scheduler. The ``local`` backend runs on this machine, whatever its
     accelerator: the value is accepted and recorded, and selects nothing.
+
+    ``num_workers`` is a number of workers, or a ``(min_workers, max_workers)`` tuple for
+    an elastic run, as in Ray Train: a backend starts as many workers as fit within the
+    bounds at each (re)start, and ``get_context().get_world_size()`` says how many it
+    got. The ``local`` backend always starts ``max_workers``. What is restored when the
+    world size changes: ``docs/elastic.md``.
+
+    ``tls`` encrypts the control channel between the driver and its workers (TLS 1.3,
+    a certificate made per run); ``None`` reads the ``CAIRN_TLS`` environment variable
+    (``1`` on, ``0`` off; unset: off). See ``docs/security.md``.
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
     accelerator_type: str | None = None
     backend: str = "local"
+    tls: bool | None = None
     trainer_resources: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.trainer_resources is not migration.DEPRECATED:
             raise ConfigDeprecationError(migration.TRAINER_RESOURCES)
-        _check_int("ScalingConfig.num_workers", self.num_workers, minimum=1)
+        _check_num_workers(self.num_workers)
+        if self.tls is not None and not isinstance(self.tls, bool):
+            raise ConfigError(
+                f"ScalingConfig.tls={self.tls!r} must be True (encrypt the control channel), "
+                "False, or None (the CAIRN_TLS environment variable decides; unset: off)."
+            )
         if self.accelerator_type is not None and not (
             isinstance(self.accelerator_type, str) and self.accelerator_type
         ):
@@ -129,6 +173,21 @@ class ScalingConfig:
             )
 
     @property
+    def elasticity_enabled(self) -> bool:
+        """Whether ``num_workers`` is a ``(min_workers, max_workers)`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers a (re)start may run with (``num_workers`` when fixed)."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers a (re)start asks for (``num_workers`` when fixed)."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    @property
     def num_cpus_per_worker(self) -> float:
         return self._resources_per_worker_not_none.get("CPU", 0)
 
@@ -158,8 +217,9 @@ class ScalingConfig:
 
     @property
     def total_resources(self) -> dict[str, float]:
-        """What the whole worker group asks for: per-worker resources times num_workers."""
-        return {k: v * self.num_workers for k, v in self._resources_per_worker_not_none.items()}
+        """What the whole worker group asks for: per-worker resources times the number of
+        workers (``max_workers`` for an elastic range: an upper bound)."""
+        return {k: v * self.max_workers for k, v in self._resources_per_worker_not_none.items()}
 
 
 UploadFailurePolicy = Literal["fail", "skip"]

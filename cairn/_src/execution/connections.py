@@ -7,6 +7,11 @@ an inbox and a wake-up pipe the loop waits on without polling.
 
 Sends and reads run on the controller loop's thread only; a worker whose connection
 breaks becomes that rank's failure in its attempt.
+
+The listener binds one address (loopback, or the driver node's address on a cluster);
+with TLS on, each accepted connection is a TLS tunnel (:mod:`tls`); without it, sends to
+another machine carry no storage credentials (:mod:`channel_security`). Refused peers are
+logged once per address.
 """
 
 from __future__ import annotations
@@ -18,16 +23,17 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import (
-    Connection,
-    Listener,
-    answer_challenge,
-    deliver_challenge,
-)
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 from cairn._src.execution.attempt import Attempt
+from cairn._src.execution.channel_security import (
+    CredentialFreeConnection,
+    RefusalLog,
+    is_same_host,
+)
 from cairn._src.execution.local_backend import abort_connection, disable_nagle
+from cairn._src.execution.tls import make_run_certificate, open_server_tunnel
 from cairn._src.execution.worker_errors import WorkerFailure
 
 logger = logging.getLogger("cairn.connections")
@@ -37,11 +43,27 @@ _MESSAGES_PER_WAKE = 1000
 
 
 class WorkerChannels:
-    """The listener, its acceptor thread, the loop's inbox and wake-up pipe, and sends."""
+    """The listener, its acceptor thread, the loop's inbox and wake-up pipe, and sends.
 
-    def __init__(self, bind_host: str) -> None:
+    ``bind_host`` is the one address the listener binds: loopback for the local backend,
+    the driver node's address on a cluster (never every interface). With ``tls`` the
+    channel is encrypted with a certificate made for this run (:mod:`tls`);
+    :attr:`certificate_pem` is then what workers must trust. ``same_host(peer, bind_host)``
+    tells which peers run on the driver's machine: without TLS, sends to any other peer
+    carry no storage credentials (:mod:`channel_security`).
+    """
+
+    def __init__(self, bind_host: str, *, tls: bool = False,
+                 same_host: Callable[[str, str], bool] = is_same_host) -> None:
         self.authkey = secrets.token_bytes(32)
-        self._listener = Listener((bind_host, 0))
+        self.bind_host = bind_host
+        self._certificate = make_run_certificate(bind_host) if tls else None
+        self._same_host = same_host
+        self.refusals = RefusalLog()
+        self._stripped_for: set[str] = set()
+        self._stripped_lock = threading.Lock()
+        family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+        self._listener = socket.create_server((bind_host, 0), family=family, backlog=128)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.wake_r, self._wake_w = os.pipe()
         self._closing = False
@@ -49,8 +71,13 @@ class WorkerChannels:
                                           daemon=True)
 
     @property
+    def certificate_pem(self) -> str | None:
+        """The run's TLS certificate for workers to trust (None without TLS)."""
+        return self._certificate.certificate_pem if self._certificate else None
+
+    @property
     def port(self) -> int:
-        return int(self._listener.address[1])
+        return int(self._listener.getsockname()[1])
 
     def start(self) -> None:
         self._acceptor.start()
@@ -81,21 +108,30 @@ class WorkerChannels:
     def _accept_loop(self) -> None:
         while not self._closing:
             try:
-                # The listener has no authkey: the handshake runs on a thread of its own,
-                # with a deadline, so a peer that connects and says nothing (a port scan on
-                # a cluster node) cannot hold up the workers behind it.
-                connection = self._listener.accept()
+                # The handshake runs on a thread of its own, with a deadline, so a peer
+                # that connects and says nothing (a port scan on a cluster node) cannot
+                # hold up the workers behind it.
+                sock, address = self._listener.accept()
             except OSError:
                 if self._closing:
                     return
                 continue
             if self._closing:
-                connection.close()
+                sock.close()
                 return
-            threading.Thread(target=self._handshake, args=(connection,),
+            threading.Thread(target=self._handshake, args=(sock, str(address[0])),
                              name="cairn-handshake", daemon=True).start()
 
-    def _handshake(self, connection: Connection) -> None:
+    def _handshake(self, sock: socket.socket, peer: str) -> None:
+        if self._certificate is not None:
+            try:
+                sock = open_server_tunnel(sock, self._certificate.server_context,
+                                          _HANDSHAKE_TIMEOUT_S)
+            except Exception as exc:
+                if not self._closing:
+                    self.refusals.refused(peer, f"TLS handshake failed: {exc}")
+                return
+        connection = self._wrap(sock, peer)
         deadline = threading.Timer(_HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
         deadline.start()
         try:
@@ -107,11 +143,28 @@ class WorkerChannels:
             connection.close()
             if not self._closing:
                 # A peer without the run's secret, or one that stalled or hung up.
-                logger.warning("Refused a connection to the controller: %s", exc)
+                self.refusals.refused(peer, exc)
             return
         finally:
             deadline.cancel()
         self.post("connection", (connection, hello))
+
+    def _wrap(self, sock: socket.socket, peer: str) -> Connection:
+        if self._certificate is not None or self._same_host(peer, self.bind_host):
+            return Connection(sock.detach())
+
+        def stripped() -> None:
+            with self._stripped_lock:
+                if peer in self._stripped_for:
+                    return
+                self._stripped_for.add(peer)
+            logger.warning(
+                "The control channel to %s (another machine) is not encrypted, so the "
+                "credentials in the storage URI are not sent to it: workers there reach "
+                "the storage with the credentials of their own environment. To send them, "
+                "turn on TLS (ScalingConfig(tls=True) or CAIRN_TLS=1).", peer)
+
+        return CredentialFreeConnection(sock.detach(), stripped)
 
     # --- the loop's side -----------------------------------------------------------------
 
@@ -159,10 +212,11 @@ class WorkerChannels:
         self._closing = True
         try:
             # accept() does not return when the listener closes under it: knock once.
-            socket.create_connection(("127.0.0.1", self.port), 5).close()
+            socket.create_connection((self.bind_host, self.port), 5).close()
         except OSError:
             pass
         self._acceptor.join(5.0)
+        self.refusals.summarize()
 
     def close(self) -> None:
         """Close the listener and the wake-up pipe (after :meth:`stop_accepting`)."""

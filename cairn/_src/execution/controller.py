@@ -37,6 +37,7 @@ from cairn._src.errors import (
 )
 from cairn._src.execution.attempt import Attempt, placement
 from cairn._src.execution.backend import make_backend
+from cairn._src.execution.channel_security import tls_enabled
 from cairn._src.execution.commit_pipeline import CommitPipeline
 from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.controller_services import AttemptServices
@@ -59,6 +60,7 @@ from cairn._src.execution.messages import (
 from cairn._src.execution.progress import check_progress
 from cairn._src.execution.reports import ReadyCheckpoint, ReportTracker, Verdict, describe_ranks
 from cairn._src.execution.state import ControllerState, StateMachine
+from cairn._src.execution.storage_check import remove_storage_marker, write_storage_marker
 from cairn._src.execution.validation_runner import ValidationRunner
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.run.layout import EVENTS_DIR
@@ -141,15 +143,18 @@ class Controller:
         self._next_report_index = next_report_index
         self._policy = FailurePolicy(run_config.failure_config.max_failures)
         # The driver's live view (RunConfig.progress); its hooks never block this thread.
-        self._view = LiveView.for_run(run_config, scaling.num_workers)
+        self._view = LiveView.for_run(run_config, scaling.max_workers)
         self._machine = StateMachine()
         self._backend = make_backend(scaling, run_config)
-        self._channels = WorkerChannels(self._backend.bind_host)
+        # The driver node's address, never every interface (loopback for local workers).
+        self._channels = WorkerChannels(self._backend.advertise_host(),
+                                        tls=tls_enabled(scaling.tls))
+        self._storage_token: str | None = None
         self._callbacks = CallbackDispatcher(
             run_config.callbacks,
             TrainRunContext(run_config=run_config, train_loop_config=spec.config,
                             scaling_config=scaling),
-            scaling.num_workers,
+            scaling.max_workers,
         )
         self._commits = CommitPipeline(manager, events, run_config, self._channels.post,
                                        self._channels.broadcast, callbacks=self._callbacks)
@@ -182,6 +187,8 @@ class Controller:
         self._commits.start()
         self._events.append({"type": "session_start", "t": time.time()})
         self._view.start()
+        # Every worker reads it back before training: storage a node cannot see fails now.
+        self._storage_token = write_storage_marker(self._manager.run, self._manager.retry)
         # How the session ended, for `cairn ls` and Result.from_path: "finished", "failed"
         # (with the error), or "interrupted" (Ctrl-C, or the driver itself broke).
         end: dict[str, Any] = {"status": "interrupted"}
@@ -257,12 +264,12 @@ class Controller:
         used |= self._manager.names_holding_references()
         attempt = Attempt(
             number=number,
-            tracker=ReportTracker(self._scaling.num_workers, used_dir_names=used),
+            tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used),
             resume=resume,
             first_report_index=self._next_report_index,
             started_at=time.time(),
         )
-        self._services = AttemptServices(self._scaling.num_workers, self._manager,
+        self._services = AttemptServices(self._scaling.max_workers, self._manager,
                                          self._validations, self._run_config.checkpoint_config)
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
@@ -270,12 +277,12 @@ class Controller:
         self._view.on_attempt_start(number, attempt.started_at,
                                     resume.dir_name if resume else None)
         logger.info("Attempt %d: %d workers, resuming from %s", number,
-                    self._scaling.num_workers, resume.dir_name if resume else "scratch")
+                    self._scaling.max_workers, resume.dir_name if resume else "scratch")
         port = self._channels.port
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
         bootstrap = Bootstrap((self._backend.advertise_host(), port), self._channels.authkey,
-                              number)
-        attempt.workers = self._backend.start(self._scaling.num_workers, bootstrap, env=env)
+                              number, tls_certificate=self._channels.certificate_pem)
+        attempt.workers = self._backend.start(self._scaling.max_workers, bootstrap, env=env)
         return attempt
 
     def _setup_message(self, attempt: Attempt, rank: int) -> SetupMessage:
@@ -284,7 +291,7 @@ class Controller:
         local_rank, local_world_size, node_rank = placement(attempt.workers)[rank]
         return SetupMessage(
             rank=rank,
-            world_size=self._scaling.num_workers,
+            world_size=len(attempt.workers),
             local_rank=local_rank,
             local_world_size=local_world_size,
             node_rank=node_rank,
@@ -303,6 +310,7 @@ class Controller:
             setup_hooks=hooks,
             teardown_hooks=teardown,
             validation=self._spec.validation_config is not None,
+            storage_token=self._storage_token,
         )
 
     # --- the event loop ------------------------------------------------------------------
@@ -682,6 +690,8 @@ class Controller:
                     log.flush()
                 except Exception:
                     logger.warning("Could not flush a run log", exc_info=True)
+            if self._storage_token is not None:
+                remove_storage_marker(self._manager.run, self._manager.retry)
             self._channels.close()
 
 

@@ -34,10 +34,15 @@ class Bootstrap:
     address: tuple[str, int]
     authkey: bytes
     attempt: int
+    # The run's TLS certificate (PEM) when the control channel is encrypted.
+    tls_certificate: str | None = None
 
     def body(self, rank: int) -> dict[str, Any]:
-        return {"address": list(self.address), "authkey": self.authkey.hex(), "rank": rank,
-                "attempt": self.attempt}
+        body: dict[str, Any] = {"address": list(self.address), "authkey": self.authkey.hex(),
+                                "rank": rank, "attempt": self.attempt}
+        if self.tls_certificate is not None:
+            body["tls_certificate"] = self.tls_certificate
+        return body
 
     def for_rank(self, rank: int) -> bytes:
         return json.dumps(self.body(rank)).encode() + b"\n"

@@ -144,6 +144,8 @@ class SetupMessage:
     teardown_hooks: bytes
     # Whether the trainer has a ValidationConfig (report(validation=...) is refused if not).
     validation: bool = False
+    # The token of the storage check marker the driver wrote (storage_check), or None.
+    storage_token: str | None = None
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class WorkerSession:
         self._connection = connection
         self._setup = setup
         self._retry = retry
+        self.retry = retry
         self.rank = setup.rank
         self.context = TrainContext(
             world_rank=setup.rank,

@@ -11,16 +11,17 @@ import json
 import logging
 import os
 import pickle
+import socket
 import sys
 import time
 import traceback
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 import cloudpickle
 
 from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
-from cairn._src.execution.local_backend import disable_nagle
+from cairn._src.execution.local_backend import abort_connection, disable_nagle
 from cairn._src.execution.messages import (
     DoneMessage,
     ErrorMessage,
@@ -28,12 +29,16 @@ from cairn._src.execution.messages import (
     TimingMessage,
 )
 from cairn._src.execution.session import WorkerSession, set_session
+from cairn._src.execution.storage_check import check_storage_marker
+from cairn._src.execution.tls import client_context, open_client_tunnel, wait_for_tunnels
 from cairn._src.storage.registry import import_registrations
 
 logger = logging.getLogger("cairn.worker_main")
 
 # Mistakes in the training code that a restart would only repeat.
 FATAL_ERRORS = (ReportError, ConfigError, CheckpointCollisionError)
+_CONNECT_TIMEOUT_S = 30.0
+_FLUSH_TIMEOUT_S = 10.0
 
 
 def _pickle_exception(exc: BaseException) -> bytes | None:
@@ -55,6 +60,8 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
     try:
+        if setup.storage_token is not None:
+            check_storage_marker(setup.run, setup.storage_token, session.retry)
         try:
             hooks = cloudpickle.loads(setup.setup_hooks)
             train_fn = cloudpickle.loads(setup.train_fn)
@@ -101,13 +108,36 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     return 0
 
 
+def connect(boot: dict[str, Any]) -> Connection:
+    """An authenticated connection to the controller that ``boot`` names: plain TCP, or
+    a TLS tunnel that trusts only the run's certificate when ``boot`` carries one."""
+    address = (boot["address"][0], int(boot["address"][1]))
+    authkey = bytes.fromhex(boot["authkey"])
+    certificate = boot.get("tls_certificate")
+    if certificate is None:
+        connection = Client(address, authkey=authkey)
+        disable_nagle(connection)
+        return connection
+    sock = socket.create_connection(address, _CONNECT_TIMEOUT_S)
+    plain = open_client_tunnel(sock, client_context(certificate), _CONNECT_TIMEOUT_S)
+    connection = Connection(plain.detach())
+    answer_challenge(connection, authkey)
+    deliver_challenge(connection, authkey)
+    return connection
+
+
 def run_from_bootstrap(boot: dict[str, Any]) -> int:
     """Connect to the controller named by ``boot`` and run this worker's share."""
-    rank = int(boot["rank"])
-    address = (boot["address"][0], int(boot["address"][1]))
-    connection = Client(address, authkey=bytes.fromhex(boot["authkey"]))
-    disable_nagle(connection)
-    return run_worker(connection, rank, int(boot["attempt"]))
+    connection = connect(boot)
+    try:
+        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
+    finally:
+        if boot.get("tls_certificate") is not None:
+            # The last messages (Done, an error) may still be in the tunnel: ending our
+            # side lets its pump deliver them, then close; the process may exit after.
+            abort_connection(connection)
+            connection.close()
+            wait_for_tunnels(_FLUSH_TIMEOUT_S)
 
 
 def main() -> None:

@@ -72,4 +72,4 @@ class TorchTrainer(Trainer):
             self.run_config.worker_env or {}
         ):
             return None
-        return max(1, (os.cpu_count() or 1) // self.scaling_config.num_workers)
+        return max(1, (os.cpu_count() or 1) // self.scaling_config.max_workers)
