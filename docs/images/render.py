@@ -70,7 +70,7 @@ def make_run(storage: str) -> str:
     return os.path.join(storage, RUN_NAME)
 
 
-PLOT_ARGS = ("--metric", "loss", "--metric", "lr", "--x", "step")
+PLOT_ARGS = ("--metric", "loss", "--metric", "lr", "--x", "report")
 
 
 def render(out_dir: str, storage: str | None = None) -> tuple[str, str]:

@@ -79,7 +79,8 @@ def test_plot_json_of_a_run_with_a_restart(rendered: tuple[str, Path],
                                            capsys: pytest.CaptureFixture[str]) -> None:
     run, _ = rendered
     capsys.readouterr()
-    assert main(["plot", run, *render.PLOT_ARGS, "--json"]) == 0
+    assert main(["plot", run, "--metric", "loss", "--metric", "lr", "--x", "step",
+                 "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     check_schema(document, "plot")
     assert document["run"] == "demo" and document["metrics"] == ["loss", "lr"]

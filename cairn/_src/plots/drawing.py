@@ -26,6 +26,8 @@ FORMATS = ("png", "svg", "pdf")
 _DPI = 110
 _MAX_NOTES = 6
 _MAX_LANES = 64
+# The least distance between two labels above a chart, as a fraction of its width.
+_LABEL_GAP = 0.035
 _NOTE_WIDTH = 110
 _MAX_LEGEND_ATTEMPTS = 8
 _RESTART_COLOR = "#c62828"
@@ -74,6 +76,23 @@ def _notes(figure: Figure, lines: list[str]) -> None:
                          fontfamily="monospace", color="#333333")
 
 
+def _mark_labels(axes: Axes, labels: list[tuple[str, float]]) -> None:
+    """``R1``, ``F1``, ... above the axes at their x; a label too close to the previous one
+    drawn is left out (the note under the chart still lists it), so none overlap."""
+    if not labels:
+        return
+    low, high = axes.get_xlim()
+    gap = abs(high - low) * _LABEL_GAP
+    last: float | None = None
+    for text, x in sorted(labels, key=lambda item: item[1]):
+        if last is not None and abs(x - last) < gap:
+            continue
+        axes.annotate(text, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(0, 2),
+                      textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                      color=_RESTART_COLOR, fontweight="bold")
+        last = x
+
+
 def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     """Write ``plot`` to ``path`` (PNG, SVG or PDF by its extension): one axis per metric,
     one line per attempt, restarts as vertical lines, checkpoints as markers."""
@@ -88,12 +107,7 @@ def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     for axes, metric in zip((row[0] for row in axes_grid), plot.metrics, strict=True):
         _draw_metric(axes, plot, metric)
     top, bottom = axes_grid[0][0], axes_grid[-1][0]
-    for restart in plot.restarts:
-        if restart.x is not None:
-            top.annotate(f"R{restart.number}", xy=(restart.x, 1.0),
-                         xycoords=("data", "axes fraction"), xytext=(0, 2),
-                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
-                         color=_RESTART_COLOR, fontweight="bold")
+    _mark_labels(top, [(f"R{r.number}", r.x) for r in plot.restarts if r.x is not None])
     bottom.set_xlabel(_X_LABELS[plot.x_axis])
     if plot.x_axis != "time":
         from matplotlib.ticker import MaxNLocator
@@ -214,11 +228,8 @@ def draw_timeline(timeline: Timeline, summary: GoodputSummary, run: str, path: s
     for position in range(1, len(lanes)):
         if lanes[position].attempt != lanes[position - 1].attempt:
             axes.axhline(position - 0.5, color="#9e9e9e", linewidth=0.8)
-    for number, failure in enumerate(timeline.failures, start=1):
+    for failure in timeline.failures:
         axes.axvline(failure.t, color=_RESTART_COLOR, linewidth=1.1, linestyle="--")
-        axes.annotate(f"F{number}", xy=(failure.t, 1.0), xycoords=("data", "axes fraction"),
-                      xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                      fontsize=8, color=_RESTART_COLOR, fontweight="bold")
     if timeline.commits:
         axes.scatter(timeline.commits, [-0.62] * len(timeline.commits), marker="v", s=22,
                      color="#37474f", zorder=3, clip_on=False)
@@ -231,6 +242,8 @@ def draw_timeline(timeline: Timeline, summary: GoodputSummary, run: str, path: s
     for side in ("top", "right", "left"):
         axes.spines[side].set_visible(False)
     _timeline_legend(axes, timeline)
+    _mark_labels(axes, [(f"F{number}", f.t) for number, f in
+                        enumerate(timeline.failures, start=1)])
     wall = summary.wall_s or 1.0
     shares = ", ".join(f"{name} {seconds:.1f}s ({100 * seconds / wall:.0f}%)" for name, seconds in (
         ("productive", summary.productive_s), ("start-up", summary.startup_s),
