@@ -58,18 +58,18 @@ def _check_positive_float(name: str, value: object) -> None:
 BACKENDS = ("local", "ray")
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_num_workers(value: object) -> None:
     accepted = ("an integer >= 1, or a (min_workers, max_workers) tuple of integers with "
                 "1 <= min_workers <= max_workers, such as (2, 4)")
-
-    def is_count(item: object) -> bool:
-        return isinstance(item, int) and not isinstance(item, bool)
-
-    if is_count(value):
-        if value < 1:  # type: ignore[operator]
+    if isinstance(value, int) and _is_count(value):
+        if value < 1:
             raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}.")
         return
-    if not (isinstance(value, tuple) and len(value) == 2 and all(map(is_count, value))):
+    if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
         hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
                 else "")
         raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
