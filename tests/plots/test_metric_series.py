@@ -68,15 +68,17 @@ def test_restarts_are_placed_on_each_x_axis(x_axis: str, restart_x: float,
                                                                   True)
     assert (restart.resumed_from, restart.resumed_from_report) == ("checkpoint_000002", 2)
     assert plot.lost_from(0) == 2 and plot.lost_from(1) is None
+    assert restart.counted is True
 
 
 def test_a_final_failure_redoes_nothing_and_a_fresh_restart_redoes_everything() -> None:
     final = build_plot("demo", RECORDS[:4], EVENTS[:4], {}, ["loss"])
     assert final.restarts[0].restarted is False and final.lost_from(0) is None
     assert final.restarts[0].x == 4.5
-    scratch = [*EVENTS[:4], {"type": "attempt_start", "attempt": 1, "t": 106.0,
-                             "resume": None}]
-    assert build_plot("demo", RECORDS, scratch, {}, ["loss"]).lost_from(0) == 0
+    scratch = [*EVENTS[:3], {**EVENTS[3], "counted": False},
+               {"type": "attempt_start", "attempt": 1, "t": 106.0, "resume": None}]
+    plot = build_plot("demo", RECORDS, scratch, {}, ["loss"])
+    assert plot.lost_from(0) == 0 and plot.restarts[0].counted is False
 
 
 def test_json_document() -> None:

@@ -98,6 +98,7 @@ def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     one line per attempt, restarts as vertical lines, checkpoints as markers."""
     count = len(plot.metrics)
     notes = [f"R{r.number}  attempt {r.attempt} failed: {r.detail}"
+             + ("" if r.counted else " (not counted against max_failures)")
              + (f"; resumed from {r.resumed_from}" if r.resumed_from else
                 "; restarted from scratch" if r.restarted else "")
              for r in plot.restarts]

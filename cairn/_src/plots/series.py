@@ -67,7 +67,8 @@ class RestartMark:
     attempt resumed from ``resumed_from`` (report ``resumed_from_report``; both None when
     it started from scratch, or when no attempt followed). ``x`` is where the restart is
     drawn: between the two attempts' reports, at the first step of the next attempt, or
-    at the failure's time."""
+    at the failure's time. ``counted`` is False for a failure that did not count against
+    ``max_failures`` (a rank found the checkpoint it resumed from damaged)."""
 
     number: int
     attempt: int
@@ -80,13 +81,14 @@ class RestartMark:
     restarted: bool
     resumed_from: str | None
     resumed_from_report: int | None
+    counted: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "attempt": self.attempt, "t": self.t, "x": self.x,
                 "label": self.label, "reason": self.reason,
                 "errors": [e.as_dict() for e in self.errors], "restarted": self.restarted,
                 "resumed_from": self.resumed_from,
-                "resumed_from_report": self.resumed_from_report}
+                "resumed_from_report": self.resumed_from_report, "counted": self.counted}
 
 
 @dataclass(frozen=True)
@@ -289,5 +291,7 @@ def _restarts(ordered: list[tuple[float, Mapping[str, Any]]], rows: list[_Record
             detail=detail, reason=reason, errors=errors, restarted=following is not None,
             resumed_from=resume,
             resumed_from_report=report_of.get(resume) if resume is not None else None,
+            # Written since failures could be left uncounted; older logs counted them all.
+            counted=event.get("counted") is not False,
         ))
     return marks
