@@ -204,3 +204,18 @@ def test_drawing_hand_made_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(CairnError, match=r"pip install 'cairn-train\[plot\]'"):
         drawing.draw_metric_plot(plot, str(tmp_path / "again.png"))
+
+
+def test_text_chart_of_reports_without_times(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A hand-written run directory: an index, and metrics records with no time."""
+    run = tmp_path / "old"
+    (run / "metrics").mkdir(parents=True)
+    (run / "cairn_run.json").write_text(json.dumps({"version": 1, "checkpoints": []}))
+    (run / "metrics" / "segment_000000.jsonl").write_text(
+        '{"report_index": 1, "metrics": {"loss": 1.0}}\n'
+        '{"report_index": 2, "metrics": {"loss": 0.5}}\n')
+    assert main(["plot", str(run), "--metric", "loss", "--x", "time"]) == 0
+    assert capsys.readouterr().out == "loss: no report has a value for --x time\n"
+    assert main(["plot", str(run), "--metric", "loss"]) == 0
+    assert capsys.readouterr().out.startswith("loss: 2 reports, first 1, last 0.5")

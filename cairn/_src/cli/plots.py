@@ -81,6 +81,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
         return 0
     for metric in metrics:
         values = [y for series in plot.series_of(metric) for y in series.y]
+        if not values:
+            print(f"{metric}: no report has a value for --x {args.x}")
+            continue
         print(f"{metric}: {len(values)} reports, first {values[0]:.4g}, "
               f"last {values[-1]:.4g}, min {min(values):.4g}, max {max(values):.4g}")
         print(sparkline(values))
