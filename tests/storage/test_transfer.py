@@ -142,3 +142,53 @@ def test_failed_download_mid_stream_leaves_no_partial_file(src: Path, tmp_path: 
     with pytest.raises(StorageError, match="injected transient failure in read"):
         download_directory(flaky, str(out), files=entries, retry=RetryPolicy(max_attempts=1))
     assert os.listdir(out / "sub") == []
+
+
+class _CountingSink:
+    """Records the bytes written between flushes (the unit under test is stream_copy)."""
+
+    def __init__(self) -> None:
+        self.unflushed = 0
+        self.most_unflushed = 0
+        self.flushes = 0
+        self.data = bytearray()
+
+    def write(self, view: memoryview) -> int:
+        self.data += view
+        self.unflushed += len(view)
+        self.most_unflushed = max(self.most_unflushed, self.unflushed)
+        return len(view)
+
+    def flush(self) -> None:
+        self.flushes += 1
+        self.unflushed = 0
+
+
+def test_a_remote_write_is_flushed_every_window_so_its_buffered_parts_stay_bounded() -> None:
+    import io
+
+    from cairn._src.storage.checksum import new_hasher, stream_copy
+
+    payload = os.urandom(100_000)
+    sink = _CountingSink()
+    copied = stream_copy(io.BytesIO(payload), sink, memoryview(bytearray(4096)),
+                         hasher=new_hasher(), progress=lambda _: None,
+                         cancelled=lambda: False, flush_every=16_384)
+    assert copied == len(payload) and bytes(sink.data) == payload
+    assert sink.most_unflushed == 16_384 and sink.flushes == len(payload) // 16_384
+
+
+def test_an_s3_upload_larger_than_the_write_window_comes_back_whole(
+    tmp_path: Path, s3_uri_factory: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cairn._src.storage import transfer
+
+    monkeypatch.setattr(transfer, "REMOTE_WRITE_WINDOW_BYTES", 1 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(os.urandom((5 << 20) + 123))
+    location = resolve(s3_uri_factory("window"))
+    entries = upload_directory(str(src), location, retry=FAST)
+    download_directory(location, str(tmp_path / "out"), files=entries, retry=FAST)
+    assert (tmp_path / "out" / "big").read_bytes() == (src / "big").read_bytes()

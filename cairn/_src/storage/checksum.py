@@ -29,6 +29,10 @@ LOCAL_CHUNK_BYTES = 1 << 20
 # Read/write unit when one side is remote: pyarrow's S3 and GCS input files issue one
 # ranged GET per read call, so larger reads amortize the request latency.
 REMOTE_CHUNK_BYTES = 8 << 20
+# A remote upload waits for its background part uploads each time this much more was
+# written: the memory one file's upload holds (bench/s3_transfer.py: 64 MiB keeps the
+# throughput of an unbounded stream, which held 400-500 MiB of a 512 MiB file).
+REMOTE_WRITE_WINDOW_BYTES = 64 << 20
 # Buffers kept for reuse between transfers (a fresh buffer costs a page fault per 4 KiB).
 _POOL_LIMIT_BYTES = 64 << 20
 
@@ -94,6 +98,8 @@ class TransferCancelled(Exception):
 class Writable(Protocol):
     def write(self, data: Any) -> Any: ...
 
+    def flush(self) -> Any: ...
+
 
 class Progress:
     """Serializes calls to a user progress callback, so that it need not be thread-safe."""
@@ -118,6 +124,7 @@ def stream_copy(
     cancelled: Callable[[], bool],
     raw_sink: bool = False,
     limit: int | None = None,
+    flush_every: int | None = None,
 ) -> int:
     """Copy ``source`` to ``sink`` (or only read it when ``sink`` is None), hashing it.
 
@@ -125,9 +132,14 @@ def stream_copy(
     is an unbuffered OS file whose ``write`` may write less than asked. With ``limit``, at
     most that many bytes are read (a bounded read of a file that may be endless). Returns
     the bytes copied. Stops with :class:`TransferCancelled` when ``cancelled()`` turns
-    true, so that one failed file ends the others of a transfer quickly.
+    true, so that one failed file ends the others of a transfer quickly. With
+    ``flush_every``, the sink is flushed each time that many more bytes were written: a
+    remote stream that uploads parts in the background holds at most about that much in
+    memory (pyarrow's S3 stream buffers without bound when the network is slower than the
+    source).
     """
     total = 0
+    unflushed = 0
     whole = len(buffer)
     while True:
         if limit is not None and limit - total < whole:
@@ -147,6 +159,10 @@ def stream_copy(
                     view = view[sink.write(view):]
             else:
                 sink.write(view)
+                unflushed += count
+                if flush_every is not None and unflushed >= flush_every:
+                    sink.flush()
+                    unflushed = 0
         total += count
         progress(count)
         if cancelled():

@@ -35,6 +35,7 @@ from cairn._src.storage.checksum import (
     CHECKSUM_ALGORITHM,
     LOCAL_CHUNK_BYTES,
     REMOTE_CHUNK_BYTES,
+    REMOTE_WRITE_WINDOW_BYTES,
     FileEntry,
     Progress,
     TransferCancelled,
@@ -144,6 +145,8 @@ def upload_directory(
                     size = stream_copy(
                         source, sink, buffer, hasher=hasher, progress=report,
                         cancelled=cancelled, raw_sink=target_os is not None,
+                        flush_every=None if target_os is not None
+                        else REMOTE_WRITE_WINDOW_BYTES,
                     )
             except BaseException:
                 undo()
