@@ -34,3 +34,12 @@ def checkpoint_then_wait(config: dict[str, Any]) -> None:
     driver = os.getppid()
     while not os.path.exists(config["release"]) and os.getppid() == driver:
         time.sleep(0.02)
+
+
+def three_files(config: dict[str, Any]) -> None:
+    """One checkpoint of three files, ``a``, ``b`` and ``c``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in "abc":
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(name * 10)
+        cairn.report({"step": 0}, checkpoint=cairn.Checkpoint.from_directory(tmp))

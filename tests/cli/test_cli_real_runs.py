@@ -24,8 +24,15 @@ import pytest
 from driver_process import wait_for
 
 import cairn
+from cairn._src.checkpoint.index import read_index
+from cairn._src.checkpoint.manager import checkpoint_view
+from cairn._src.checkpoint.manifest import read_manifest
+from cairn._src.cli import runs as cli_runs
+from cairn._src.cli.common import RETRY
 from cairn._src.cli.main import main
+from cairn._src.errors import CheckpointDamagedError
 from cairn._src.run.layout import INDEX_NAME, LEASE_NAME
+from cairn._src.storage.location import resolve
 
 pytestmark = pytest.mark.slow
 DRIVER = os.path.join(os.path.dirname(__file__), "cli_driver.py")
@@ -370,3 +377,38 @@ def test_verify_shows_a_progress_bar_only_on_a_terminal(runs: Runs) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.endswith("3 verified, 0 failed\n")
+
+
+class RecordedProgress:
+    """What verify_files tells a shown progress bar."""
+
+    shown = True
+
+    def __init__(self) -> None:
+        self.advanced: list[int] = []
+
+    def advance(self, size: int) -> None:
+        self.advanced.append(size)
+
+
+def test_with_the_bar_a_checkpoint_is_verified_in_parts_with_the_same_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cairn.Trainer(cli_workloads.three_files,
+                  run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
+    run = resolve(str(tmp_path / "r"))
+    index = read_index(run, RETRY)
+    assert index is not None
+    view = checkpoint_view(run, index.checkpoints[0])
+    manifest = read_manifest(view.manifest_at, RETRY)
+    assert manifest is not None
+    monkeypatch.setattr(cli_runs, "BAR_STEP_BYTES", 15)
+    progress = RecordedProgress()
+    cli_runs.verify_files(view, manifest.files, progress)  # type: ignore[arg-type]
+    assert progress.advanced == [20, 10]  # a and b, then c
+    (tmp_path / "r" / "checkpoint_000001" / "c").write_text("x" * 10)
+    (tmp_path / "r" / "checkpoint_000001" / "a").write_text("y" * 10)
+    with pytest.raises(CheckpointDamagedError) as plain:
+        cli_runs.verify_files(view, manifest.files, cli_runs.VerifyProgress([], shown=False))
+    with pytest.raises(CheckpointDamagedError, match=r"^2 of 3 files under .*") as parts:
+        cli_runs.verify_files(view, manifest.files, RecordedProgress())  # type: ignore[arg-type]
+    assert str(parts.value) == str(plain.value)

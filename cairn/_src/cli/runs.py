@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from cairn._src.checkpoint.index import (
@@ -25,11 +24,13 @@ from cairn._src.checkpoint.ownership import could_have_created, registered_refer
 from cairn._src.checkpoint.retention import retention_reasons
 from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run, print_json
 from cairn._src.config import CheckpointConfig
-from cairn._src.errors import CairnError
+from cairn._src.errors import CairnError, CheckpointDamagedError
+from cairn._src.execution.messages import CheckpointView
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.run.status import run_history
+from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.fileio import exists, is_dir, list_dir_names
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.transfer import verify_directory
@@ -51,9 +52,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if not args.json:
             print(line)
 
-    with verify_progress(records, shown=not args.json and sys.stderr.isatty()) as step:
+    with VerifyProgress(records, shown=not args.json and sys.stderr.isatty()) as progress:
         for record in records:
-            step(record)
+            progress.start(record)
             entry: dict[str, Any] = {"dir_name": record.dir_name,
                                      "report_index": int(record.report_index),
                                      "status": "ok", "files": None, "size_bytes": None,
@@ -64,7 +65,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 manifest = read_manifest(view.manifest_at, RETRY)
                 if manifest is None:
                     raise CairnError("no manifest")
-                verify_directory(view.data, manifest.files, retry=RETRY)
+                verify_files(view, manifest.files, progress)
             except (CairnError, OSError) as exc:
                 entry.update(status="failed", error=str(exc))
                 say(f"FAILED  {record.dir_name}: {exc}")
@@ -98,42 +99,86 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] or counts["dropped"] else 0
 
 
-@contextmanager
-def verify_progress(records: list[CheckpointRecord], *, shown: bool
-                    ) -> Iterator[Callable[[CheckpointRecord], None]]:
-    """A progress bar on stderr over the bytes of ``records`` when ``shown`` (a terminal,
-    no --json); call the handle as each record starts. Gone when the block ends."""
-    if not shown or not records:
-        yield lambda record: None
+class VerifyProgress:
+    """A progress bar on stderr over the bytes of ``records`` when ``shown`` (stderr is a
+    terminal, no --json); gone when the ``with`` block ends. Without ``shown``, every
+    method does nothing."""
+
+    def __init__(self, records: list[CheckpointRecord], *, shown: bool) -> None:
+        self.shown = shown and bool(records)
+        self._sizes = {r.dir_name: max(0, r.size_bytes) for r in records}
+        self._done = 0
+        self._progress: Any = None
+        if not self.shown:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("verifying {task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+            transient=True,
+            # Lines on stdout go above the bar when both are the terminal; a redirected
+            # stdout is left alone.
+            redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
+        self._task = self._progress.add_task(records[0].dir_name,
+                                             total=max(1, sum(self._sizes.values())))
+
+    def __enter__(self) -> VerifyProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def start(self, record: CheckpointRecord) -> None:
+        """``record``'s verification starts: the bar stands at the bytes before it."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=record.dir_name, completed=self._done)
+            self._done += self._sizes.get(record.dir_name, 0)
+
+    def advance(self, size: int) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, max(0, size))
+
+
+# With the bar, a checkpoint is verified in parts of about this size, so the bar moves
+# within a large one.
+BAR_STEP_BYTES = 256 * 2**20
+
+
+def verify_files(view: CheckpointView, files: Mapping[str, FileEntry],
+                 progress: VerifyProgress) -> None:
+    """Verify ``files`` of ``view`` (see :func:`verify_directory`), moving ``progress``."""
+    if not progress.shown:
+        verify_directory(view.data, files, retry=RETRY)
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    progress = Progress(TextColumn("verifying {task.description}"), BarColumn(),
-                        DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                        console=Console(stderr=True), transient=True,
-                        # Lines on stdout go above the bar when both are the terminal; a
-                        # redirected stdout is left alone.
-                        redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
-    task = progress.add_task(records[0].dir_name,
-                             total=max(1, sum(max(0, r.size_bytes) for r in records)))
-    previous: list[CheckpointRecord] = []
-
-    def step(record: CheckpointRecord) -> None:
-        if previous:
-            progress.advance(task, max(0, previous.pop().size_bytes))
-        previous.append(record)
-        progress.update(task, description=record.dir_name)
-
-    with progress:
-        yield step
+    parts: list[dict[str, FileEntry]] = [{}]
+    size = 0
+    for rel in sorted(files):
+        if size >= BAR_STEP_BYTES:
+            parts.append({})
+            size = 0
+        parts[-1][rel] = files[rel]
+        size += max(0, files[rel].size)
+    try:
+        for part in parts:
+            verify_directory(view.data, part, retry=RETRY)
+            progress.advance(sum(max(0, entry.size) for entry in part.values()))
+    except CheckpointDamagedError:
+        # A part's error counts and names its own files only: the whole checkpoint's names
+        # them all, as without the bar.
+        verify_directory(view.data, files, retry=RETRY)
+        raise
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
