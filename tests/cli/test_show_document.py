@@ -45,6 +45,7 @@ EVENTS: list[Any] = [
      "errors": [{"type": "cairn.CheckpointDamagedError", "ranks": [0, 2],
                  "message": "bad bytes\nstate.txt: checksum mismatch"}]},
     {"type": "failure", "attempt": "one", "t": "late", "ranks": "all", "errors": 5},
+    {"type": "blocked", "t": 1e300},
     "not an event",
     {"type": "attempt_start", "attempt": 1, "t": 105.0},
     {"type": "validation_finished", "dir_name": 7, "status": "VALIDATED"},
@@ -85,6 +86,7 @@ def test_an_interrupted_run_with_failures_that_do_not_count() -> None:
     assert "        state.txt: checksum mismatch" in text
     assert "attempt -  the driver: (no reason recorded)" in text
     assert "attempts   2 attempts in 1 driver session, 2 failures" in text
+    assert "last event t=1e+300" in text
 
 
 def test_reasons_statuses_and_references_in_the_text() -> None:

@@ -139,7 +139,12 @@ def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, 
 
 
 def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"t={t:.6g}"  # a time no calendar holds: the log is damaged, show it raw
 
 
 def _ranks(ranks: Iterable[int]) -> str:
