@@ -1,6 +1,7 @@
 """A training driver run as its own process, so tests can kill -9 it and run it again.
 
 python driver_script.py STORAGE NAME SCRATCH [--steps N] [--step-s S] [--faultfs]
+                        [--backend local|ray] [--workers N]
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--step-s", type=float, default=0.2)
     parser.add_argument("--max-failures", type=int, default=0)
+    parser.add_argument("--backend", default="local")
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     fault_store.register()
     run_dir = os.path.join(args.storage, args.name)
@@ -33,7 +36,7 @@ def main() -> None:
         fault_workloads.resumable,
         train_loop_config={"steps": args.steps, "step_s": args.step_s, "scratch": args.scratch,
                            "run_dir": run_dir, "first_index": 1},
-        scaling_config=cairn.ScalingConfig(num_workers=2),
+        scaling_config=cairn.ScalingConfig(num_workers=args.workers, backend=args.backend),
         run_config=cairn.RunConfig(
             name=args.name, storage_path=args.storage,
             failure_config=cairn.FailureConfig(max_failures=args.max_failures)),

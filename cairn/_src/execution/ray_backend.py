@@ -5,6 +5,16 @@ the controller over TCP with the run's secret. An actor's death (a crash, ``ray.
 a lost node, the memory monitor) surfaces as the failure of its ``run`` task, which a
 thread per worker waits on and turns into a readable pipe for the controller: no polling.
 
+Waits on the cluster are bounded: the placement group must be ready, and the actors
+started, within ``CAIRN_RAY_PLACEMENT_TIMEOUT_S`` seconds each (default
+:data:`DEFAULT_PLACEMENT_TIMEOUT_S`); past that, :class:`PlacementTimeoutError` names the
+resources the cluster lacks. After a lost node the next attempt waits there for capacity
+to return (a replaced node, an autoscaler), then resumes from the latest committed
+checkpoint.
+
+Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
+first bundle), so node rank, local rank and local world size describe the real machines.
+
 The driver's ``sys.path`` travels in ``PYTHONPATH`` so that a train function pickled by
 reference imports in the actor, as with the local backend; on a multi-node cluster ship
 the code with Ray's ``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``).
@@ -13,20 +23,50 @@ the code with Ray's ``runtime_env`` (``ray.init(runtime_env={"working_dir": ...}
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cairn._src.config import ScalingConfig
+from cairn._src.errors import CairnError, ConfigError
 from cairn._src.execution.backend import WorkerHandle
 from cairn._src.execution.local_backend import Bootstrap
 
 logger = logging.getLogger("cairn.ray_backend")
+
+PLACEMENT_TIMEOUT_ENV = "CAIRN_RAY_PLACEMENT_TIMEOUT_S"
+# Long enough for a replaced node or an autoscaler's new one; a request no node can ever
+# satisfy is logged after _PLACEMENT_NOTICE_S so nobody waits in silence.
+DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
+_PLACEMENT_NOTICE_S = 5.0
+# Resources every node advertises that a worker's bundle never asks for.
+_BOOKKEEPING = ("memory", "object_store_memory")
+
+
+class PlacementTimeoutError(CairnError, TimeoutError):
+    """The Ray cluster did not place or start the workers in time; the message names the
+    resources it lacks and how to wait longer."""
+
+
+def placement_timeout_s() -> float:
+    """Seconds to wait for a placement group, and for its actors to start."""
+    raw = os.environ.get(PLACEMENT_TIMEOUT_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_PLACEMENT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{PLACEMENT_TIMEOUT_ENV}={raw!r} must be a number of seconds > 0 "
+                          f"(default {DEFAULT_PLACEMENT_TIMEOUT_S:g}).")
+    return value
 
 
 @ray.remote
@@ -34,18 +74,32 @@ class _WorkerActor:
     def describe(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def run(self, boot: dict[str, Any]) -> int:
+    def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
         from cairn._src.execution.worker_main import run_from_bootstrap
 
+        os.environ.update(env)
         return run_from_bootstrap(boot)
+
+
+def _node_is_alive(node_id: str) -> bool | None:
+    """Whether the cluster still counts ``node_id`` alive; None if it cannot tell."""
+    try:
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+    except Exception:
+        return None
+    for node in nodes:
+        if node.get("NodeID") == node_id:
+            return bool(node.get("Alive"))
+    return False
 
 
 class _RefWatcher:
     """A pipe that becomes readable when the actor's ``run`` task ends, however it ends."""
 
-    def __init__(self, ref: Any, name: str) -> None:
+    def __init__(self, ref: Any, name: str, node_id: str) -> None:
         self._read_fd, self._write_fd = os.pipe()
         self.outcome: str | None = None
+        self._node_id = node_id
         self._done = threading.Event()
         threading.Thread(target=self._wait, args=(ref,), name=name, daemon=True).start()
 
@@ -54,9 +108,15 @@ class _RefWatcher:
             code = ray.get(ref)
             self.outcome = f"exited with code {code}"
         except ray.exceptions.RayActorError as exc:
-            self.outcome = f"died ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            if self._node_id and _node_is_alive(self._node_id) is False:
+                self.outcome = (f"was lost with its Ray node {self._node_id[:12]} "
+                                f"({type(exc).__name__}: {first})")
+            else:
+                self.outcome = f"died ({type(exc).__name__}: {first})"
         except Exception as exc:
-            self.outcome = f"failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.outcome = f"failed ({type(exc).__name__}: {first})"
         self._done.set()
         try:
             os.write(self._write_fd, b"x")
@@ -83,7 +143,7 @@ class RayWorker:
         self.actor = actor
         self.node_id = node_id
         self._pid = pid
-        self.exit_watcher = _RefWatcher(ref, f"cairn-ray-exit-{rank}")
+        self.exit_watcher = _RefWatcher(ref, f"cairn-ray-exit-{rank}", node_id)
 
     @property
     def pid(self) -> int:
@@ -96,6 +156,56 @@ class RayWorker:
         return self.exit_watcher.wait(timeout)
 
 
+def _format_resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items())) or "none"
+
+
+def describe_shortfall(bundle: dict[str, float], num_workers: int, strategy: str,
+                       nodes: list[dict[str, Any]], available: dict[str, float]) -> str:
+    """What the cluster lacks to place ``num_workers`` bundles: a sentence for an error.
+
+    ``nodes`` are ``ray.nodes()`` entries, ``available`` is ``ray.available_resources()``.
+    """
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    total: dict[str, float] = {}
+    for resources in alive:
+        for name, value in resources.items():
+            total[name] = total.get(name, 0.0) + float(value)
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    problems = []
+    absent = sorted(name for name in wanted if total.get(name, 0.0) <= 0)
+    if absent:
+        problems.append("no node has " + ", ".join(repr(name) for name in absent))
+    short = {name: value * num_workers for name, value in wanted.items()
+             if name not in absent and value * num_workers > total.get(name, 0.0) + 1e-9}
+    if short:
+        problems.append("the workers need " + _format_resources(short) + " in all, the cluster "
+                        "has " + _format_resources({n: total.get(n, 0.0) for n in short}))
+    fitting = sum(all(float(r.get(name, 0.0)) + 1e-9 >= value for name, value in wanted.items())
+                  for r in alive)
+    if not absent and fitting == 0:
+        problems.append("no node is large enough for one worker")
+    elif strategy == "STRICT_SPREAD" and fitting < num_workers:
+        problems.append(f"STRICT_SPREAD needs {num_workers} nodes that fit a worker, the cluster "
+                        f"has {fitting}")
+    everything = {name: value * num_workers for name, value in wanted.items()}
+    if strategy == "STRICT_PACK" and not problems and not any(
+            all(float(r.get(n, 0.0)) + 1e-9 >= v for n, v in everything.items())
+            for r in alive):
+        problems.append("STRICT_PACK needs one node with " + _format_resources(everything))
+    if not problems:
+        busy = {name: value for name, value in everything.items()
+                if available.get(name, 0.0) + 1e-9 < value}
+        problems.append("the resources exist but are in use: available now "
+                        + _format_resources({n: available.get(n, 0.0) for n in busy or wanted})
+                        + " (other runs or actors hold the rest, or a lost node has not been "
+                        "replaced yet)")
+    cluster = {n: v for n, v in total.items()
+               if n not in _BOOKKEEPING and not n.startswith("node:")}
+    return (f"{'; '.join(problems)}. The cluster has {len(alive)} alive "
+            f"{'node' if len(alive) == 1 else 'nodes'} with {_format_resources(cluster)}")
+
+
 class RayBackend:
     """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
 
@@ -106,7 +216,7 @@ class RayBackend:
         self._scaling = scaling
         self._env = env or {}
         self.workers: list[RayWorker] = []
-        self._group: Any = None
+        self._group: PlacementGroup | None = None
 
     def advertise_host(self) -> str:
         self._ensure_ray()
@@ -131,36 +241,120 @@ class RayBackend:
         bundle.update(self._scaling.additional_resources_per_worker)
         return bundle
 
+    def _describe_request(self, bundle: dict[str, float], num_workers: int) -> str:
+        return (f"{num_workers} {'worker' if num_workers == 1 else 'workers'} "
+                f"({_format_resources(bundle)} each, strategy "
+                f"{self._scaling.placement_strategy})")
+
+    def _place(self, bundle: dict[str, float], num_workers: int,
+               timeout_s: float) -> PlacementGroup:
+        group: PlacementGroup = placement_group([bundle] * num_workers,
+                                                strategy=self._scaling.placement_strategy)
+        self._group = group
+        ready = group.ready()
+        request = self._describe_request(bundle, num_workers)
+        notice_s = min(_PLACEMENT_NOTICE_S, timeout_s)
+        done, _ = ray.wait([ready], timeout=notice_s)
+        if not done:
+            logger.warning("Waiting for the Ray cluster to place %s, up to %gs (%s): %s",
+                           request, timeout_s, PLACEMENT_TIMEOUT_ENV, self._shortfall(
+                               bundle, num_workers))
+            done, _ = ray.wait([ready], timeout=max(0.0, timeout_s - notice_s))
+        if not done:
+            shortfall = self._shortfall(bundle, num_workers)
+            self._remove_group()
+            raise PlacementTimeoutError(
+                f"The Ray cluster could not place {request} within {timeout_s:g}s: "
+                f"{shortfall}. Add nodes with these resources, lower "
+                "ScalingConfig.num_workers or resources_per_worker, or wait longer with "
+                f"{PLACEMENT_TIMEOUT_ENV}=<seconds>.")
+        return group
+
+    def _shortfall(self, bundle: dict[str, float], num_workers: int) -> str:
+        return describe_shortfall(
+            bundle, num_workers, self._scaling.placement_strategy,
+            ray.nodes(), ray.available_resources())  # type: ignore[no-untyped-call]
+
     def start(self, num_workers: int, bootstrap: Bootstrap, *,
               env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        timeout_s = placement_timeout_s()
         self._ensure_ray()
         bundle = self._bundle()
-        self._group = placement_group([bundle] * num_workers,
-                                      strategy=self._scaling.placement_strategy)
-        ray.get(self._group.ready())
+        group = self._place(bundle, num_workers, timeout_s)
         path = os.pathsep.join(p for p in sys.path if p)
+        # One runtime environment for every actor (Ray sets up each distinct one apart);
+        # the per-rank variables are set by the actor itself once its rank is known.
         base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
                     "CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": str(num_workers)}
         actors = []
-        for rank in range(num_workers):
+        for index in range(num_workers):
             options: dict[str, Any] = {
                 "num_cpus": bundle.get("CPU", 0.0),
                 "num_gpus": bundle.get("GPU", 0.0),
                 "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=self._group, placement_group_bundle_index=rank),
-                "runtime_env": {"env_vars": {**base_env, "CAIRN_RANK": str(rank)}},
+                    placement_group=group, placement_group_bundle_index=index),
+                "runtime_env": {"env_vars": base_env},
                 "max_restarts": 0,
             }
             actors.append(_WorkerActor.options(**options).remote())  # type: ignore[attr-defined]
-        described = ray.get([actor.describe.remote() for actor in actors])
+        described = self._describe(actors, timeout_s)
+        # Ranks on one node are contiguous, nodes in the order of their first bundle.
+        node_order: dict[str, int] = {}
+        for _, _, node_id in described:
+            node_order.setdefault(node_id, len(node_order))
+        placed = sorted(zip(actors, described, strict=True),
+                        key=lambda item: (node_order[item[1][2]], item[1][0]))
+        per_node = {node: sum(1 for _, (_, _, n) in placed if n == node) for node in node_order}
         self.workers = []
-        for rank, (actor, (pid, node_id)) in enumerate(zip(actors, described, strict=True)):
-            ref = actor.run.remote(bootstrap.body(rank))
+        local_ranks: dict[str, int] = {}
+        for rank, (actor, (_, pid, node_id)) in enumerate(placed):
+            local_rank = local_ranks.get(node_id, 0)
+            local_ranks[node_id] = local_rank + 1
+            rank_env = {"CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
+                        "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}
+            ref = actor.run.remote(bootstrap.body(rank), rank_env)
             self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
-        logger.info("Started %d Ray workers on %d nodes", num_workers,
-                    len({w.node_id for w in self.workers}))
+        logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
         return list(self.workers)
+
+    def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:
+        """(bundle index, pid, node id) of each actor once it runs, in bundle order.
+
+        An actor that died while starting (its node lost, a broken runtime environment)
+        gets pid -1: its ``run`` task fails at once and the controller sees that rank's
+        failure like any other. Actors not started within ``timeout_s`` fail the start.
+        """
+        refs = [actor.describe.remote() for actor in actors]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            missing = sorted(refs.index(ref) for ref in pending)
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            self._remove_group()
+            raise PlacementTimeoutError(
+                f"{len(missing)} of {len(actors)} Ray worker actors (placement bundles "
+                f"{', '.join(map(str, missing))}) did not start within {timeout_s:g}s of "
+                "their placement: their node may be overloaded or setting up the runtime "
+                f"environment; wait longer with {PLACEMENT_TIMEOUT_ENV}=<seconds>.")
+        described = []
+        for index, ref in enumerate(refs):
+            try:
+                pid, node_id = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                logger.warning("Ray worker actor %d failed as it started: %s", index,
+                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                pid, node_id = -1, f"unknown-{index}"
+            described.append((index, pid, node_id))
+        return described
+
+    def _remove_group(self) -> None:
+        if self._group is not None:
+            try:
+                remove_placement_group(self._group)
+            except Exception as exc:
+                logger.debug("Could not remove the placement group: %s", exc)
+            self._group = None
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
         for worker in self.workers:
@@ -171,9 +365,7 @@ class RayBackend:
             worker.wait_exit(10.0)
             worker.exit_watcher.close()
         self.workers = []
-        if self._group is not None:
-            remove_placement_group(self._group)
-            self._group = None
+        self._remove_group()
 
     def kill(self) -> None:
         self.shutdown(grace_s=0.0)

@@ -1,0 +1,119 @@
+"""A node of the Ray cluster removed mid-run (``cluster.remove_node``).
+
+Every rank holds after a committed SYNC checkpoint; the test removes the node of one
+rank. The lost worker is noticed through its actor's death and its closed connection
+(no polling), the group is torn down and started again, on the nodes that are left
+when they fit it, or else once capacity returns (the placement wait is logged and
+bounded), and every rank resumes from the latest committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from invariants import check_run, run_dir
+
+import cairn
+from cairn import FailureConfig, ScalingConfig, Trainer
+from cairn._src.run.layout import EVENTS_DIR
+from cairn._src.run.segment_log import read_log
+from cairn._src.storage.location import resolve
+
+from . import cluster_workloads
+from .conftest import RayCluster
+
+pytestmark = pytest.mark.slow
+
+RunConfigFactory = Callable[..., cairn.RunConfig]
+HOLD_AT = 1
+
+
+class _PlacementWaitSeen(logging.Handler):
+    """Set when the backend logs that it waits for the cluster to place the workers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Waiting for the Ray cluster to place"):
+            self.seen.set()
+
+
+def wait_for_files(paths: list[str], stop: threading.Event, timeout: float = 240.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if stop.is_set() or time.monotonic() > deadline:
+            return False
+        stop.wait(0.01)
+    return True
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_node_removed_mid_run_restarts_and_resumes(
+    workers: int, cluster: RayCluster, run_config: RunConfigFactory, scratch: str,
+) -> None:
+    config = run_config(failure_config=FailureConfig(max_failures=1))
+    waits = _PlacementWaitSeen()
+    logging.getLogger("cairn.ray_backend").addHandler(waits)
+    outcome: dict[str, Any] = {}
+    ended = threading.Event()
+
+    def fit() -> None:
+        try:
+            outcome["result"] = Trainer(
+                cluster_workloads.hold_after,
+                train_loop_config={"steps": 4, "hold_at": HOLD_AT, "scratch": scratch},
+                scaling_config=ScalingConfig(num_workers=workers, backend="ray"),
+                run_config=config,
+            ).fit()
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            ended.set()
+
+    # The driver runs on a thread: Ray adds nodes only from the main thread.
+    driver = threading.Thread(target=fit, name="driver", daemon=True)
+    driver.start()
+    try:
+        holding = [os.path.join(scratch, f"holding_{rank}") for rank in range(workers)]
+        assert wait_for_files(holding, ended), outcome.get("error")
+        # The last rank's node: with one CPU per node, no other rank shares it.
+        nodes = {rank: json.load(open(os.path.join(scratch, f"node_0_{rank}")))
+                 for rank in range(workers)}
+        head = cluster.cluster.head_node.node_id
+        lost = next(r for r in reversed(range(workers)) if nodes[r] != head)
+        cluster.cluster.remove_node(cluster.worker_node(nodes[lost]))
+        if workers == 3:
+            # Two nodes are left for three workers: capacity returns once the restart
+            # waits for it.
+            assert waits.seen.wait(240), outcome.get("error")
+            cluster.add_node()
+        driver.join(300)
+    finally:
+        logging.getLogger("cairn.ray_backend").removeHandler(waits)
+    assert not driver.is_alive() and "error" not in outcome, outcome.get("error")
+    result: cairn.Result = outcome["result"]
+    check_run(run_dir(config), scratch)
+    assert result.goodput.attempts == 2 and result.goodput.failures == 1
+    # The failure is the lost rank's, not that of the ranks torn down after it.
+    failures = [e for e in read_events(run_dir(config)) if e.get("type") == "failure"]
+    assert failures[0]["ranks"] == [lost]
+    assert f"Worker rank {lost}" in failures[0]["reason"]
+    # Every rank resumed from the checkpoint of the step it held at, none behind it, and
+    # none on the lost node.
+    for rank in range(workers):
+        assert json.load(open(os.path.join(scratch, f"resumed_1_{rank}"))) == HOLD_AT + 1
+        assert json.load(open(os.path.join(scratch, f"node_1_{rank}"))) != nodes[lost]
+    assert result.metrics == {"step": 3}
+
+
+def read_events(directory: str) -> list[dict[str, Any]]:
+    return list(read_log(resolve(directory).join(EVENTS_DIR), cairn.RetryPolicy()))
