@@ -37,7 +37,7 @@ from cairn._src.errors import (
 from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.goodput.summary import GoodputSummary
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.train.api import get_checkpoint, get_context, report
+from cairn._src.train.api import get_checkpoint, get_context, get_dataset_shard, report
 from cairn._src.train.callbacks import Callback, UserCallback
 from cairn._src.train.context import TrainContext
 from cairn._src.train.reported import (
@@ -111,5 +111,6 @@ __all__ = [
     "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "report",
 ]

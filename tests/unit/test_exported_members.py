@@ -18,7 +18,7 @@ def test_exported_members() -> None:
         "TrainContext", "Trainer", "TrainingFailedError", "UnknownSchemeError", "UnsafePathError",
         "UserCallback", "ValidationConfig", "ValidationFn", "ValidationTaskConfig",
         "WorkerGroupError", "WorkerProcessError", "get_all_reported_checkpoints", "get_checkpoint",
-        "get_context", "report",
+        "get_context", "get_dataset_shard", "report",
     ]
     for name in cairn.__all__:
         assert getattr(cairn, name).__module__.startswith("cairn")

@@ -67,6 +67,7 @@ from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.registry import export_registrations
 from cairn._src.train.callbacks import CallbackDispatcher, TrainRunContext
+from cairn._src.train.datasets import DatasetSplit, split_datasets
 
 logger = logging.getLogger("cairn.controller")
 
@@ -95,6 +96,8 @@ class TrainSpec:
     attempt_env: Callable[[int], dict[str, str]] | None = None
     # Trainer(validation_config=...): a cairn.ValidationConfig, or None.
     validation_config: Any = None
+    # Trainer(datasets=...): Ray Data datasets by name, split at each attempt's start.
+    datasets: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +153,7 @@ class Controller:
         self._channels = WorkerChannels(self._backend.advertise_host(),
                                         tls=tls_enabled(scaling.tls))
         self._storage_token: str | None = None
+        self._dataset_split: DatasetSplit | None = None
         self._callbacks = CallbackDispatcher(
             run_config.callbacks,
             TrainRunContext(run_config=run_config, train_loop_config=spec.config,
@@ -283,6 +287,10 @@ class Controller:
         bootstrap = Bootstrap((self._backend.advertise_host(), port), self._channels.authkey,
                               number, tls_certificate=self._channels.certificate_pem)
         attempt.workers = self._backend.start(self._scaling.max_workers, bootstrap, env=env)
+        # One shard per worker of this attempt, produced near it (train/datasets.py).
+        self._dataset_split = split_datasets(
+            self._spec.datasets, [w.node_id for w in attempt.workers]
+        ) if self._spec.datasets else None
         return attempt
 
     def _setup_message(self, attempt: Attempt, rank: int) -> SetupMessage:
@@ -311,6 +319,9 @@ class Controller:
             teardown_hooks=teardown,
             validation=self._spec.validation_config is not None,
             storage_token=self._storage_token,
+            dataset_names=tuple(self._spec.datasets),
+            dataset_shards=(self._dataset_split.payloads[rank] if self._dataset_split
+                            else None),
         )
 
     # --- the event loop ------------------------------------------------------------------

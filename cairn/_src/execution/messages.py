@@ -146,6 +146,9 @@ class SetupMessage:
     validation: bool = False
     # The token of the storage check marker the driver wrote (storage_check), or None.
     storage_token: str | None = None
+    # Trainer(datasets=...): the names, and this rank's pickled {name: DataIterator}.
+    dataset_names: tuple[str, ...] = ()
+    dataset_shards: bytes | None = None
 
 
 @dataclass(frozen=True)

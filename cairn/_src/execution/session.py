@@ -56,6 +56,7 @@ from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import compute_entries, upload_directory
 from cairn._src.train.context import RunStorage, TrainContext
+from cairn._src.train.datasets import DatasetShards
 from cairn._src.train.reported import CheckpointConsistencyMode, ReportedCheckpoint
 from cairn._src.train.validation_config import task_for_report
 
@@ -116,6 +117,7 @@ class WorkerSession:
             attempt=setup.attempt,
             storage=RunStorage(setup.run),
         )
+        self.datasets = DatasetShards(setup.dataset_names, setup.dataset_shards)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index

@@ -46,6 +46,7 @@ class TorchTrainer(Trainer):
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         validation_config: ValidationConfig | None = None,
+        datasets: dict[str, Any] | None = None,
         resume_from_checkpoint: object = None,
         metadata: object = None,
     ) -> None:
@@ -57,6 +58,7 @@ class TorchTrainer(Trainer):
             scaling_config=scaling_config,
             run_config=run_config,
             validation_config=validation_config,
+            datasets=datasets,
         )
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(

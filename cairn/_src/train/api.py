@@ -60,6 +60,17 @@ def get_checkpoint() -> Checkpoint | None:
     return get_session("get_checkpoint").get_checkpoint()
 
 
+def get_dataset_shard(dataset_name: str | None = None) -> Any:
+    """This worker's shard of ``Trainer(datasets={dataset_name: ...})``, as in Ray Train:
+    a ``ray.data.DataIterator`` (``iter_batches()``, ``iter_torch_batches()``).
+
+    The datasets are split anew at each start of the worker group, one shard per worker
+    of that attempt. ``dataset_name`` may be left out when there is one dataset; a name
+    the trainer does not have raises :class:`ConfigError` naming the ones it has.
+    """
+    return get_session("get_dataset_shard").datasets.get(dataset_name)
+
+
 def get_context() -> TrainContext:
     """This worker's rank, world size, run name, attempt number and storage."""
     return get_session("get_context").context

@@ -39,6 +39,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import scheme_of
 from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
+from cairn._src.train.datasets import check_datasets
 from cairn._src.train.result import Result, build_result
 from cairn._src.train.validation_config import ValidationConfig
 
@@ -80,6 +81,7 @@ class Trainer:
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         validation_config: ValidationConfig | None = None,
+        datasets: dict[str, Any] | None = None,
         resume_from_checkpoint: object = None,
         metadata: object = None,
     ) -> None:
@@ -113,6 +115,8 @@ class Trainer:
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
+        # Ray Data datasets, split per attempt into one shard per worker (Ray backend).
+        self.datasets = check_datasets(datasets, backend=self.scaling_config.backend)
         # Extension points for framework trainers (cairn.torch.TorchTrainer): run in every
         # worker before / after the train function, and environment per attempt.
         self._setup_hooks: list[Callable[[Any], None]] = []
@@ -173,7 +177,8 @@ class Trainer:
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
                              self._pass_config, list(self._setup_hooks),
                              list(self._teardown_hooks), self._attempt_env,
-                             validation_config=self.validation_config)
+                             validation_config=self.validation_config,
+                             datasets=self.datasets)
             controller = Controller(spec, self.scaling_config, self.run_config, manager,
                                     history, events, experiment_name=self._run_name,
                                     next_report_index=next_index)
