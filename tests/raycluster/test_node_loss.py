@@ -90,6 +90,7 @@ def test_node_removed_mid_run_restarts_and_resumes(
                  for rank in range(workers)}
         head = cluster.cluster.head_node.node_id
         lost = next(r for r in reversed(range(workers)) if nodes[r] != head)
+        waits.seen.clear()  # only the restart's wait counts
         cluster.cluster.remove_node(cluster.worker_node(nodes[lost]))
         if workers == 3:
             # Two nodes are left for three workers: capacity returns once the restart

@@ -15,7 +15,7 @@ from cairn._src.execution.ray_backend import (
     PLACEMENT_TIMEOUT_ENV,
     PlacementTimeoutError,
     describe_shortfall,
-    placement_timeout_s,
+    read_placement_timeout,
 )
 
 from . import cluster_workloads
@@ -100,9 +100,9 @@ def test_placement_timeout_has_a_default_and_reads_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(PLACEMENT_TIMEOUT_ENV, raising=False)
-    assert placement_timeout_s() == 120.0
+    assert read_placement_timeout() == 120.0
     monkeypatch.setenv(PLACEMENT_TIMEOUT_ENV, "2.5")
-    assert placement_timeout_s() == 2.5
+    assert read_placement_timeout() == 2.5
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-3", "nan", "inf"])
@@ -111,7 +111,17 @@ def test_bad_placement_timeout_is_refused(value: str, monkeypatch: pytest.Monkey
     with pytest.raises(cairn.ConfigError,
                        match=rf"{PLACEMENT_TIMEOUT_ENV}='{value}' must be a number of seconds "
                              r"> 0 \(default 120\)"):
-        placement_timeout_s()
+        read_placement_timeout()
+
+
+def test_bad_placement_timeout_fails_fit_before_anything_starts(
+    run_config: RunConfigFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PLACEMENT_TIMEOUT_ENV, "soon")
+    with pytest.raises(cairn.ConfigError, match=rf"{PLACEMENT_TIMEOUT_ENV}='soon' must be"):
+        Trainer(cluster_workloads.placement_facts, train_loop_config={"scratch": "-"},
+                scaling_config=ScalingConfig(num_workers=2, backend="ray"),
+                run_config=run_config()).fit()
 
 
 def node(alive: bool = True, **resources: float) -> dict[str, object]:

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import ray
@@ -54,7 +55,7 @@ class PlacementTimeoutError(CairnError, TimeoutError):
     resources it lacks and how to wait longer."""
 
 
-def placement_timeout_s() -> float:
+def read_placement_timeout() -> float:
     """Seconds to wait for a placement group, and for its actors to start."""
     raw = os.environ.get(PLACEMENT_TIMEOUT_ENV)
     if raw is None or raw.strip() == "":
@@ -212,9 +213,13 @@ class RayBackend:
     name = "ray"
     bind_host = "0.0.0.0"
 
-    def __init__(self, scaling: ScalingConfig, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, scaling: ScalingConfig, *, env: dict[str, str] | None = None,
+                 placement_timeout_s: float | None = None) -> None:
         self._scaling = scaling
         self._env = env or {}
+        # Read when the run is set up, so a bad value fails fit() before anything starts.
+        self.placement_timeout_s = (read_placement_timeout() if placement_timeout_s is None
+                                    else placement_timeout_s)
         self.workers: list[RayWorker] = []
         self._group: PlacementGroup | None = None
 
@@ -277,7 +282,7 @@ class RayBackend:
 
     def start(self, num_workers: int, bootstrap: Bootstrap, *,
               env: dict[str, str] | None = None) -> list[WorkerHandle]:
-        timeout_s = placement_timeout_s()
+        timeout_s = self.placement_timeout_s
         self._ensure_ray()
         bundle = self._bundle()
         group = self._place(bundle, num_workers, timeout_s)
@@ -357,8 +362,9 @@ class RayBackend:
             self._group = None
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
+        deadline = time.monotonic() + max(0.0, grace_s)
         for worker in self.workers:
-            if not worker.wait_exit(grace_s if grace_s > 0 else 0.0):
+            if not worker.wait_exit(max(0.0, deadline - time.monotonic())):
                 ray.kill(worker.actor, no_restart=True)
         for worker in self.workers:
             ray.kill(worker.actor, no_restart=True)
