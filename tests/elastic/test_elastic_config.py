@@ -56,7 +56,7 @@ def report_world_size() -> tuple[int, int]:
     return context.get_world_rank(), context.get_world_size()
 
 
-def test_the_local_backend_runs_the_most_workers_and_says_so(
+def test_the_local_backend_runs_max_workers(
     run_config: RunConfigFactory,
 ) -> None:
     result = Trainer(report_world_size, scaling_config=ScalingConfig(num_workers=(1, 3)),

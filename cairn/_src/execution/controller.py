@@ -273,20 +273,25 @@ class Controller:
             first_report_index=self._next_report_index,
             started_at=time.time(),
         )
-        self._services = AttemptServices(self._scaling.max_workers, self._manager,
-                                         self._validations, self._run_config.checkpoint_config)
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
         self._events.flush()
         self._view.on_attempt_start(number, attempt.started_at,
                                     resume.dir_name if resume else None)
-        logger.info("Attempt %d: %d workers, resuming from %s", number,
-                    self._scaling.max_workers, resume.dir_name if resume else "scratch")
         port = self._channels.port
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
         bootstrap = Bootstrap((self._backend.advertise_host(), port), self._channels.authkey,
                               number, tls_certificate=self._channels.certificate_pem)
         attempt.workers = self._backend.start(self._scaling.max_workers, bootstrap, env=env)
+        # The world of this attempt is the group the backend started: an elastic range
+        # (ScalingConfig.min_workers .. max_workers) may get fewer than it asked for.
+        world_size = len(attempt.workers)
+        attempt.tracker = ReportTracker(world_size, used_dir_names=used)
+        self._services = AttemptServices(world_size, self._manager, self._validations,
+                                         self._run_config.checkpoint_config)
+        self._callbacks.set_world_size(world_size)
+        logger.info("Attempt %d: %d workers, resuming from %s", number, world_size,
+                    resume.dir_name if resume else "scratch")
         # One shard per worker of this attempt, produced near it (train/datasets.py).
         self._dataset_split = split_datasets(
             self._spec.datasets, [w.node_id for w in attempt.workers]

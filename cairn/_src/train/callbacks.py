@@ -134,6 +134,11 @@ class CallbackDispatcher:
         # skipped upload, say) is ignored. Indices only grow, across attempts too.
         self._delivered_through = 0
 
+    def set_world_size(self, world_size: int) -> None:
+        """The size of the attempt starting now (an elastic run's may differ from the
+        last); reports of earlier attempts still pending are dropped, as they are."""
+        self._world_size = world_size
+
     def _call(self, hook: str, *args: Any) -> None:
         call_hooks(self._callbacks, hook, *args)
 
