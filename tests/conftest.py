@@ -204,3 +204,15 @@ def scratch(tmp_path: Path) -> str:
     path = tmp_path / "scratch"
     path.mkdir()
     return str(path)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Worker processes import this module's storage factories as `conftest`: another
+    # conftest.py in a directory without __init__.py takes that name and they fail to
+    # unpickle. Each test directory with a conftest.py must be a package.
+    module = sys.modules.get("conftest")
+    if module is not None and getattr(module, "__file__", None) != __file__:
+        raise pytest.UsageError(
+            f"{module.__file__} was imported as 'conftest', shadowing {__file__}: add an "
+            "__init__.py to its directory."
+        )
