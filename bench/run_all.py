@@ -48,6 +48,7 @@ Row = _harness.Row
 MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory",
            "resume_check", "small_files", "s3_transfer", "s3_resume")
 """Benchmark modules, in the order they run and appear in the table."""
+MODULES += ("train_step", "many_ranks")
 
 RAY_REFERENCE = "ray-reference"
 
