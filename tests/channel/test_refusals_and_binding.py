@@ -83,7 +83,7 @@ def _routable_address() -> str | None:
 def test_the_listener_binds_one_address_never_every_interface() -> None:
     channels = WorkerChannels("127.0.0.1")
     try:
-        assert channels._listener.getsockname()[0] == "127.0.0.1"
+        assert channels.address[0] == "127.0.0.1"
     finally:
         channels.close()
     address = _routable_address()
@@ -92,7 +92,7 @@ def test_the_listener_binds_one_address_never_every_interface() -> None:
     channels = WorkerChannels(address)
     channels.start()
     try:
-        assert channels._listener.getsockname()[0] == address
+        assert channels.address[0] == address
         # Not on loopback: only the driver node's address answers.
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", channels.port), EVENT_TIMEOUT_S)

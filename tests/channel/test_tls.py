@@ -86,9 +86,7 @@ def test_both_certificate_generators_make_a_working_channel(generator: str) -> N
         pytest.skip("no openssl command")
     certificate = make_run_certificate("127.0.0.1", generator=generator)
     assert certificate.certificate_pem.startswith("-----BEGIN CERTIFICATE-----")
-    channels = WorkerChannels("127.0.0.1")
-    # The channel's own certificate replaced by one of this generator.
-    channels._certificate = certificate
+    channels = WorkerChannels("127.0.0.1", certificate=certificate)
     channels.start()
     try:
         worker, controller = connect_worker(channels)

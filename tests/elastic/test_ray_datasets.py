@@ -98,7 +98,8 @@ def test_an_unknown_dataset_name_fails_the_run_naming_the_datasets(
     ray_cluster: None, run_config: RunConfigFactory, scratch: str
 ) -> None:
     with pytest.raises(cairn.TrainingFailedError,
-                       match=r"\[ranks 0, 1\] ConfigError: get_dataset_shard\('nope'\): the "
+                       # Either rank may fail first; the other may follow within the grace.
+                       match=r"\[ranks? [01, ]+\] ConfigError: get_dataset_shard\('nope'\): the "
                        r"Trainer has no dataset named 'nope'; it has 'train'"):
         Trainer(dataset_workloads.read_shard,
                 train_loop_config={"scratch": scratch, "name": "nope"},

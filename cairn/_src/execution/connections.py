@@ -33,7 +33,7 @@ from cairn._src.execution.channel_security import (
     is_same_host,
 )
 from cairn._src.execution.local_backend import abort_connection, disable_nagle
-from cairn._src.execution.tls import make_run_certificate, open_server_tunnel
+from cairn._src.execution.tls import RunCertificate, make_run_certificate, open_server_tunnel
 from cairn._src.execution.worker_errors import WorkerFailure
 
 logger = logging.getLogger("cairn.connections")
@@ -48,16 +48,20 @@ class WorkerChannels:
     ``bind_host`` is the one address the listener binds: loopback for the local backend,
     the driver node's address on a cluster (never every interface). With ``tls`` the
     channel is encrypted with a certificate made for this run (:mod:`tls`);
-    :attr:`certificate_pem` is then what workers must trust. ``same_host(peer, bind_host)``
+    :attr:`certificate_pem` is then what workers must trust (``certificate`` gives one
+    made beforehand, and implies TLS). ``same_host(peer, bind_host)``
     tells which peers run on the driver's machine: without TLS, sends to any other peer
     carry no storage credentials (:mod:`channel_security`).
     """
 
     def __init__(self, bind_host: str, *, tls: bool = False,
+                 certificate: RunCertificate | None = None,
                  same_host: Callable[[str, str], bool] = is_same_host) -> None:
         self.authkey = secrets.token_bytes(32)
         self.bind_host = bind_host
-        self._certificate = make_run_certificate(bind_host) if tls else None
+        if certificate is None and tls:
+            certificate = make_run_certificate(bind_host)
+        self._certificate = certificate
         self._same_host = same_host
         self.refusals = RefusalLog()
         self._stripped_for: set[str] = set()
@@ -74,6 +78,12 @@ class WorkerChannels:
     def certificate_pem(self) -> str | None:
         """The run's TLS certificate for workers to trust (None without TLS)."""
         return self._certificate.certificate_pem if self._certificate else None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address the listener is bound to."""
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
 
     @property
     def port(self) -> int:
