@@ -22,6 +22,7 @@ from invariants import check_run, run_dir
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
+from cairn._src.execution.ray_backend import PLACEMENT_TIMEOUT_ENV, PlacementTimeoutError
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.location import resolve
@@ -118,3 +119,56 @@ def test_node_removed_mid_run_restarts_and_resumes(
 
 def read_events(directory: str) -> list[dict[str, Any]]:
     return list(read_log(resolve(directory).join(EVENTS_DIR), cairn.RetryPolicy()))
+
+
+def test_capacity_that_does_not_return_fails_clearly_and_a_rerun_resumes(
+    cluster: RayCluster, run_config: RunConfigFactory, scratch: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = run_config(failure_config=FailureConfig(max_failures=1))
+    job = {"steps": 4, "hold_at": HOLD_AT, "scratch": scratch}
+    outcome: dict[str, Any] = {}
+    ended = threading.Event()
+
+    def fit() -> None:
+        try:
+            Trainer(cluster_workloads.hold_after, train_loop_config=job,
+                    scaling_config=ScalingConfig(num_workers=3, backend="ray"),
+                    run_config=config).fit()
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            ended.set()
+
+    driver = threading.Thread(target=fit, name="driver", daemon=True)
+    driver.start()
+    holding = [os.path.join(scratch, f"holding_{rank}") for rank in range(3)]
+    assert wait_for_files(holding, ended), outcome.get("error")
+    nodes = [json.load(open(os.path.join(scratch, f"node_0_{rank}"))) for rank in range(3)]
+    lost = next(n for n in nodes if n != cluster.cluster.head_node.node_id)
+    # The restart reads the timeout afresh: it waits 3 s for a node that never comes back.
+    monkeypatch.setenv(PLACEMENT_TIMEOUT_ENV, "3")
+    cluster.cluster.remove_node(cluster.worker_node(lost))
+    driver.join(300)
+    assert not driver.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, PlacementTimeoutError), error
+    with pytest.raises(PlacementTimeoutError,
+                       match=r"could not place 3 workers \(CPU 1 each, strategy PACK\) within "
+                             r"3s: the workers need CPU 3 in all, the cluster has CPU 2\. The "
+                             r"cluster has 2 alive nodes with CPU 2\. Add nodes"):
+        raise error
+    # Once capacity is back, running the same fit() again continues the run from the
+    # checkpoint of the step the first run held at.
+    cluster.add_node()
+    monkeypatch.delenv(PLACEMENT_TIMEOUT_ENV)
+    result = Trainer(cluster_workloads.hold_after, train_loop_config=job,
+                     scaling_config=ScalingConfig(num_workers=3, backend="ray"),
+                     run_config=config).fit()
+    check_run(run_dir(config), scratch)
+    attempt = result.goodput.attempts - 1
+    assert attempt >= 1
+    for rank in range(3):
+        resumed = json.load(open(os.path.join(scratch, f"resumed_{attempt}_{rank}")))
+        assert resumed == HOLD_AT + 1
+    assert result.metrics == {"step": 3}

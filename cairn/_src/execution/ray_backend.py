@@ -7,10 +7,11 @@ thread per worker waits on and turns into a readable pipe for the controller: no
 
 Waits on the cluster are bounded: the placement group must be ready, and the actors
 started, within ``CAIRN_RAY_PLACEMENT_TIMEOUT_S`` seconds each (default
-:data:`DEFAULT_PLACEMENT_TIMEOUT_S`); past that, :class:`PlacementTimeoutError` names the
-resources the cluster lacks. After a lost node the next attempt waits there for capacity
-to return (a replaced node, an autoscaler), then resumes from the latest committed
-checkpoint.
+:data:`DEFAULT_PLACEMENT_TIMEOUT_S`, read at each start of the group); past that,
+:class:`PlacementTimeoutError` names the resources the cluster lacks and ends ``fit()``
+(the run stays resumable: ``fit()`` again continues it). After a lost node the next
+attempt waits there for capacity to return (a replaced node, an autoscaler), then resumes
+from the latest committed checkpoint.
 
 Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
 first bundle), so node rank, local rank and local world size describe the real machines.
@@ -217,9 +218,11 @@ class RayBackend:
                  placement_timeout_s: float | None = None) -> None:
         self._scaling = scaling
         self._env = env or {}
-        # Read when the run is set up, so a bad value fails fit() before anything starts.
-        self.placement_timeout_s = (read_placement_timeout() if placement_timeout_s is None
-                                    else placement_timeout_s)
+        # The environment is read at each start of the group (a restart may need to wait
+        # longer than the first start) and checked now, so a bad value fails fit() first.
+        self._placement_timeout_s = placement_timeout_s
+        if placement_timeout_s is None:
+            read_placement_timeout()
         self.workers: list[RayWorker] = []
         self._group: PlacementGroup | None = None
 
@@ -258,13 +261,17 @@ class RayBackend:
         self._group = group
         ready = group.ready()
         request = self._describe_request(bundle, num_workers)
+        started = time.monotonic()
         notice_s = min(_PLACEMENT_NOTICE_S, timeout_s)
         done, _ = ray.wait([ready], timeout=notice_s)
-        if not done:
+        if not done and timeout_s > notice_s:
             logger.warning("Waiting for the Ray cluster to place %s, up to %gs (%s): %s",
                            request, timeout_s, PLACEMENT_TIMEOUT_ENV, self._shortfall(
                                bundle, num_workers))
             done, _ = ray.wait([ready], timeout=max(0.0, timeout_s - notice_s))
+            if done:
+                logger.info("The Ray cluster placed %s after %.1fs", request,
+                            time.monotonic() - started)
         if not done:
             shortfall = self._shortfall(bundle, num_workers)
             self._remove_group()
@@ -282,7 +289,8 @@ class RayBackend:
 
     def start(self, num_workers: int, bootstrap: Bootstrap, *,
               env: dict[str, str] | None = None) -> list[WorkerHandle]:
-        timeout_s = self.placement_timeout_s
+        timeout_s = (read_placement_timeout() if self._placement_timeout_s is None
+                     else self._placement_timeout_s)
         self._ensure_ray()
         bundle = self._bundle()
         group = self._place(bundle, num_workers, timeout_s)
