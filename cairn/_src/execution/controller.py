@@ -191,12 +191,13 @@ class Controller:
         self._commits.start()
         self._events.append({"type": "session_start", "t": time.time()})
         self._view.start()
-        # Every worker reads it back before training: storage a node cannot see fails now.
-        self._storage_token = write_storage_marker(self._manager.run, self._manager.retry)
         # How the session ended, for `cairn ls` and Result.from_path: "finished", "failed"
         # (with the error), or "interrupted" (Ctrl-C, or the driver itself broke).
         end: dict[str, Any] = {"status": "interrupted"}
         try:
+            # Every worker reads it back before training: storage a node cannot see fails
+            # the run at once.
+            self._storage_token = write_storage_marker(self._manager.run, self._manager.retry)
             outcome = self._run_attempts()
             end = ({"status": "finished"} if outcome.error is None
                    else {"status": "failed", "error": self._last_error})
@@ -327,6 +328,8 @@ class Controller:
             dataset_names=tuple(self._spec.datasets),
             dataset_shards=(self._dataset_split.payloads[rank] if self._dataset_split
                             else None),
+            local_tier_bytes=checkpoint_config.local_tier_bytes,
+            local_tier_dir=checkpoint_config.local_tier_dir,
         )
 
     # --- the event loop ------------------------------------------------------------------
