@@ -137,3 +137,43 @@ def test_shortfall_of_a_strict_spread_and_of_resources_in_use() -> None:
         "STRICT_PACK needs one node with CPU 8.")
     assert describe_shortfall({"CPU": 2}, 3, "PACK", nodes, {"CPU": 3}).startswith(
         "the resources exist but are in use: available now CPU 3 (other runs")
+
+
+SITECUSTOMIZE = '''
+import os, time
+_release = os.environ.get("CAIRN_TEST_HOLD_START")
+if _release:
+    while not os.path.exists(_release):
+        time.sleep(0.05)
+'''
+
+
+@pytest.mark.slow
+def test_actors_that_do_not_start_fail_with_a_bounded_wait(
+    cluster: RayCluster, run_config: RunConfigFactory, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: os.PathLike[str],
+) -> None:
+    # Every worker's interpreter hangs as it starts (a sitecustomize on its PYTHONPATH,
+    # which the driver's sys.path becomes) until the test releases it.
+    hook = os.path.join(os.fspath(tmp_path), "hook")
+    os.makedirs(hook)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    release = os.path.join(os.fspath(tmp_path), "release")
+    monkeypatch.syspath_prepend(hook)
+    monkeypatch.setenv(PLACEMENT_TIMEOUT_ENV, "2")
+    try:
+        with pytest.raises(PlacementTimeoutError,
+                           match=r"3 of 3 Ray worker actors \(placement bundles 0, 1, 2\) did "
+                                 r"not start within 2s of their placement: .* wait longer "
+                                 rf"with {PLACEMENT_TIMEOUT_ENV}=<seconds>\."):
+            Trainer(cluster_workloads.placement_facts, train_loop_config={"scratch": "-"},
+                    scaling_config=ScalingConfig(num_workers=3, backend="ray"),
+                    run_config=run_config(worker_env={"CAIRN_TEST_HOLD_START": release})).fit()
+    finally:
+        open(release, "w").close()
+    whole = placement_group([{"CPU": 1}] * 3)
+    try:
+        assert whole.wait(120)
+    finally:
+        remove_placement_group(whole)
