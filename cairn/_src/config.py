@@ -245,6 +245,12 @@ class CheckpointConfig:
       checkpoint fully and fall back from it on every rank. A checkpoint this driver
       committed itself is not re-checked at all. ``"full"``: every byte is read and
       checksummed on the driver before the workers start.
+    * ``local_tier_bytes``: with remote storage, each node keeps a copy of the newest
+      committed checkpoint, up to this many bytes per run, and a restarted worker on that
+      node restores from it, verified against the manifest (``0``, the default: off).
+    * ``local_tier_dir``: where that copy lives on each node (``None``:
+      ``CAIRN_LOCAL_TIER_DIR``, else ``cairn-local-tier`` in the temp directory; a
+      directory on ``/dev/shm`` keeps it in RAM).
     """
 
     num_to_keep: int | None = None
@@ -254,6 +260,8 @@ class CheckpointConfig:
     upload_failure_policy: UploadFailurePolicy = "fail"
     delete_unmanaged_checkpoints: bool = False
     verify_on_resume: Literal["sizes", "full"] = "sizes"
+    local_tier_bytes: int = 0
+    local_tier_dir: str | None = None
     checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
     checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
@@ -286,6 +294,13 @@ class CheckpointConfig:
             raise ConfigError(
                 f"CheckpointConfig.upload_failure_policy={self.upload_failure_policy!r} "
                 "is not one of 'fail', 'skip'."
+            )
+        _check_int("CheckpointConfig.local_tier_bytes", self.local_tier_bytes, minimum=0)
+        if self.local_tier_dir is not None and not (
+                isinstance(self.local_tier_dir, str) and os.path.isabs(self.local_tier_dir)):
+            raise ConfigError(
+                f"CheckpointConfig.local_tier_dir={self.local_tier_dir!r} must be an "
+                "absolute path (the same on every node) or None."
             )
 
 

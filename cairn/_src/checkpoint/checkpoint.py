@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from cairn._src.checkpoint import local_tier
 from cairn._src.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -133,7 +134,10 @@ class Checkpoint:
 
         ``path`` defaults to a new temporary directory. A committed checkpoint is copied
         as its manifest lists it and every file is verified; the manifest itself is not
-        copied, so the directory can be reported as a new checkpoint.
+        copied, so the directory can be reported as a new checkpoint. In a worker with a
+        local tier (``CheckpointConfig(local_tier_bytes=...)``) the files come from this
+        node's copy when it holds them all, verified the same way
+        (:mod:`.local_tier`).
         """
         manifest = self.get_manifest()
         if manifest is None:
@@ -143,13 +147,16 @@ class Checkpoint:
         else:
             target = os.path.abspath(os.fspath(path))
         try:
-            download_directory(
-                self._location,
-                target,
-                files=None if manifest is None else manifest.files,
-                verify=True,
-                retry=self._retry,
-            )
+            tier = local_tier.active()
+            if manifest is None or tier is None or not tier.restore(
+                    self._manifest_location, manifest, target, self._retry):
+                download_directory(
+                    self._location,
+                    target,
+                    files=None if manifest is None else manifest.files,
+                    verify=True,
+                    retry=self._retry,
+                )
         except BaseException:
             if path is None:
                 shutil.rmtree(target, ignore_errors=True)

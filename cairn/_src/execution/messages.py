@@ -149,6 +149,9 @@ class SetupMessage:
     # Trainer(datasets=...): the names, and this rank's pickled {name: DataIterator}.
     dataset_names: tuple[str, ...] = ()
     dataset_shards: bytes | None = None
+    # CheckpointConfig.local_tier_bytes and local_tier_dir (0: no local tier).
+    local_tier_bytes: int = 0
+    local_tier_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from cairn._src.checkpoint import local_tier
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
+from cairn._src.checkpoint.local_tier import LocalTier
 from cairn._src.checkpoint.references import check_reference, check_upload_source
 from cairn._src.config import CheckpointUploadMode
 from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
@@ -118,6 +120,10 @@ class WorkerSession:
             storage=RunStorage(setup.run),
         )
         self.datasets = DatasetShards(setup.dataset_names, setup.dataset_shards)
+        # This node's copy of the newest committed checkpoint (None: off, or local storage):
+        # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
+        self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
+        local_tier.activate(self._tier)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -433,6 +439,9 @@ class WorkerSession:
                 return
             self._fail_handle(job.index, exc)
             raise
+        if self._tier is not None and message.entries:
+            # Before the local copy may go: the files this worker uploaded, as uploaded.
+            self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
         if job.delete_local and message.reference != job.checkpoint.location:
             # The data is on storage now; the local copy is not needed for the commit. An
             # upload function that registered the directory in place (torch DCP writing
@@ -520,6 +529,8 @@ class WorkerSession:
                 self._reported.on_reply(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
+        if self._tier is not None and message.checkpoint is not None:
+            self._tier.committed(message.checkpoint.report_index)
         with self._state_lock:
             if message.checkpoint is not None and (
                 self._latest is None or message.checkpoint.report_index
@@ -549,6 +560,7 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
+        local_tier.activate(None)
 
 
 _session: WorkerSession | None = None
