@@ -33,6 +33,26 @@ def report_and_checkpoint(config: dict[str, int]) -> int:
     return context.get_world_size()
 
 
+def crash_after_a_sync_report(config: dict[str, int]) -> int:
+    import json
+    import tempfile
+
+    context = cairn.get_context()
+    start = 0
+    resumed = cairn.get_checkpoint()
+    if resumed is not None:
+        with resumed.as_directory() as d, open(os.path.join(d, "rank_0.json")) as f:
+            start = json.load(f) + 1
+    for step in range(start, config["steps"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, f"rank_{context.get_world_rank()}.json"), "w") as f:
+                json.dump(step, f)
+            cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(d))
+        if step == 1 and context.get_attempt() == 0 and context.get_world_rank() == 1:
+            os._exit(1)
+    return start
+
+
 @pytest.fixture
 def tls_channels() -> WorkerChannels:
     channels = WorkerChannels("127.0.0.1", tls=True)
@@ -52,6 +72,19 @@ def test_a_run_over_tls_commits_and_returns(run_config: RunConfigFactory) -> Non
     assert result.checkpoint is not None
     result.checkpoint.verify()
     assert sorted(result.checkpoint.get_manifest().files) == ["rank_0.json", "rank_1.json"]
+
+
+def test_a_worker_killed_over_tls_restarts_from_its_last_sync_report(
+    run_config: RunConfigFactory,
+) -> None:
+    result = Trainer(crash_after_a_sync_report, train_loop_config={"steps": 4},
+                     scaling_config=ScalingConfig(num_workers=2, tls=True),
+                     run_config=run_config(failure_config=cairn.FailureConfig(max_failures=1))
+                     ).fit()
+    assert result.error is None
+    assert result.return_value == 2  # resumed after step 1, whose SYNC report returned
+    assert result.goodput.failures == 1
+    assert result.metrics == {"step": 3}
 
 
 def test_the_environment_variable_turns_tls_on(

@@ -16,6 +16,7 @@ challenge inside the tunnel. TLS 1.3 only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import logging
@@ -42,6 +43,10 @@ _CHUNK = 65536
 _BUFFER_LIMIT = 4 << 20
 # How long a tunnel that finished sending waits for the peer to close its side.
 _LINGER_S = 5.0
+# Poll events that let a read (or a send) go ahead; an error or hang-up does too, and the
+# read or send then reports it.
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
+_WRITABLE = select.POLLOUT | select.POLLHUP | select.POLLERR
 
 
 @dataclass(frozen=True)
@@ -289,7 +294,8 @@ class _Pump:
         tcp, plain = self._tcp, self._plain
         to_tcp = bytearray(self._outgoing.read())
         to_plain = bytearray()
-        tcp_open = plain_open = True
+        tcp_open = plain_open = tcp_writable = True
+        poller = select.poll()
         try:
             tcp.setblocking(False)
             plain.setblocking(False)
@@ -300,15 +306,32 @@ class _Pump:
                 if not tcp_open and not to_plain:
                     return
                 if not plain_open and not to_tcp:
-                    _finish_sending(tcp)
+                    if tcp_writable:
+                        _finish_sending(tcp)
                     return
-                readable = []
-                if tcp_open and len(to_plain) < _BUFFER_LIMIT:
-                    readable.append(tcp)
-                if plain_open and len(to_tcp) < _BUFFER_LIMIT:
-                    readable.append(plain)
-                writable = [s for s, pending in ((tcp, to_tcp), (plain, to_plain)) if pending]
-                ready_r, ready_w, _ = select.select(readable, writable, [])
+                # poll, not select: a driver with many files open has descriptors past
+                # select's limit (FD_SETSIZE, 1024).
+                # A socket with nothing to wait for is not polled at all: a hang-up on it
+                # would be reported at every poll, and the loop would spin.
+                wanted: dict[int, tuple[socket.socket, bool, bool]] = {}
+                for sock, read, pending in ((tcp, tcp_open and len(to_plain) < _BUFFER_LIMIT,
+                                             bool(to_tcp)),
+                                            (plain, plain_open and len(to_tcp) < _BUFFER_LIMIT,
+                                             bool(to_plain))):
+                    if read or pending:
+                        poller.register(sock, (select.POLLIN if read else 0)
+                                        | (select.POLLOUT if pending else 0))
+                        wanted[sock.fileno()] = (sock, read, pending)
+                    else:
+                        with contextlib.suppress(KeyError):
+                            poller.unregister(sock)
+                ready_r, ready_w = [], []
+                for fd, event in poller.poll():
+                    sock, read, pending = wanted[fd]
+                    if read and event & _READABLE:
+                        ready_r.append(sock)
+                    if pending and event & _WRITABLE:
+                        ready_w.append(sock)
                 if tcp in ready_r:
                     data = _receive(tcp)
                     if data is None:
@@ -321,15 +344,19 @@ class _Pump:
                     to_tcp += self._outgoing.read()
                 if plain in ready_r:
                     data = _receive(plain)
-                    if data:
+                    if data and tcp_writable:
                         self._tls.write(data)
                         to_tcp += self._outgoing.read()
-                    elif data is not None:
+                    elif data is not None and not data:
                         plain_open = False
                 if tcp in ready_w and not _send_some(tcp, to_tcp):
-                    return
+                    # The peer is gone. What it sent before is still delivered: a worker's
+                    # last message must not be lost to a broadcast it no longer reads.
+                    tcp_writable = False
+                    to_tcp.clear()
                 if plain in ready_w and not _send_some(plain, to_plain):
-                    return
+                    plain_open = False
+                    to_plain.clear()
         except (OSError, ValueError) as exc:
             logger.debug("TLS tunnel closed: %s", exc)
         finally:
@@ -370,9 +397,10 @@ def _finish_sending(tcp: socket.socket) -> None:
     except OSError:
         return
     deadline = time.monotonic() + _LINGER_S
+    poller = select.poll()
+    poller.register(tcp, select.POLLIN)
     while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([tcp], [], [], left)
-        if ready and _receive(tcp) == b"":
+        if poller.poll(left * 1000) and _receive(tcp) == b"":
             return
 
 
