@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+import cairn
 from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.worker_main import connect
@@ -53,3 +54,16 @@ def node_local_store(uri: str) -> pafs.FileSystem:
 def any_local_store(uri: str) -> pafs.FileSystem:
     """``credstore://...``: the local disk, whatever credentials the URI carries."""
     return pafs.LocalFileSystem()
+
+
+def report_and_checkpoint(config: dict[str, int]) -> int:
+    import json
+    import tempfile
+
+    context = cairn.get_context()
+    for step in range(config["steps"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, f"rank_{context.get_world_rank()}.json"), "w") as f:
+                json.dump(step, f)
+            cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(d))
+    return context.get_world_size()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Client
 
 import pytest
-from channel_support import EVENT_TIMEOUT_S, connect_worker
+from channel_support import EVENT_TIMEOUT_S, connect_worker, report_and_checkpoint
 
 import cairn
 from cairn import ScalingConfig, Trainer
@@ -18,19 +18,6 @@ from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.tls import make_run_certificate
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
-
-
-def report_and_checkpoint(config: dict[str, int]) -> int:
-    import json
-    import tempfile
-
-    context = cairn.get_context()
-    for step in range(config["steps"]):
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, f"rank_{context.get_world_rank()}.json"), "w") as f:
-                json.dump(step, f)
-            cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(d))
-    return context.get_world_size()
 
 
 def crash_after_a_sync_report(config: dict[str, int]) -> int:
