@@ -49,9 +49,9 @@ class WorkerChannels:
     the driver node's address on a cluster (never every interface). With ``tls`` the
     channel is encrypted with a certificate made for this run (:mod:`tls`);
     :attr:`certificate_pem` is then what workers must trust (``certificate`` gives one
-    made beforehand, and implies TLS). ``same_host(peer, bind_host)``
-    tells which peers run on the driver's machine: without TLS, sends to any other peer
-    carry no storage credentials (:mod:`channel_security`).
+    made beforehand, and implies TLS). ``same_host(peer, bind_host)`` tells which peers
+    run on the driver's machine: without TLS, sends to any other peer carry no storage
+    credentials (:mod:`channel_security`).
     """
 
     def __init__(self, bind_host: str, *, tls: bool = False,
