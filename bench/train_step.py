@@ -20,9 +20,10 @@ thread's CPU time) through phases that alternate, in one run:
    that only the machine's cores explain;
 4. **snapshot**: ``cairn.torch.report_snapshot`` of a 512 MB state of float32 tensors
    (serialization and upload on the upload thread), steps until ``handle.done()``;
-5. the upload and the snapshot again with the loop asleep (polling ``handle.done()``
-   every millisecond): how long the background work takes when no step competes with
-   it, the reference of its time to commit during steps.
+5. the upload, the copy and the snapshot again with the loop asleep (polling every
+   millisecond): how long the background work takes when no step competes with it, the
+   reference of its time to commit during steps. The copy in its own process shares the
+   cores but not the GIL, so the upload's slowdown beyond the copy's is the GIL's.
 
 Five rounds of these (one with ``--quick``, and 128 MiB), an idle phase closing the
 run; ``os.sync()`` before every phase, so that no phase pays for the dirty pages of the
@@ -239,6 +240,8 @@ def _train_phases(config: dict[str, Any]) -> None:
                 shutil.rmtree(storage / f"external_copy_{number}")
         # The same background work with the loop asleep: how long it takes on its own.
         phase("upload_waiting", number, upload(number), steps=False)
+        phase("external_waiting", number, external(number), steps=False)
+        shutil.rmtree(storage / f"external_copy_{number}")
         phase("snapshot_waiting", number, snapshot(number), steps=False)
     phase("idle", int(config["rounds"]), idle(int(config["rounds"])))
     out = Path(config["out"])
@@ -329,18 +332,23 @@ def step_rows(step_kind: str, phases: list[dict[str, Any]], settings: Settings) 
                 note=(f"target <= {TARGET_P90:g}x" if kind != "external" else "reference")
                 + f"; p99 {_harness.p99(busy) * ms:.2f} ms vs {_harness.p99(idle) * ms:.2f} ms"),
         ]
+    shares = {"upload": "in this process: shares the cores and the GIL",
+              "external": "in another process: shares the cores only",
+              "snapshot": "in this process: shares the cores and the GIL"}
+    spans = {"upload": "call to commit", "external": "start to exit",
+             "snapshot": "call to commit"}
     for kind, name in (("upload", f"ASYNC upload {size}"),
+                       ("external", f"out-of-process copy_files {size}"),
                        ("snapshot", f"report_snapshot {size}")):
         busy_s = [p["seconds"] for p in phases if p["kind"] == kind]
         asleep_s = [p["seconds"] for p in phases if p["kind"] == f"{kind}_waiting"]
         if not busy_s or not asleep_s:
             continue
         rows.append(
-            Row(benchmark=BENCHMARK, metric=f"{name}, call to commit, during {label}s",
+            Row(benchmark=BENCHMARK, metric=f"{name}, {spans[kind]}, during {label}s",
                 cairn=_harness.median(busy_s), reference=_harness.median(asleep_s),
                 reference_name="same, the loop asleep (same run)",
-                note=f"the background work's own time while the loop holds the GIL (or "
-                     f"not); median of {len(busy_s)}, range {min(busy_s):.2f}-"
+                note=f"{shares[kind]}; median of {len(busy_s)}, range {min(busy_s):.2f}-"
                      f"{max(busy_s):.2f} s vs {min(asleep_s):.2f}-{max(asleep_s):.2f} s"))
     return rows
 
