@@ -61,7 +61,8 @@ def test_ray_worker_failure_names_the_rank_and_how_it_ended(
     job = {"steps": 4, "scratch": scratch, "run_dir": run_dir(config), "first_index": 1,
            "faults": {"0:2:1": "exit_after"}}
     with pytest.raises(cairn.WorkerGroupError,
-                       match=r"\[rank 2\] Worker rank 2 \(pid \d+\) (died \(ActorDiedError|"
+                       match=r"\[rank 2\] Worker rank 2 \(pid \d+\) (died \(ActorDiedError: "
+                             r"The actor is dead because its worker process has died\.\)|"
                              r"closed its connection to the controller)"):
         Trainer(fault_workloads.resumable, train_loop_config=job,
                 scaling_config=ScalingConfig(num_workers=3, backend="ray"),

@@ -95,6 +95,17 @@ def _node_is_alive(node_id: str) -> bool | None:
     return False
 
 
+def _reason(exc: BaseException) -> str:
+    """The sentence of a Ray error that says why: "The actor is dead because its node has
+    died." rather than its first line, which is the same for every death."""
+    text = str(exc)
+    marker = text.find("The actor is dead because")
+    if marker >= 0:
+        sentence = text[marker:].split(". ", 1)[0].split("\n", 1)[0]
+        return sentence if sentence.endswith(".") else sentence + "."
+    return text.splitlines()[0] if text else ""
+
+
 class _RefWatcher:
     """A pipe that becomes readable when the actor's ``run`` task ends, however it ends."""
 
@@ -110,15 +121,13 @@ class _RefWatcher:
             code = ray.get(ref)
             self.outcome = f"exited with code {code}"
         except ray.exceptions.RayActorError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
             if self._node_id and _node_is_alive(self._node_id) is False:
                 self.outcome = (f"was lost with its Ray node {self._node_id[:12]} "
-                                f"({type(exc).__name__}: {first})")
+                                "(the cluster no longer counts that node alive)")
             else:
-                self.outcome = f"died ({type(exc).__name__}: {first})"
+                self.outcome = f"died ({type(exc).__name__}: {_reason(exc)})"
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            self.outcome = f"failed ({type(exc).__name__}: {first})"
+            self.outcome = f"failed ({type(exc).__name__}: {_reason(exc)})"
         self._done.set()
         try:
             os.write(self._write_fd, b"x")
