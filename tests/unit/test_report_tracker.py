@@ -101,3 +101,27 @@ def test_mixing_an_upload_function_with_the_built_in_upload_is_refused() -> None
     with pytest.raises(ReportError, match=r"mixes checkpoint_upload_fn \(rank 0\) with "
                                           r"Cairn's own upload \(rank 1\)"):
         raise verdicts[0].error  # type: ignore[misc]
+
+
+def test_ranks_far_apart_keep_reports_pending_and_each_commits_when_it_completes() -> None:
+    # Rank 0 runs 1,000 metric-only reports ahead, with checkpoints at 10 and 500; rank 1
+    # then catches up. take_ready() looks only at reports that changed since its last
+    # call, and still returns every checkpoint as it becomes complete, in order.
+    tracker = ReportTracker(2, used_dir_names=set())
+    for index in range(1, 1001):
+        files = {f"r0-{index}": 1} if index in (10, 500) else None
+        tracker.on_report(report(0, index, files))
+        if files:
+            tracker.on_uploaded(uploaded(0, index, files))
+        assert tracker.take_ready() == []
+    committed = []
+    for index in range(1, 1001):
+        tracker.on_report(report(1, index))
+        committed += [ready.dir_name for ready in tracker.take_ready()]
+    assert committed == ["checkpoint_000010", "checkpoint_000500"]
+    # An upload that completes a report after every rank arrived makes it ready too.
+    tracker.on_report(report(0, 1001, {"late": 1}))
+    tracker.on_report(report(1, 1001))
+    assert tracker.take_ready() == []
+    tracker.on_uploaded(uploaded(0, 1001, {"late": 1}))
+    assert [ready.dir_name for ready in tracker.take_ready()] == ["checkpoint_001001"]

@@ -98,6 +98,10 @@ class ReportTracker:
         # Handed to the commit, not yet committed (or failed): see on_committed().
         self._committing: set[int] = set()
         self.last_index: dict[int, int] = {}
+        # Reports that changed since take_ready() last looked: only a rank's report or
+        # upload can make one ready, so take_ready() costs O(changed), not O(pending), when
+        # ranks drift far apart and keep many metric-only reports pending.
+        self._changed: set[int] = set()
 
     def on_report(self, message: ReportMessage) -> list[Verdict]:
         """Record a rank's report; the verdicts to send (empty for metric-only reports)."""
@@ -111,6 +115,7 @@ class ReportTracker:
         if pending is None:
             pending = self._pending[index] = PendingReport(index, time.monotonic())
         pending.arrived[rank] = message
+        self._changed.add(index)
         intent = message.checkpoint
         if intent is None:
             return self._on_metric_only(pending, message)
@@ -231,6 +236,7 @@ class ReportTracker:
         pending = self._pending.get(message.index)
         if pending is not None:
             pending.uploaded[message.rank] = message
+            self._changed.add(message.index)
 
     def skip(self, index: int, reason: str) -> PendingReport | None:
         """Drop a report's checkpoint for good; later parts of it are refused."""
@@ -244,9 +250,10 @@ class ReportTracker:
         it fails, and :meth:`take_refused` gives the verdicts to send.
         """
         ready: list[ReadyCheckpoint] = []
-        for index in sorted(self._pending):
-            pending = self._pending[index]
-            if pending.failed is not None or not pending.intents:
+        changed, self._changed = self._changed, set()
+        for index in sorted(changed):
+            pending = self._pending.get(index)
+            if pending is None or pending.failed is not None or not pending.intents:
                 continue
             if len(pending.arrived) < self.world_size:
                 continue

@@ -8,6 +8,7 @@ controller calls them through one :class:`CallbackDispatcher`.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import uuid
 from collections.abc import Sequence
@@ -130,6 +131,9 @@ class CallbackDispatcher:
         self._context = run_context
         self._world_size = world_size
         self._pending: dict[int, _PendingReport] = {}
+        # The indices of _pending, smallest first: delivery takes the lowest in O(log n)
+        # (ranks far apart keep many reports pending).
+        self._order: list[int] = []
         # Reports up to this index were delivered; later news of them (a second rank's
         # skipped upload, say) is ignored. Indices only grow, across attempts too.
         self._delivered_through = 0
@@ -149,7 +153,7 @@ class CallbackDispatcher:
             self._call("on_report", index, metrics)
         if index <= self._delivered_through:
             return
-        pending = self._pending.setdefault(index, _PendingReport())
+        pending = self._pending_report(index)
         pending.metrics[rank] = metrics
         pending.has_checkpoint = pending.has_checkpoint or has_checkpoint
         if len(pending.metrics) == self._world_size and not pending.has_checkpoint:
@@ -162,7 +166,7 @@ class CallbackDispatcher:
         self._call("on_checkpoint", dir_name, metrics)
         if index <= self._delivered_through:
             return
-        pending = self._pending.setdefault(index, _PendingReport())
+        pending = self._pending_report(index)
         pending.has_checkpoint = True
         pending.resolved = True
         pending.checkpoint = checkpoint
@@ -173,7 +177,7 @@ class CallbackDispatcher:
         its report is delivered without one."""
         if index <= self._delivered_through:
             return
-        pending = self._pending.setdefault(index, _PendingReport())
+        pending = self._pending_report(index)
         pending.has_checkpoint = True
         pending.resolved = True
         self._deliver()
@@ -181,15 +185,24 @@ class CallbackDispatcher:
     def failed(self, error: WorkerGroupError) -> None:
         """An attempt failed with ``error``; its undelivered reports are dropped."""
         self._pending.clear()
+        self._order.clear()
         self._call("after_exception", self._context, dict(error.worker_failures))
         self._call("on_failure", error)
 
+    def _pending_report(self, index: int) -> _PendingReport:
+        pending = self._pending.get(index)
+        if pending is None:
+            pending = self._pending[index] = _PendingReport()
+            heapq.heappush(self._order, index)
+        return pending
+
     def _deliver(self) -> None:
-        while self._pending:
-            index = min(self._pending)
+        while self._order:
+            index = self._order[0]
             pending = self._pending[index]
             if not pending.resolved or len(pending.metrics) < self._world_size:
                 return
+            heapq.heappop(self._order)
             del self._pending[index]
             self._delivered_through = index
             metrics = [pending.metrics[rank] for rank in range(self._world_size)]
