@@ -24,7 +24,9 @@ def load_port() -> object:
 
 def run_script(path: Path, storage: Path) -> dict[str, object]:
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          env={**os.environ, "STORAGE_PATH": str(storage)}, timeout=600,
+                          env={**os.environ, "STORAGE_PATH": str(storage),
+                               # Its own Ray instance, whatever other cluster runs here.
+                               "RAY_ADDRESS": "local"}, timeout=600,
                           check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])

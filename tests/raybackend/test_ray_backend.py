@@ -15,7 +15,8 @@ import cairn  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray instance of its own, even where another cluster runs here.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
