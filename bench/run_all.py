@@ -49,6 +49,7 @@ MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_director
            "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier")
 """Benchmark modules, in the order they run and appear in the table."""
 MODULES += ("train_step", "many_ranks")
+MODULES += ("ray_cluster",)
 
 RAY_REFERENCE = "ray-reference"
 

@@ -1,0 +1,246 @@
+"""The driver side of ``bench/ray_cluster.py``: one library, one measurement, N runs.
+
+    python bench/_ray_cluster_children.py --library {cairn,ray} --kind KIND \
+        --repeats N --work-dir DIR
+
+Run by ``bench/ray_cluster.py`` in a process of its own, with ``RAY_ADDRESS`` naming the
+3-node ``ray.cluster_utils`` cluster that the parent started, so that Cairn and Ray Train
+never share a driver process. It connects with ``ray.init(address=...)`` (timed apart),
+then runs ``N`` trainings of two workers one after another: Cairn with
+``ScalingConfig(backend="ray", num_workers=2)``, Ray Train 2.60 with the v2
+``DataParallelTrainer``, the same train function (it imports the API named in its config,
+same function names). What each run leaves is written as JSON to ``DIR/result.json``.
+
+Kinds:
+
+* ``startup``: each rank writes ``time.time()`` at the first line of the function.
+* ``crash``: a SYNC checkpoint (rank 0, ``state.json`` with the step) every 0.5 s step;
+  in the first attempt rank 0 writes the wall time and calls ``os._exit(1)`` right after
+  the report of step :data:`FAULT_STEP` returned; ``FailureConfig(max_failures=1)``.
+* ``node_loss``: the same loop, but in the first attempt every rank writes its Ray node
+  and holds right after that report returned; the parent removes the node of a worker
+  and adds one back. Before each run after the first, this process waits for the
+  parent's ``go_<run>`` file (the cluster is whole again).
+
+In both fault kinds every rank of the restarted attempt writes the wall time as soon as
+it has loaded its checkpoint, before its first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+NUM_WORKERS = 2
+STEP_S = 0.5
+FAULT_STEP = 3  # the step whose report returns just before the crash or the node loss
+HOLD_S = 600.0  # a rank that holds for the node loss gives up after this
+GO_TIMEOUT_S = 300.0
+KINDS = ("startup", "crash", "node_loss")
+LIBRARIES = ("cairn", "ray")
+
+logger = logging.getLogger("bench.ray_cluster_children")
+
+
+def _write_json(path: str | os.PathLike[str], data: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _read_rank_files(out: Path, tag: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob(f"{tag}_*.json"))]
+
+
+def _api(config: dict[str, Any]) -> Any:
+    """``cairn`` or ``ray.train``: the same names for what the functions below use."""
+    return importlib.import_module("cairn" if config["library"] == "cairn" else "ray.train")
+
+
+def _node_id() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+# --------------------------------------------------------------------------------------
+# Train functions (they run in the workers on the cluster's nodes)
+# --------------------------------------------------------------------------------------
+
+
+def train_first_line(config: dict[str, Any]) -> None:
+    first_line = time.time()
+    rank = _api(config).get_context().get_world_rank()
+    _write_json(Path(config["out"], f"first_{rank}.json"), {"t": first_line})
+
+
+def train_fault(config: dict[str, Any]) -> None:
+    """Steps with a SYNC checkpoint each; a crash or a hold after :data:`FAULT_STEP`."""
+    api = _api(config)
+    rank = api.get_context().get_world_rank()
+    out = Path(config["out"])
+    marker = out / "faulted"
+    # Decided once, at the start: another rank's marker must not change this attempt.
+    first_attempt = not marker.exists()
+    start = 0
+    checkpoint = api.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            restored = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
+        start = int(restored["step"]) + 1
+    if not first_attempt:
+        _write_json(out / f"restore_{rank}.json",
+                    {"t": time.time(), "resumed_from_step": start - 1, "node": _node_id()})
+    fault_step = int(config["fault_step"])
+    for step in range(start, fault_step + 3):
+        time.sleep(float(config["step_s"]))
+        scratch = None
+        checkpoint = None
+        if rank == 0:
+            scratch = tempfile.mkdtemp(dir=config["scratch"])
+            Path(scratch, "state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
+            checkpoint = api.Checkpoint.from_directory(scratch)
+        api.report({"step": step}, checkpoint=checkpoint)  # SYNC, the default on both sides
+        if first_attempt and step == fault_step:
+            if config["fault"] == "crash" and rank == 0:
+                _write_json(out / "crash.json", {"t": time.time(), "last_reported_step": step})
+                marker.touch()
+                os._exit(1)
+            if config["fault"] == "hold":
+                marker.touch()
+                _write_json(out / f"holding_{rank}.json",
+                            {"t": time.time(), "step": step, "node": _node_id()})
+                # Until the node is removed and the group torn down; bounded.
+                threading.Event().wait(HOLD_S)
+                raise RuntimeError(f"rank {rank}: the node was not removed in {HOLD_S:g} s")
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# One training run of either library
+# --------------------------------------------------------------------------------------
+
+
+def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, name: str,
+         max_failures: int) -> tuple[float, float, str | None]:
+    """(wall time at the ``fit()`` call, seconds it took, Cairn's run path or None)."""
+    config = {**config, "library": library}
+    if library == "cairn":
+        import cairn
+
+        trainer: Any = cairn.Trainer(
+            train_fn,
+            train_loop_config=config,
+            scaling_config=cairn.ScalingConfig(num_workers=NUM_WORKERS, backend="ray"),
+            run_config=cairn.RunConfig(
+                name=name,
+                storage_path=str(storage),
+                failure_config=cairn.FailureConfig(max_failures=max_failures),
+            ),
+        )
+    else:
+        import ray.train
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        trainer = DataParallelTrainer(
+            train_fn,
+            train_loop_config=config,
+            scaling_config=ray.train.ScalingConfig(num_workers=NUM_WORKERS),
+            run_config=ray.train.RunConfig(
+                name=name,
+                storage_path=str(storage),
+                failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            ),
+        )
+    fit_wall = time.time()
+    started = time.perf_counter()
+    result = trainer.fit()
+    path = getattr(result, "path", None) if library == "cairn" else None
+    return fit_wall, time.perf_counter() - started, path
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def run_once(library: str, kind: str, run_dir: Path, index: int) -> dict[str, Any]:
+    out, scratch, storage = run_dir / "out", run_dir / "scratch", run_dir / "storage"
+    for folder in (out, scratch, storage):
+        folder.mkdir(parents=True, exist_ok=True)
+    name = f"{kind}-{index}"
+    if kind == "startup":
+        fit_wall, fit_s, _ = _fit(library, train_first_line, {"out": str(out)},
+                                  storage=storage, name=name, max_failures=0)
+        starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
+        if len(starts) != NUM_WORKERS:
+            raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
+        return {"fit_to_first_line_s": max(starts), "first_rank_s": min(starts), "fit_s": fit_s}
+    config = {"out": str(out), "scratch": str(scratch), "step_s": STEP_S,
+              "fault_step": FAULT_STEP, "fault": "crash" if kind == "crash" else "hold"}
+    _, fit_s, run_path = _fit(library, train_fault, config, storage=storage, name=name,
+                              max_failures=1)
+    restores = _read_rank_files(out, "restore")
+    if len(restores) != NUM_WORKERS:
+        raise RuntimeError(f"{len(restores)} of {NUM_WORKERS} ranks restored after the fault")
+    result: dict[str, Any] = {
+        "restore_t": max(r["t"] for r in restores),
+        "restore_first_rank_t": min(r["t"] for r in restores),
+        "resumed_from_step": min(int(r["resumed_from_step"]) for r in restores),
+        "last_reported_step": FAULT_STEP,
+        "restored_nodes": sorted({r["node"] for r in restores}),
+        "fit_s": fit_s,
+        "run_path": run_path,
+    }
+    if kind == "crash":
+        crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
+        result["fault_t"] = float(crash["t"])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One side of bench/ray_cluster.py.")
+    parser.add_argument("--library", required=True, choices=LIBRARIES)
+    parser.add_argument("--kind", required=True, choices=KINDS)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--work-dir", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("cairn").setLevel(logging.WARNING)
+    work = Path(args.work_dir)
+    import ray
+
+    started = time.perf_counter()
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False,
+             logging_level=logging.WARNING)
+    result: dict[str, Any] = {"connect_s": time.perf_counter() - started, "runs": []}
+    try:
+        for index in range(args.repeats):
+            if args.kind == "node_loss" and index > 0:
+                _wait_for(work / f"go_{index}", GO_TIMEOUT_S)
+            logger.info("%s %s run %d of %d", args.library, args.kind, index + 1, args.repeats)
+            result["runs"].append(run_once(args.library, args.kind, work / f"run{index}", index))
+            _write_json(work / "result.json", result)
+    finally:
+        ray.shutdown()
+    _write_json(work / "result.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

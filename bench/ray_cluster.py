@@ -1,0 +1,365 @@
+"""Cairn's Ray backend beside Ray Train 2.60 on one 3-node Ray cluster, in one run.
+
+Usage::
+
+    python bench/ray_cluster.py [--quick] [--no-ray]
+
+This process starts a ``ray.cluster_utils.Cluster`` on this machine (a head node and two
+more, one CPU and an 80 MiB object store each; so two workers always land on two nodes)
+and shuts it down at the end, whatever happened. Each measurement runs as a driver of
+its own (``bench/_ray_cluster_children.py``, connected with ``RAY_ADDRESS``), so the two
+libraries never share a driver process: Cairn with
+``ScalingConfig(backend="ray", num_workers=2)``, Ray Train with the v2
+``DataParallelTrainer``, the same train functions, ``FailureConfig(max_failures=1)``,
+local storage (every node shares this machine's file system). Cairn, then Ray, for each
+of:
+
+* **start-up**: ``fit()`` call to the first line of the train function on every rank
+  (the last rank's); the driver's ``ray.init(address=...)`` comes before and is noted
+  apart.
+* **worker crash**: a SYNC checkpoint (rank 0) every 0.5 s step; in the first attempt
+  rank 0 writes the wall time and calls ``os._exit(1)`` right after the report of step 3
+  returned. Figure: that time to the moment every rank of the restarted attempt has loaded
+  its checkpoint (before its first step).
+* **node loss**: the same loop, but every rank holds right after the report of step 3
+  returned; this process then removes the node of the highest rank not on the head node
+  (``cluster.remove_node``, Ray's default graceful stop of the node's processes), and
+  adds a node back at once, so the cluster's capacity returns (a replaced node). Figure:
+  the wall time just before ``remove_node`` to every rank restored.
+
+Both fault rows have a "checkpoints behind" row: the step of the last SYNC report that
+returned against the step the run resumed from (one checkpoint per step). Each figure is
+the median of 3 runs (1 with ``--quick``); the note lists every run. With ``--no-ray``
+only Cairn's side runs (on the same cluster); without Ray installed the benchmark is
+skipped with a note, since both sides need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+for _path in (str(BENCH_DIR.parent), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import _harness  # noqa: E402
+import _module  # noqa: E402
+import _ray_cluster_children as children  # noqa: E402
+import _ray_reference as ray_ref  # noqa: E402
+
+Row = _harness.Row
+
+BENCHMARK = "ray_cluster"
+NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
+NUM_NODES = 3
+
+METRIC_STARTUP = "fit() to first train line, 2 workers, 3-node cluster"
+METRIC_CRASH = "worker crash to first step after restore, 3-node cluster"
+METRIC_CRASH_BEHIND = "checkpoints behind last SYNC report, worker crash"
+METRIC_NODE_LOSS = "node loss to first step after restore, 3-node cluster"
+METRIC_NODE_LOSS_BEHIND = "checkpoints behind last SYNC report, node loss"
+
+# Bounds on every wait, in seconds: a child's whole run (fixed part + per repetition),
+# and the wait for the ranks to hold before a node is removed.
+CHILD_TIMEOUT_S = {"startup": (90, 120), "crash": (90, 180), "node_loss": (90, 240)}
+HOLDING_TIMEOUT_S = 300.0
+_POLL_S = 0.02
+
+logger = logging.getLogger("bench.ray_cluster")
+
+
+class ClusterBenchError(RuntimeError):
+    """One side of one measurement failed; the message ends with its driver's log."""
+
+
+class _Cluster:
+    """The benchmark's own 3-node cluster; node changes happen on this (the main) thread."""
+
+    def __init__(self) -> None:
+        from ray import cluster_utils
+
+        started = time.perf_counter()
+        self.cluster = cluster_utils.Cluster(
+            initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False}
+        )
+        try:
+            self.restore()
+        except BaseException:
+            self.cluster.shutdown()
+            raise
+        self.start_s = time.perf_counter() - started
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    @property
+    def head_id(self) -> str:
+        return str(self.cluster.head_node.node_id)
+
+    def restore(self) -> None:
+        """Back to NUM_NODES nodes (after a removal, or a run that failed midway)."""
+        while len(self.cluster.list_all_nodes()) < NUM_NODES:
+            self.cluster.add_node(**NODE_ARGS)
+        self.cluster.wait_for_nodes(timeout=120)
+
+    def replace(self, node_id: str) -> dict[str, float]:
+        """Remove the worker node ``node_id``, then add one back; wall time of the removal."""
+        node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
+        if node is None:
+            raise ClusterBenchError(f"node {node_id} is not a worker node of the cluster")
+        removed_t = time.time()
+        started = time.perf_counter()
+        self.cluster.remove_node(node)
+        removed_s = time.perf_counter() - started
+        self.restore()
+        return {"t": removed_t, "remove_s": removed_s,
+                "add_s": time.perf_counter() - started - removed_s}
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+# --------------------------------------------------------------------------------------
+# One side of one measurement, in a driver process of its own
+# --------------------------------------------------------------------------------------
+
+
+def _child_timeout(kind: str, repeats: int) -> float:
+    fixed, per_run = CHILD_TIMEOUT_S[kind]
+    return float(fixed + per_run * repeats)
+
+
+def _read_holding(out: Path) -> dict[int, str] | None:
+    """Rank -> Ray node of every rank that holds, once all of them do."""
+    files = sorted(out.glob("holding_*.json"))
+    if len(files) < children.NUM_WORKERS:
+        return None
+    try:
+        return {int(p.stem.split("_")[1]): json.loads(p.read_text(encoding="utf-8"))["node"]
+                for p in files}
+    except (OSError, ValueError, KeyError):
+        return None  # still being written (written with os.replace, but be safe)
+
+
+def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
+                  repeats: int, deadline: float) -> list[dict[str, Any]]:
+    """For each run: wait until every rank holds, replace a worker's node, say go."""
+    removals: list[dict[str, Any]] = []
+    for index in range(repeats):
+        out = work / f"run{index}" / "out"
+        holding_deadline = min(deadline, time.monotonic() + HOLDING_TIMEOUT_S)
+        nodes = None
+        while nodes is None:
+            if proc.poll() is not None or time.monotonic() > holding_deadline:
+                return removals  # the caller reports the child's exit or its timeout
+            time.sleep(_POLL_S)
+            nodes = _read_holding(out)
+        # With one CPU a node, no other rank shares the node of the rank chosen.
+        lost_rank = next((r for r in sorted(nodes, reverse=True) if nodes[r] != cluster.head_id),
+                         None)
+        if lost_rank is None:
+            raise ClusterBenchError(f"every rank runs on the head node: {nodes}")
+        removal = cluster.replace(nodes[lost_rank])
+        removal.update(rank=lost_rank, node=nodes[lost_rank])
+        removals.append(removal)
+        logger.info("run %d: removed node %s (rank %d) in %.1f s, added one in %.1f s",
+                    index, nodes[lost_rank][:12], lost_rank, removal["remove_s"],
+                    removal["add_s"])
+        if index + 1 < repeats:
+            (work / f"go_{index + 1}").touch()
+    return removals
+
+
+def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
+             work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The child's result (``connect_s``, ``runs``) and, for node loss, the removals."""
+    work.mkdir(parents=True)
+    log_path = work / "driver.log"
+    timeout_s = _child_timeout(kind, repeats)
+    env = ray_ref._child_env()
+    env["RAY_ADDRESS"] = cluster.address
+    command = [sys.executable, str(Path(children.__file__).resolve()), "--library", library,
+               "--kind", kind, "--repeats", str(repeats), "--work-dir", str(work)]
+    started = time.perf_counter()
+    removals: list[dict[str, Any]] = []
+    with open(log_path, "wb") as log:
+        # A session of its own: on timeout the driver and anything it started die together.
+        proc = subprocess.Popen(command, env=env, cwd=str(_harness.REPO_ROOT), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            if kind == "node_loss":
+                removals = _remove_nodes(cluster, proc, work, repeats, deadline)
+            returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            ray_ref._kill_group(proc)
+            raise ClusterBenchError(
+                f"{library} {kind} did not finish within {timeout_s:.0f} s; last lines of its "
+                f"driver's log:\n{ray_ref._tail(log_path)}") from None
+        finally:
+            ray_ref._kill_group(proc, only_leftovers=True)
+    result_path = work / "result.json"
+    if returncode != 0 or not result_path.exists():
+        raise ClusterBenchError(
+            f"{library} {kind} failed (exit status {returncode}): {ray_ref._tail(log_path, 1)}"
+            f"\nlast lines of its driver's log:\n{ray_ref._tail(log_path)}")
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    if kind == "node_loss" and len(removals) != len(result["runs"]):
+        raise ClusterBenchError(f"{len(removals)} node removals for {len(result['runs'])} runs")
+    logger.info("%s %s: %d runs in %.1f s", library, kind, len(result["runs"]),
+                time.perf_counter() - started)
+    return result, removals
+
+
+# --------------------------------------------------------------------------------------
+# Figures and rows
+# --------------------------------------------------------------------------------------
+
+
+def _cairn_phases(runs: list[dict[str, Any]], fault_times: list[float]) -> str:
+    """Medians from the fault to Cairn's failure handled, new attempt, workers connected."""
+    labels = {"failure": "failure handled", "attempt_start": "new attempt",
+              "workers_ready": "workers connected"}
+    samples: dict[str, list[float]] = {kind: [] for kind in labels}
+    for run, fault_t in zip(runs, fault_times, strict=True):
+        if not run.get("run_path"):
+            continue
+        events = _harness.read_run_events(run["run_path"])
+        for kind in labels:
+            times = [float(e["t"]) for e in events if e.get("type") == kind
+                     and (kind == "failure" or e.get("attempt") == 1)]
+            if times:
+                samples[kind].append(min(times) - fault_t)
+    parts = [f"{label} +{_harness.median(samples[kind]):.2f}"
+             for kind, label in labels.items() if samples[kind]]
+    return ("Cairn: " + ", ".join(parts) + " s") if parts else ""
+
+
+def _figures(kind: str, result: dict[str, Any],
+             removals: list[dict[str, Any]]) -> dict[str, Any]:
+    runs = result["runs"]
+    if kind == "startup":
+        times = [float(r["fit_to_first_line_s"]) for r in runs]
+        return {"times": times, "connect_s": float(result["connect_s"])}
+    fault_times = ([float(r["fault_t"]) for r in runs] if kind == "crash"
+                   else [float(m["t"]) for m in removals])
+    times = [float(r["restore_t"]) - t for r, t in zip(runs, fault_times, strict=True)]
+    behind = [int(r["last_reported_step"]) - int(r["resumed_from_step"]) for r in runs]
+    figures: dict[str, Any] = {"times": times, "behind": behind,
+                               "phases": _cairn_phases(runs, fault_times)}
+    if kind == "node_loss":
+        figures["remove_s"] = [float(m["remove_s"]) for m in removals]
+    return figures
+
+
+def _list(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row]:
+    cairn, ray = sides.get("cairn"), sides.get("ray")
+
+    def value(side: dict[str, Any] | None, key: str = "times") -> float | None:
+        return _harness.median(side[key]) if side is not None else None
+
+    def runs(name: str, side: dict[str, Any] | None) -> str:
+        return f"{name} {_list(side['times'])}" if side is not None else ""
+
+    listed = "; ".join(p for p in (runs("Cairn", cairn), runs("Ray", ray)) if p)
+    note = f"median of {repeats} ({listed} s)"
+    if kind == "startup":
+        connects = [f"{name} {side['connect_s']:.2f}" for name, side in
+                    (("Cairn", cairn), ("Ray", ray)) if side is not None]
+        return [Row(benchmark=BENCHMARK, metric=METRIC_STARTUP, cairn=value(cairn),
+                    reference=value(ray),
+                    note=f"{note}; last rank's first line; driver's ray.init(address) "
+                    f"before fit(), not in it: {', '.join(connects)} s")]
+    metric, behind_metric = ((METRIC_CRASH, METRIC_CRASH_BEHIND) if kind == "crash"
+                             else (METRIC_NODE_LOSS, METRIC_NODE_LOSS_BEHIND))
+    what = ("os._exit(1) on rank 0 right after a SYNC checkpoint report returned"
+            if kind == "crash" else
+            "remove_node of a worker's node right after a SYNC checkpoint report "
+            "returned, a node added back at once")
+    extra = [what, "every rank restored"]
+    if cairn is not None and cairn["phases"]:
+        extra.append(cairn["phases"])
+    if kind == "node_loss":
+        removes = "; ".join(f"{name} {_list(side['remove_s'])}" for name, side in
+                            (("Cairn", cairn), ("Ray", ray)) if side is not None)
+        extra.append(f"remove_node itself took {removes} s")
+    rows = [Row(benchmark=BENCHMARK, metric=metric, cairn=value(cairn), reference=value(ray),
+                note="; ".join([note, *extra]))]
+
+    def worst(side: dict[str, Any] | None) -> float | None:
+        return float(max(side["behind"])) if side is not None else None
+
+    behind = "; ".join(f"{name} {side['behind']}" for name, side in
+                       (("Cairn", cairn), ("Ray", ray)) if side is not None)
+    rows.append(Row(benchmark=BENCHMARK, metric=behind_metric, cairn=worst(cairn),
+                    reference=worst(ray), unit="ckpts",
+                    note=f"worst of {repeats} (per run: {behind}); target 0"))
+    return rows
+
+
+def measure(args: Any) -> list[Row]:
+    repeats = 1 if getattr(args, "quick", False) else 3
+    libraries = ["cairn"] if getattr(args, "no_ray", False) else ["cairn", "ray"]
+    rows: list[Row] = []
+    errors: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-ray-cluster-") as tmp:
+        logger.info("starting a %d-node Ray cluster", NUM_NODES)
+        cluster = _Cluster()
+        try:
+            logger.info("cluster up in %.1f s at %s", cluster.start_s, cluster.address)
+            for kind in children.KINDS:
+                sides: dict[str, dict[str, Any]] = {}
+                for library in libraries:
+                    try:
+                        cluster.restore()
+                        result, removals = run_side(cluster, library, kind, repeats,
+                                                    Path(tmp, f"{kind}-{library}"))
+                        sides[library] = _figures(kind, result, removals)
+                    except Exception as exc:  # one side failing must not lose the others
+                        logger.exception("%s %s failed", library, kind)
+                        errors.append(_harness.error_row(
+                            BENCHMARK, exc, metric=f"{kind}, {_side_name(library)} error"))
+                if sides:
+                    rows.extend(_rows(kind, sides, repeats))
+        finally:
+            cluster.shutdown()
+    return rows + errors
+
+
+def _side_name(library: str) -> str:
+    return "Cairn" if library == "cairn" else "Ray Train"
+
+
+def run(args: Any = None) -> list[Row]:
+    """The rows: Cairn's figures, with Ray Train 2.60's on the same cluster as references."""
+    args = args if args is not None else _module.parse_args(__doc__)
+    if ray_ref.ray_version() is None:
+        return [Row(benchmark=BENCHMARK, metric="skipped", unit="", reference_name="",
+                    note="Ray is not installed (both sides need it): "
+                    "pip install 'cairn-train[ray]' 'ray[train]==2.60.0'")]
+    try:
+        return measure(args)
+    except Exception as exc:  # the cluster did not start: one clear row
+        logger.exception("the Ray cluster benchmark failed")
+        return [_harness.error_row(BENCHMARK, exc)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _module.module_main(__doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
