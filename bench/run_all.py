@@ -46,7 +46,7 @@ sys.modules.setdefault("bench._ray_reference", _ray_reference)
 Row = _harness.Row
 
 MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory",
-           "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier")
+           "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier", "torch_recovery")
 """Benchmark modules, in the order they run and appear in the table."""
 MODULES += ("train_step", "many_ranks")
 MODULES += ("ray_cluster",)

@@ -313,10 +313,16 @@ class FailureConfig:
     * ``collective_timeout_s``: how long the controller waits for every rank to reach a
       checkpoint report once one rank has, before failing with an error naming the ranks
       that did not arrive.
+    * ``warm_standby``: the local backend keeps one spare process per rank, started and
+      with its imports done (``torch`` for :class:`cairn.torch.TorchTrainer`) while the
+      attempt trains, and hands the next attempt to them after a failure: a restart skips
+      interpreter start-up and imports. Costs one idle process per rank (no effect with
+      ``max_failures=0`` or the Ray backend).
     """
 
     max_failures: int = 0
     collective_timeout_s: float = 600.0
+    warm_standby: bool = False
     fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -324,6 +330,10 @@ class FailureConfig:
             raise ConfigDeprecationError(migration.FAIL_FAST)
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
         _check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)
+        if not isinstance(self.warm_standby, bool):
+            raise ConfigError(
+                f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."
+            )
 
 
 def default_storage_path() -> str:

@@ -63,7 +63,9 @@ def make_backend(scaling: ScalingConfig, run_config: RunConfig) -> WorkerBackend
     if scaling.backend == "local":
         from cairn._src.execution.local_backend import LocalBackend
 
-        return LocalBackend(forward_output=run_config.log_to_driver, env=run_config.worker_env)
+        failure = run_config.failure_config
+        return LocalBackend(forward_output=run_config.log_to_driver, env=run_config.worker_env,
+                            warm_standby=failure.warm_standby and failure.max_failures != 0)
     if scaling.backend == "ray":
         try:
             from cairn._src.execution.ray_backend import RayBackend

@@ -544,6 +544,11 @@ class Controller:
             attempt.first_report_seen = True
             self._events.append({"type": "first_report", "attempt": attempt.number,
                                  "t": time.time()})
+            # FailureConfig(warm_standby=True): spares for the next attempt start once this
+            # one trains, so that their start-up does not slow this attempt's own.
+            prepare_standby = getattr(self._backend, "prepare_standby", None)
+            if prepare_standby is not None:
+                prepare_standby()
         if message.rank == 0:
             self._last_metrics = message.metrics
             record: dict[str, Any] = {"report_index": message.index, "attempt": attempt.number,
@@ -701,7 +706,12 @@ class Controller:
         self._validations.close()
         self._commits.close()
         try:
-            self._backend.kill()
+            try:
+                self._backend.kill()
+            finally:
+                stop_standby = getattr(self._backend, "stop_standby", None)
+                if stop_standby is not None:
+                    stop_standby()
         finally:
             self._events.append({"type": "session_end", "t": time.time(), **end})
             for log in (self._history, self._events):

@@ -44,8 +44,19 @@ class Bootstrap:
             body["tls_certificate"] = self.tls_certificate
         return body
 
-    def for_rank(self, rank: int) -> bytes:
-        return json.dumps(self.body(rank)).encode() + b"\n"
+    def for_rank(self, rank: int, *, env: dict[str, str] | None = None) -> bytes:
+        """The bootstrap line of ``rank``; ``env``: variables the worker sets before it
+        connects (an attempt's own, e.g. the torch rendezvous port, for a process started
+        before that attempt)."""
+        body = self.body(rank)
+        if env:
+            body["env"] = dict(env)
+        return json.dumps(body).encode() + b"\n"
+
+
+# Variables an attempt sets afresh (cairn.torch's rendezvous address), which a standby
+# process started during the previous attempt receives in its bootstrap instead.
+ATTEMPT_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
 
 
 def disable_nagle(connection: Any) -> None:
@@ -190,40 +201,96 @@ class LocalBackend:
     name = "local"
     bind_host = "127.0.0.1"
 
-    def __init__(self, *, forward_output: bool = True, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, forward_output: bool = True, env: dict[str, str] | None = None,
+                 warm_standby: bool = False) -> None:
         self._forward_output = forward_output
         self._env = env or {}
         self.workers: list[WorkerProcess] = []
+        # FailureConfig(warm_standby=True): one spare process per rank, blocked on reading
+        # its bootstrap, for the next attempt (see prepare_standby).
+        self._warm_standby = warm_standby
+        self._standby: list[subprocess.Popen[bytes]] = []
+        self._standby_key: tuple[int, tuple[tuple[str, str], ...]] | None = None
+        self._last_start: tuple[int, dict[str, str]] | None = None
 
     def advertise_host(self) -> str:
         return self.bind_host
 
-    def start(self, num_workers: int, bootstrap: Bootstrap, *,
-              env: dict[str, str] | None = None) -> list[WorkerHandle]:
-        """Start ``num_workers`` processes; ``env`` adds to their environment."""
+    def _environment(self, num_workers: int, env: dict[str, str] | None) -> dict[str, str]:
         # Workers import what the driver can import: the train function may be pickled by
         # reference to a module that is only on the driver's sys.path (a script's folder,
         # a test directory).
         path = os.pathsep.join(p for p in sys.path if p)
         inherited = os.environ.get("PYTHONPATH")
-        env = {**os.environ, **self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
-        env.setdefault("CAIRN_WORKER", "1")
+        merged = {**os.environ, **self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
+                  "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
+        merged.setdefault("CAIRN_WORKER", "1")
+        return merged
+
+    def _spawn(self, rank: int, num_workers: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cairn._src.execution.worker_main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE if self._forward_output else None,
+            stderr=subprocess.STDOUT if self._forward_output else None,
+            env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
+                 "CAIRN_LOCAL_RANK": str(rank), "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
+            start_new_session=True,
+        )
+
+    @staticmethod
+    def _standby_key_of(num_workers: int, env: dict[str, str]) -> tuple[
+            int, tuple[tuple[str, str], ...]]:
+        # What a spare must have been started with to serve an attempt: the same size and
+        # environment, except what changes every attempt and travels in the bootstrap.
+        return num_workers, tuple(sorted((k, v) for k, v in env.items()
+                                         if k not in ATTEMPT_VARIABLES))
+
+    def _take_standby(self, num_workers: int, env: dict[str, str]) -> list[
+            subprocess.Popen[bytes]] | None:
+        spares, self._standby = self._standby, []
+        key, self._standby_key = self._standby_key, None
+        if not spares:
+            return None
+        if key != self._standby_key_of(num_workers, env) or any(
+                spare.poll() is not None for spare in spares):
+            logger.info("The warm standby workers do not fit this attempt (another size or "
+                        "environment, or one exited); starting fresh ones")
+            _stop_spares(spares)
+            return None
+        return spares
+
+    def prepare_standby(self) -> None:
+        """Start the spares for the next attempt (called at this attempt's first report, so
+        that their start-up does not compete with the attempt's own)."""
+        if not self._warm_standby or self._last_start is None or self._standby:
+            return
+        num_workers, env = self._last_start
+        self._standby = [self._spawn(rank, num_workers, env) for rank in range(num_workers)]
+        self._standby_key = self._standby_key_of(num_workers, env)
+        logger.debug("Started %d warm standby workers (pids %s)", num_workers,
+                     ", ".join(str(p.pid) for p in self._standby))
+
+    def start(self, num_workers: int, bootstrap: Bootstrap, *,
+              env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        """Start ``num_workers`` processes; ``env`` adds to their environment.
+
+        With warm standby, the spares started during the previous attempt are handed this
+        one (their bootstrap carries ``env``, which they apply before anything reads it).
+        """
+        merged = self._environment(num_workers, env)
+        self._last_start = (num_workers, merged)
+        spares = self._take_standby(num_workers, merged) if self._warm_standby else None
+        if spares is not None:
+            logger.info("Handing attempt %d to %d warm standby workers", bootstrap.attempt,
+                        num_workers)
         self.workers = []
         for rank in range(num_workers):
-            process = subprocess.Popen(
-                [sys.executable, "-m", "cairn._src.execution.worker_main"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE if self._forward_output else None,
-                stderr=subprocess.STDOUT if self._forward_output else None,
-                env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
-                     "CAIRN_LOCAL_RANK": str(rank),
-                     "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
-                start_new_session=True,
-            )
+            process = spares[rank] if spares is not None else self._spawn(rank, num_workers,
+                                                                         merged)
             assert process.stdin is not None
             try:
-                process.stdin.write(bootstrap.for_rank(rank))
+                process.stdin.write(bootstrap.for_rank(rank, env=env or {}))
                 process.stdin.close()
             except OSError as exc:
                 # The process died before it read its bootstrap (killed right after it was
@@ -261,6 +328,25 @@ class LocalBackend:
 
     def kill(self) -> None:
         self.shutdown(grace_s=0.0)
+
+    def stop_standby(self) -> None:
+        """The run is over: its spare processes go too."""
+        spares, self._standby = self._standby, []
+        self._standby_key = None
+        _stop_spares(spares)
+
+
+def _stop_spares(spares: list[subprocess.Popen[bytes]]) -> None:
+    for spare in spares:
+        _signal_group(spare, signal.SIGKILL)
+    for spare in spares:
+        spare.wait()
+        for stream in (spare.stdin, spare.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
 
 
 def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:

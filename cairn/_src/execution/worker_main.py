@@ -7,6 +7,7 @@ uploads to commit, and reports the return value or the error.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -39,6 +40,8 @@ logger = logging.getLogger("cairn.worker_main")
 FATAL_ERRORS = (ReportError, ConfigError, CheckpointCollisionError)
 _CONNECT_TIMEOUT_S = 30.0
 _FLUSH_TIMEOUT_S = 10.0
+# Modules a worker imports before it reads its bootstrap (see _preload).
+PRELOAD_ENV = "CAIRN_PRELOAD"
 
 
 def _pickle_exception(exc: BaseException) -> bytes | None:
@@ -140,8 +143,26 @@ def run_from_bootstrap(boot: dict[str, Any]) -> int:
             wait_for_tunnels(_FLUSH_TIMEOUT_S)
 
 
+def _preload() -> None:
+    """Import ``CAIRN_PRELOAD`` (comma-separated modules, e.g. ``torch``) before waiting for
+    the bootstrap: a warm standby process has them loaded when its attempt comes."""
+    for name in filter(None, (n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the train function's own import will say what is wrong
+            logger.debug("Could not preload %s: %s", name, exc)
+
+
 def main() -> None:
-    code = run_from_bootstrap(json.loads(sys.stdin.buffer.readline()))
+    _preload()
+    line = sys.stdin.buffer.readline()
+    if not line:
+        # A standby process whose driver ended (or died) before handing it an attempt.
+        os._exit(0)
+    boot = json.loads(line)
+    # The attempt's own variables (the torch rendezvous port), for a process started early.
+    os.environ.update({str(k): str(v) for k, v in boot.get("env", {}).items()})
+    code = run_from_bootstrap(boot)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.

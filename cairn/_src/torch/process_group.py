@@ -56,7 +56,10 @@ class AttemptEnvironment:
         port = free_port()
         logger.info("Attempt %d: torch.distributed rendezvous at %s:%d", attempt, MASTER_ADDR,
                     port)
-        env = {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port)}
+        # CAIRN_PRELOAD: a worker imports torch before it waits for its bootstrap, so a
+        # warm standby worker (FailureConfig(warm_standby=True)) is ready with it.
+        env = {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port),
+               "CAIRN_PRELOAD": "torch,torch.distributed"}
         if self.threads_per_worker is not None:
             env["OMP_NUM_THREADS"] = str(self.threads_per_worker)
         return env
