@@ -203,8 +203,9 @@ def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
         except subprocess.TimeoutExpired:
             ray_ref._kill_group(proc)
             raise ClusterBenchError(
-                f"{library} {kind} did not finish within {timeout_s:.0f} s; last lines of its "
-                f"driver's log:\n{ray_ref._tail(log_path)}") from None
+                f"{library} {kind} did not finish within {timeout_s:.0f} s (its driver's last "
+                f"line: {ray_ref._tail(log_path, 1)}); last lines of its driver's log:\n"
+                f"{ray_ref._tail(log_path)}") from None
         finally:
             ray_ref._kill_group(proc, only_leftovers=True)
     result_path = work / "result.json"
