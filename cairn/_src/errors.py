@@ -92,6 +92,12 @@ class CollectiveTimeoutError(CairnError, TimeoutError):
     """Ranks did not all reach the same report within the collective timeout."""
 
 
+class PlacementTimeoutError(CairnError, TimeoutError):
+    """The Ray cluster did not place or start the workers within the placement timeout
+    (``CAIRN_RAY_PLACEMENT_TIMEOUT_S``); the message names the resources it lacks and how
+    to wait longer. The run stays resumable: ``fit()`` again continues it."""
+
+
 class ConfigDeprecationError(CairnError, DeprecationWarning):
     """An argument Ray Train removed in its v2 API was passed.
 

@@ -11,10 +11,10 @@ def test_exported_members() -> None:
         "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
-        "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError", "ReportError",
-        "ReportHandle", "ReportedCheckpoint", "ReportedCheckpointStatus", "Result", "RetryPolicy",
-        "RunConfig", "RunFailedError", "RunLeaseError", "RunNotFoundError", "ScalingConfig",
-        "StorageError",
+        "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError",
+        "PlacementTimeoutError", "ReportError", "ReportHandle", "ReportedCheckpoint",
+        "ReportedCheckpointStatus", "Result", "RetryPolicy", "RunConfig", "RunFailedError",
+        "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
         "TrainContext", "Trainer", "TrainingFailedError", "UnknownSchemeError", "UnsafePathError",
         "UserCallback", "ValidationConfig", "ValidationFn", "ValidationTaskConfig",
         "WorkerGroupError", "WorkerProcessError", "get_all_reported_checkpoints", "get_checkpoint",
@@ -32,6 +32,7 @@ def test_errors_share_one_root_and_builtins() -> None:
     assert issubclass(cairn.CheckpointNotFoundError, FileNotFoundError)
     assert issubclass(cairn.ConfigError, ValueError)
     assert issubclass(cairn.CollectiveTimeoutError, TimeoutError)
+    assert issubclass(cairn.PlacementTimeoutError, TimeoutError)
     # As Ray Train raises them: code written for Ray catches Cairn's errors.
     assert issubclass(cairn.WorkerGroupError, cairn.TrainingFailedError)
     assert issubclass(cairn.ControllerError, cairn.TrainingFailedError)

@@ -36,7 +36,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cairn._src.config import ScalingConfig
-from cairn._src.errors import CairnError, ConfigError
+from cairn._src.errors import ConfigError, PlacementTimeoutError
 from cairn._src.execution.backend import WorkerHandle
 from cairn._src.execution.local_backend import Bootstrap
 
@@ -49,11 +49,6 @@ DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
 _PLACEMENT_NOTICE_S = 5.0
 # Resources every node advertises that a worker's bundle never asks for.
 _BOOKKEEPING = ("memory", "object_store_memory")
-
-
-class PlacementTimeoutError(CairnError, TimeoutError):
-    """The Ray cluster did not place or start the workers in time; the message names the
-    resources it lacks and how to wait longer."""
 
 
 def read_placement_timeout() -> float:
