@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -450,6 +451,7 @@ class WorkerSession:
         self.send(message)
 
     def _upload_loop(self) -> None:
+        lower_thread_priority()
         while True:
             job = self._uploads.get()
             if job is _STOP:
@@ -561,6 +563,25 @@ class WorkerSession:
     def close(self) -> None:
         self._stopping = True
         local_tier.activate(None)
+
+
+# How much lower than the train loop's the background upload threads' CPU priority is.
+BACKGROUND_NICENESS = 10
+
+
+def lower_thread_priority(increment: int = BACKGROUND_NICENESS) -> None:
+    """Give the calling thread a lower CPU priority (Linux: niceness is per thread, and the
+    threads it starts, such as a transfer's pool, inherit it): ASYNC uploads, checksums and
+    snapshot serialization then take the cores the train loop leaves, rather than share
+    them with it. Silently nothing where threads have no niceness of their own."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
+    except (AttributeError, OSError):
+        pass
 
 
 _session: WorkerSession | None = None
