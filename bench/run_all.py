@@ -46,10 +46,9 @@ sys.modules.setdefault("bench._ray_reference", _ray_reference)
 Row = _harness.Row
 
 MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory",
-           "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier", "torch_recovery")
+           "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier",
+           "torch_recovery", "train_step", "many_ranks", "ray_cluster")
 """Benchmark modules, in the order they run and appear in the table."""
-MODULES += ("train_step", "many_ranks")
-MODULES += ("ray_cluster",)
 
 RAY_REFERENCE = "ray-reference"
 
