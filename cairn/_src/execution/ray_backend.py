@@ -13,6 +13,13 @@ started, within ``CAIRN_RAY_PLACEMENT_TIMEOUT_S`` seconds each (default
 attempt waits there for capacity to return (a replaced node, an autoscaler), then resumes
 from the latest committed checkpoint.
 
+An elastic range (``ScalingConfig(num_workers=(min, max))``) starts as many workers as the
+cluster can place now, within the bounds, at each start of the group: the largest size
+the alive nodes' total resources allow (:func:`count_fitting`) is tried first, each size
+above ``min_workers`` for a short probe (:data:`_PROBE_S`, as the resources in use may
+hold the rest), and ``min_workers`` with the bounded wait above. A smaller group after a
+lost node grows back to ``max_workers`` at a later restart once capacity has returned.
+
 Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
 first bundle), so node rank, local rank and local world size describe the real machines.
 
@@ -47,6 +54,11 @@ PLACEMENT_TIMEOUT_ENV = "CAIRN_RAY_PLACEMENT_TIMEOUT_S"
 # satisfy is logged after _PLACEMENT_NOTICE_S so nobody waits in silence.
 DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
 _PLACEMENT_NOTICE_S = 5.0
+# How long an elastic start waits for a size above min_workers that the nodes' totals
+# allow: a free cluster places a group in well under a second, so a size not placed by
+# then is held up by resources in use (another job, this run's previous group still
+# being released), and the next smaller size is tried.
+_PROBE_S = 5.0
 # Resources every node advertises that a worker's bundle never asks for.
 _BOOKKEEPING = ("memory", "object_store_memory")
 
@@ -212,6 +224,36 @@ def describe_shortfall(bundle: dict[str, float], num_workers: int, strategy: str
             f"{'node' if len(alive) == 1 else 'nodes'} with {_format_resources(cluster)}")
 
 
+def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str, Any]],
+                  available: dict[str, float] | None = None) -> int:
+    """How many ``bundle``s the alive ``nodes`` (``ray.nodes()`` entries) can hold at
+    once under ``strategy``, from each node's total resources; with ``available``
+    (``ray.available_resources()``) also at most what is free in the whole cluster now.
+
+    An upper bound, not a promise: Ray reports free resources per cluster, not per node,
+    so a placement of this many may still wait for resources in use. ``2**31`` when the
+    bundle asks for nothing.
+    """
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    unbounded = 2 ** 31
+
+    def fits(resources: dict[str, Any]) -> int:
+        counts = [math.floor(float(resources.get(name, 0.0)) / value + 1e-9)
+                  for name, value in wanted.items()]
+        return min(counts, default=unbounded)
+
+    per_node = [fits(n.get("Resources", {})) for n in nodes if n.get("Alive")]
+    if strategy == "STRICT_SPREAD":
+        count = sum(1 for c in per_node if c >= 1)
+    elif strategy == "STRICT_PACK":
+        count = max(per_node, default=0)
+    else:
+        count = min(sum(per_node), unbounded)
+    if available is not None:
+        count = min(count, fits(available))
+    return count
+
+
 class RayBackend:
     """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
 
@@ -253,18 +295,71 @@ class RayBackend:
         bundle.update(self._scaling.additional_resources_per_worker)
         return bundle
 
-    def _describe_request(self, bundle: dict[str, float], num_workers: int) -> str:
+    def _describe_request(self, bundle: dict[str, float], num_workers: int,
+                          bounds: tuple[int, int] | None = None) -> str:
+        fewest = (f", the fewest of num_workers=({bounds[0]}, {bounds[1]})"
+                  if bounds is not None and bounds[0] < bounds[1] else "")
         return (f"{num_workers} {'worker' if num_workers == 1 else 'workers'} "
                 f"({_format_resources(bundle)} each, strategy "
-                f"{self._scaling.placement_strategy})")
+                f"{self._scaling.placement_strategy}{fewest})")
 
-    def _place(self, bundle: dict[str, float], num_workers: int,
-               timeout_s: float) -> PlacementGroup:
+    def _try_place(self, bundle: dict[str, float], num_workers: int,
+                   timeout_s: float) -> PlacementGroup | None:
+        """A group of ``num_workers`` bundles if the cluster places it within
+        ``timeout_s``, else None (and no group left behind)."""
+        group: PlacementGroup = placement_group([bundle] * num_workers,
+                                                strategy=self._scaling.placement_strategy)
+        self._group = group
+        done, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if done:
+            return group
+        self._remove_group()
+        return None
+
+    def _place_elastic(self, bundle: dict[str, float], bounds: tuple[int, int],
+                       timeout_s: float) -> PlacementGroup:
+        """The largest group within ``bounds`` that the cluster places now, or one of
+        ``bounds[0]`` after the bounded wait; logs the size chosen and why."""
+        low, high = bounds
+        strategy = self._scaling.placement_strategy
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        room = count_fitting(bundle, strategy, nodes)
+        alive = sum(1 for n in nodes if n.get("Alive"))
+        why = (f"the cluster has room for {room} ({alive} alive "
+               f"{'node' if alive == 1 else 'nodes'})" if room < high else
+               f"the cluster has room for all {high}")
+        size = max(low, min(high, room))
+        probe_s = min(_PROBE_S, timeout_s)
+        while size > low:
+            group = self._try_place(bundle, size, probe_s)
+            if group is not None:
+                self._log_size(size, bounds, why)
+                return group
+            # What is free now (the previous group has been released by then) may rule
+            # out more than one size at once.
+            free = count_fitting(
+                bundle, strategy, ray.nodes(),  # type: ignore[no-untyped-call]
+                ray.available_resources())  # type: ignore[no-untyped-call]
+            why = (f"the cluster did not place {size} within {probe_s:g}s (resources in "
+                   f"use: room for {min(free, size - 1)} now)")
+            size = max(low, min(size - 1, free))
+        if room < low:
+            why = (f"the cluster has room for {room}, fewer than min_workers: waiting up to "
+                   f"{timeout_s:g}s for capacity")
+        self._log_size(low, bounds, why)
+        return self._place(bundle, low, timeout_s, bounds)
+
+    @staticmethod
+    def _log_size(size: int, bounds: tuple[int, int], why: str) -> None:
+        logger.info("Placing %d of %d..%d workers: %s", size, bounds[0], bounds[1], why)
+
+    def _place(self, bundle: dict[str, float], num_workers: int, timeout_s: float,
+               bounds: tuple[int, int] | None = None) -> PlacementGroup:
         group: PlacementGroup = placement_group([bundle] * num_workers,
                                                 strategy=self._scaling.placement_strategy)
         self._group = group
         ready = group.ready()
-        request = self._describe_request(bundle, num_workers)
+        request = self._describe_request(bundle, num_workers, bounds)
         started = time.monotonic()
         notice_s = min(_PLACEMENT_NOTICE_S, timeout_s)
         done, _ = ray.wait([ready], timeout=notice_s)
@@ -282,7 +377,8 @@ class RayBackend:
             raise PlacementTimeoutError(
                 f"The Ray cluster could not place {request} within {timeout_s:g}s: "
                 f"{shortfall}. Add nodes with these resources, lower "
-                "ScalingConfig.num_workers or resources_per_worker, or wait longer with "
+                f"ScalingConfig.num_workers{' (its minimum)' if bounds else ''} or "
+                "resources_per_worker, or wait longer with "
                 f"{PLACEMENT_TIMEOUT_ENV}=<seconds>.")
         return group
 
@@ -297,7 +393,12 @@ class RayBackend:
                      else self._placement_timeout_s)
         self._ensure_ray()
         bundle = self._bundle()
-        group = self._place(bundle, num_workers, timeout_s)
+        low = min(self._scaling.min_workers, num_workers)
+        if low < num_workers:
+            group = self._place_elastic(bundle, (low, num_workers), timeout_s)
+            num_workers = group.bundle_count
+        else:
+            group = self._place(bundle, num_workers, timeout_s)
         path = os.pathsep.join(p for p in sys.path if p)
         # One runtime environment for every actor (Ray sets up each distinct one apart);
         # the per-rank variables are set by the actor itself once its rank is known.
