@@ -3,7 +3,8 @@
 ``ScalingConfig(num_workers=(2, 3))`` starts 3 workers; when a node is removed, the
 restart places the 2 that fit, with world size 2, from the latest committed checkpoint;
 once the node is back, the next restart places 3 again. ``(3, 3)`` instead waits for the
-capacity to return. The size chosen at each start is logged with its reason.
+capacity to return. The size chosen at each start is logged with its reason, and Ray Data
+shards are cut for the world of each attempt.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import ray
 from invariants import check_run, run_dir
 from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -240,6 +242,35 @@ def test_a_minimum_that_never_fits_fails_with_the_shortfall_for_the_minimum(
     assert backend_log.sizes == [
         "Placing 4 of 4..5 workers: the cluster has room for 3, fewer than min_workers: "
         "waiting up to 1s for capacity"]
+
+
+@pytest.mark.slow
+def test_ray_data_shards_follow_the_world_size_of_each_attempt(
+    cluster: RayCluster, run_config: RunConfigFactory, scratch: str,
+) -> None:
+    # Another job holds a CPU: attempt 0 gets 2 workers; it lets go, a worker is killed,
+    # and attempt 1 gets 3.
+    other = placement_group([{"CPU": 1}])
+    assert other.wait(120)
+    job = {"steps": 3, "hold": {"0": HOLD_AT}, "scratch": scratch, "dataset": True}
+    try:
+        driver = _Driver(Trainer(
+            elastic_workloads.hold_in_attempts, train_loop_config=job,
+            datasets={"train": ray.data.from_items([{"id": i} for i in range(24)])},
+            scaling_config=ScalingConfig(num_workers=(2, 3), backend="ray"),
+            run_config=run_config(failure_config=FailureConfig(max_failures=1))))
+        assert wait_for_files([os.path.join(scratch, f"holding_0_{r}") for r in range(2)],
+                              driver.ended), driver.outcome.get("error")
+    finally:
+        remove_placement_group(other)
+    os.kill(facts(scratch, 0)[1]["pid"], signal.SIGKILL)
+    result = driver.result()
+    assert result.metrics == {"step": 2, "world_size": 3}
+    for attempt, world in ((0, 2), (1, 3)):
+        shards = [json.load(open(os.path.join(scratch, f"shard_{attempt}_{rank}")))
+                  for rank in range(world)]
+        assert [len(shard) for shard in shards] == [24 // world] * world
+        assert sorted(i for shard in shards for i in shard) == list(range(24))
 
 
 def _node(resources: dict[str, float], alive: bool = True) -> dict[str, Any]:
