@@ -182,3 +182,20 @@ def test_the_runs_filesystem_object_passed_again_is_the_runs_store(tmp_path: Pat
     assert back.filesystem is run.filesystem and ref.filesystem is run.filesystem
     assert run.same_store(ref)
     assert not run.same_store(other)  # another handler object without __eq__: not the same
+
+
+def test_a_subtree_rooted_at_the_disk_root_keeps_every_file_at_its_absolute_path(
+    tmp_path: Path, scratch: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SubTreeFileSystem("/") has relative paths whose OS paths are absolute: the lease,
+    # the index and the checkpoints land under tmp_path, never under the working directory.
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    storage = str(tmp_path / "store").lstrip("/")
+    first = _fit(storage, _subtree("/"), scratch)
+    assert first.metrics["step"] == 2
+    second = _fit(storage, _subtree("/"), scratch, steps=4)
+    assert second.metrics["step"] == 3
+    assert (tmp_path / "store" / "run" / "cairn_run.json").is_file()
+    assert list(elsewhere.iterdir()) == []

@@ -35,6 +35,7 @@ from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, local_root, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory, verify_directory
+from cairn._src.storage.uris import local_os_join
 
 logger = logging.getLogger("cairn.checkpoint")
 
@@ -105,7 +106,7 @@ class Checkpoint:
         root = local_root(self.filesystem)
         if root is None:
             return None
-        return f"{root}/{self.path.lstrip('/')}" if root else self.path
+        return local_os_join(root, self.path)
 
     def get_manifest(self) -> Manifest | None:
         """The manifest if the checkpoint is committed, else ``None``.

@@ -30,7 +30,7 @@ from cairn._src.run.layout import EVENTS_DIR, MANIFEST_NAME, METRICS_DIR
 from cairn._src.storage.fileio import exists, list_files
 from cairn._src.storage.location import StorageLocation, local_root
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.uris import credentials_in, public_uri
+from cairn._src.storage.uris import credentials_in, local_os_join, public_uri
 
 __all__ = ["check_persisted_uri", "check_reference", "check_upload_source", "rebind_to_run"]
 
@@ -139,7 +139,7 @@ def _path(location: StorageLocation) -> str:
     root = local_root(location.filesystem)
     if root is None:
         return location.path
-    os_path = f"{root}/{location.path.lstrip('/')}" if root else location.path
+    os_path = local_os_join(root, location.path)
     return os.path.realpath(os_path)
 
 

@@ -39,7 +39,7 @@ from cairn._src.run.schema import parse_lease
 from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.uris import local_root
+from cairn._src.storage.uris import local_os_join, local_root
 
 logger = logging.getLogger("cairn.lease")
 
@@ -117,7 +117,7 @@ def _claim_exclusively(location: StorageLocation) -> bool | None:
     root = local_root(location.filesystem)
     if root is None:
         return None
-    path = location.path if not root else root.rstrip("/") + "/" + location.path.lstrip("/")
+    path = local_os_join(root, location.path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

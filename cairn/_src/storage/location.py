@@ -42,6 +42,7 @@ from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.uris import (
     fsspec_filesystem,
     join_path,
+    local_os_join,
     local_root,
     normalize_path,
     normalize_uri,
@@ -247,7 +248,7 @@ def _store_key(uri: str) -> tuple[str | None, str, str]:
 def _comparable_path(location: StorageLocation) -> str:
     root = local_root(location.filesystem)
     if root is not None:
-        os_path = join_path(root, location.path.lstrip("/")) if root else location.path
+        os_path = local_os_join(root, location.path)
         return os.path.realpath(os_path)
     return location.path
 
@@ -540,11 +541,13 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         text = inner._strip_protocol(text) if inner is not None else strip_uri(text)
     root = local_root(fs)
     if root is not None:
-        if root == "":
+        if root == "" and not isinstance(fs, pafs.SubTreeFileSystem):
+            # The disk itself: a relative path is relative to the working directory. Paths
+            # in a SubTreeFileSystem (rooted at "/" too) are relative to its base.
             text = os.path.abspath(os.path.expanduser(text))
         path = normalize_path(text)
         # A local directory is reachable by its OS path from any process on this machine.
-        os_path = join_path(root, path.lstrip("/")) if root else path
+        os_path = local_os_join(root, path)
         return _remember_store(StorageLocation(fs, path, os_path, source, store_id))
     path = text.strip("/") if is_object_store(made) else normalize_path(text)
     return _remember_store(StorageLocation(fs, path, None, source, store_id))

@@ -41,6 +41,7 @@ from cairn._src.errors import (
     NotARegularFileError,
 )
 from cairn._src.storage.location import StorageLocation, local_root
+from cairn._src.storage.uris import local_os_join
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -76,7 +77,7 @@ def local_os_path(location: StorageLocation) -> str | None:
     root = local_root(location.filesystem)
     if root is None:
         return None
-    return f"{root}/{location.path.lstrip('/')}" if root else location.path
+    return local_os_join(root, location.path)
 
 
 def describe_mode(mode: int) -> str:

@@ -178,6 +178,16 @@ def supports_atomic_rename(fs: pafs.FileSystem) -> bool:
     return bool(fs.type_name == "hdfs")
 
 
+def local_os_join(root: str, path: str) -> str:
+    """The OS path of ``path`` on a local file system whose :func:`local_root` is ``root``.
+
+    Always absolute: ``root`` ``""`` is the disk's root, for a ``LocalFileSystem`` (whose
+    paths are absolute already) and for a ``SubTreeFileSystem`` rooted at ``/`` (whose
+    paths are relative to it) alike.
+    """
+    return f"{root.rstrip('/')}/{path.lstrip('/')}"
+
+
 def join_path(path: str, rel: str) -> str:
     """``rel`` below ``path``; ``""`` is the top of a bucket, ``"/"`` the local root."""
     if not rel:
