@@ -418,7 +418,8 @@ class WorkerSession:
                     self._write_deferred(job)
                 skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
                 entries = upload_directory(job.checkpoint.path, destination,
-                                           files=[f for f in job.files if f not in skipped],
+                                           files={f: size for f, size in job.files.items()
+                                                  if f not in skipped},
                                            retry=self._retry)
                 # Paths another rank uploads: hashed here, not written, so the controller
                 # can tell identical copies (stored once) from a collision.
