@@ -1,0 +1,23 @@
+"""How many threads a directory transfer uses: one for small local files, up to the cores
+for large local ones, every allowed one for remote storage."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow.fs as pafs
+
+from cairn._src.storage.transfer import _plan
+
+
+def test_small_local_files_use_one_thread_and_large_ones_the_cores() -> None:
+    local = pafs.LocalFileSystem()
+    assert _plan(local, 8, [1024] * 10_000)[1] == 1
+    assert _plan(local, 8, [8 << 20] * 4)[1] == min(8, max(2, os.cpu_count() or 1))
+    assert _plan(local, 8)[1] == min(8, max(2, os.cpu_count() or 1))  # sizes unknown
+    assert _plan(local, 1, [8 << 20] * 4)[1] == 1
+
+
+def test_remote_storage_uses_every_allowed_thread_whatever_the_sizes() -> None:
+    remote = pafs.PyFileSystem(pafs.FSSpecHandler(__import__("fsspec").filesystem("memory")))
+    assert _plan(remote, 8, [1024] * 10_000)[1] == 8
