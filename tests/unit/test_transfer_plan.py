@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import fsspec
 import pyarrow.fs as pafs
 
 from cairn._src.storage.transfer import _plan
@@ -19,5 +20,5 @@ def test_small_local_files_use_one_thread_and_large_ones_the_cores() -> None:
 
 
 def test_remote_storage_uses_every_allowed_thread_whatever_the_sizes() -> None:
-    remote = pafs.PyFileSystem(pafs.FSSpecHandler(__import__("fsspec").filesystem("memory")))
+    remote = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
     assert _plan(remote, 8, [1024] * 10_000)[1] == 8
