@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import make_checkpoint_dir
+from _harness import make_checkpoint_dir, print_table
 from s3_transfer import location, moto_server
 
 from cairn._src.checkpoint.local_tier import LocalTier
@@ -111,11 +111,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<52} {'tier s':>9} {'S3 s':>9} {'ratio':>8}")
-    for row in rows:
-        print(f"{row['metric']:<52} {row['cairn']:>9.3f} {row['reference']:>9.3f} "
-              f"{row['ratio']:>7.3f}x")
+    print_table(run(parse_args(argv)))
     return 0
 
 

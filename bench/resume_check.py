@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import make_checkpoint_dir
+from _harness import make_checkpoint_dir, print_table
 from as_directory import best_of, raw_read
 
 from cairn._src.checkpoint.index import rebuild_index
@@ -117,11 +117,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<72} {'cairn s':>10} {'raw read s':>11} {'ratio':>9}")
-    for row in rows:
-        print(f"{row['metric']:<72} {row['cairn']:>10.5f} {row['reference']:>11.5f} "
-              f"{row['ratio']:>8.4f}x")
+    print_table(run(parse_args(argv)))
     return 0
 
 

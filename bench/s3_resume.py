@@ -48,7 +48,7 @@ if str(BENCH_DIR) not in sys.path:
 
 import pyarrow.fs as pafs  # noqa: E402
 from _counting_proxy import read_count  # noqa: E402
-from _harness import make_checkpoint_dir  # noqa: E402
+from _harness import make_checkpoint_dir, print_table  # noqa: E402
 from s3_transfer import BUCKET, arrow_s3, moto_server  # noqa: E402
 
 import cairn  # noqa: E402
@@ -230,13 +230,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<96} {'cairn':>14} {'reference':>14} {'ratio':>7}")
-    for row in rows:
-        print(f"{row['metric']:<96} {row['cairn']:>14.6g} {row['reference']:>14.6g} "
-              f"{row['ratio']:>6.3f}x")
-    for row in rows:
-        print(f"  {row['note']}")
+    print_table(run(parse_args(argv)))
     return 0
 
 

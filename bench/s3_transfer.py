@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import make_checkpoint_dir
+from _harness import make_checkpoint_dir, print_table
 
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
@@ -238,13 +238,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<62} {'cairn s':>9} {'ref s':>9} {'ratio':>8}  reference")
-    for row in rows:
-        print(f"{row['metric']:<62} {row['cairn']:>9.3f} {row['reference']:>9.3f} "
-              f"{row['ratio']:>7.2f}x  {row['reference_name']}")
-    for row in rows[::2]:
-        print(row["note"])
+    print_table(run(parse_args(argv)))
     return 0
 
 

@@ -33,10 +33,21 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from cairn._src.checkpoint.manifest import Manifest, read_manifest, write_manifest
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import print_table
+
+from cairn._src.checkpoint.manifest import (
+    Manifest,
+    read_manifest,
+    write_manifest,
+)
 from cairn._src.storage.location import resolve
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import download_directory, upload_directory, verify_directory
+from cairn._src.storage.transfer import (
+    download_directory,
+    upload_directory,
+    verify_directory,
+)
 
 RETRY = RetryPolicy()
 
@@ -126,11 +137,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<48} {'cairn s':>9} {'copy_files s':>13} {'ratio':>8}")
-    for row in rows:
-        print(f"{row['metric']:<48} {row['cairn']:>9.3f} {row['reference']:>13.3f} "
-              f"{row['ratio']:>7.2f}x")
+    print_table(run(parse_args(argv)))
     return 0
 
 

@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from _harness import print_table
+
 import cairn
 
 CRASH_AFTER = 3
@@ -127,12 +129,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    rows = run(parse_args(argv))
-    print(f"{'metric':<84} {'warm s':>8} {'cold s':>8} {'ratio':>7}")
-    for row in rows:
-        print(f"{row['metric']:<84} {row['cairn']:>8.3f} {row['reference']:>8.3f} "
-              f"{row['ratio']:>6.3f}x")
-        print(f"  {row['note']}")
+    print_table(run(parse_args(argv)))
     return 0
 
 
