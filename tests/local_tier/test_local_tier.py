@@ -200,3 +200,18 @@ def test_bad_local_tier_settings_are_refused_by_name(field: str, value: object,
                                                      message: str) -> None:
     with pytest.raises(cairn.ConfigError, match=f"^{re.escape(message)}$"):
         cairn.CheckpointConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_tier_directory_replaced_by_a_link_is_neither_read_nor_pruned(
+    committed: tuple[LocalTier, Manifest, Path], tmp_path: Path,
+) -> None:
+    tier, manifest, _ = committed
+    # The run's tier directory becomes a link to someone else's directory that happens to
+    # hold an entry of the same name: nothing there is restored from or deleted.
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(tier.root, elsewhere)
+    os.symlink(elsewhere, tier.root)
+    assert not tier.restore(tier.run.join("step_1"), manifest, str(tmp_path / "out"), RETRY)
+    tier.committed(5)
+    assert (elsewhere / "000000001-step_1" / "a.bin").is_file()
+

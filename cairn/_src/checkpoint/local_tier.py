@@ -138,6 +138,8 @@ class LocalTier:
 
     def committed(self, report_index: int) -> None:
         """Report ``report_index`` committed: copies of older reports are dropped."""
+        if not self._owned():
+            return
         try:
             names = os.listdir(self._root)
         except OSError:
@@ -160,7 +162,7 @@ class LocalTier:
         )) != (expected.path, expected.display()):
             return False  # not one of this run's checkpoints
         entry = os.path.join(self._root, _entry_name(manifest.report_index, dir_name))
-        if not self._holds(entry, manifest.files):
+        if not self._owned() or not self._holds(entry, manifest.files):
             return False
         try:
             download_directory(resolve(entry), target, files=manifest.files, verify=True,
@@ -188,13 +190,23 @@ class LocalTier:
         return True
 
     def _make_root(self) -> None:
-        parent = os.path.dirname(self._root)
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-        info = os.lstat(parent)
-        if not stat.S_ISDIR(info.st_mode) or (
-                hasattr(os, "getuid") and info.st_uid != os.getuid()):
-            raise OSError(f"{parent!r} is not a directory this user owns")
+        os.makedirs(os.path.dirname(self._root), mode=0o700, exist_ok=True)
         os.makedirs(self._root, mode=0o700, exist_ok=True)
+        if not self._owned():
+            raise OSError(f"{self._root!r} or its parent is not a directory this user owns")
+
+    def _owned(self) -> bool:
+        """Whether the tier directory and its parent are real directories (not links) of
+        this user: only then are its files read or deleted."""
+        for path in (os.path.dirname(self._root), self._root):
+            try:
+                info = os.lstat(path)
+            except OSError:
+                return False
+            if not stat.S_ISDIR(info.st_mode) or (
+                    hasattr(os, "getuid") and info.st_uid != os.getuid()):
+                return False
+        return True
 
     @staticmethod
     def _size_of(root: str) -> int:
