@@ -72,6 +72,40 @@ def test_different_copies_fail_naming_both_ranks_and_the_path(
     assert commit_events(config) == []
 
 
+@pytest.mark.parametrize(("delete", "rename"), [(False, False), (True, True)])
+def test_ranks_reporting_one_directory_commit_every_complete_shard_once(
+    delete: bool, rename: bool, run_config: RunConfigFactory, tmp_path: os.PathLike[str]
+) -> None:
+    # Rank 1 reports the directory while rank 0's shard is still empty. Once every rank
+    # has reported (as Ray Train's report waits for all ranks), rank 0 lists the directory
+    # again and uploads it whole, in place of what rank 1 uploaded at its report.
+    config = run_config()
+    shared = os.path.join(os.fspath(tmp_path), "shared")
+    result = Trainer(v2_workloads.shards_in_one_directory,
+                     train_loop_config={"dir": shared, "delete": delete, "rename": rename},
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert [c.path.rsplit("/", 1)[1] for c, _ in result.best_checkpoints] == [
+        "checkpoint_000001", "checkpoint_000002"]
+    for epoch, (checkpoint, _) in enumerate(result.best_checkpoints):
+        with checkpoint.as_directory() as d:
+            assert {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d)
+                    if not n.startswith("_cairn")} == {
+                f"shard_{r}": b"shard %d of epoch %d" % (r, epoch) for r in (0, 1)}
+    manifest = json.load(open(os.path.join(run_dir(config), "checkpoint_000001",
+                                           "_cairn_manifest.json")))
+    assert manifest["ranks"] == [0, 1]
+    # A temporary file rank 1 uploaded at its report, renamed since, is not left behind.
+    assert sorted(os.listdir(os.path.join(run_dir(config), "checkpoint_000001"))) == [
+        "_cairn_manifest.json", "shard_0", "shard_1"]
+    # Rank 1's upload at its report (its shard, and rank 0's as far as it was written
+    # then), then the whole directory once complete.
+    size = len(b"shard 0 of epoch 0")
+    assert all(3 * size <= e["bytes"] <= 4 * size for e in commit_events(config))
+    # delete_local_checkpoint_after_upload: gone once committed, not before the upload.
+    assert sorted(os.listdir(shared)) == sorted(
+        ([] if delete else ["epoch_0", "epoch_1"]) + ["rank_1_reported_0", "rank_1_reported_1"])
+
+
 def test_dir_name_without_a_checkpoint_is_accepted(run_config: RunConfigFactory) -> None:
     config = run_config()
     result = Trainer(v2_workloads.name_without_checkpoint,

@@ -50,6 +50,32 @@ def every_rank_saves_model(config: dict[str, Any]) -> None:
         handle.wait()
 
 
+def shards_in_one_directory(config: dict[str, Any]) -> None:
+    """Ray Train's pattern: every rank writes shard_<rank> into one directory of the node
+    and reports that directory. Rank 1 reports first, while rank 0's shard is still empty
+    (rank 0 fills it only once rank 1's report() returned)."""
+    rank = cairn.get_context().get_world_rank()
+    for epoch in range(2):
+        directory = os.path.join(config["dir"], f"epoch_{epoch}")
+        os.makedirs(directory, exist_ok=True)
+        reported = os.path.join(config["dir"], f"rank_1_reported_{epoch}")
+        shard = os.path.join(directory, f"shard_{rank}")
+        # config["rename"]: written as a temporary file, then renamed (as torch.save
+        # callers and Orbax do).
+        writing = shard + ".tmp" if config["rename"] else shard
+        with open(writing, "wb") as f:
+            if rank == 0:
+                f.flush()
+                wait_for_file(reported)
+            f.write(b"shard %d of epoch %d" % (rank, epoch))
+        os.replace(writing, shard)
+        cairn.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(directory),
+                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                     delete_local_checkpoint_after_upload=config["delete"])
+        if rank == 1:
+            open(reported, "w").close()
+
+
 def name_without_checkpoint(config: dict[str, Any]) -> None:
     """Rank 0 passes the checkpoint; the other ranks pass None with the same name."""
     rank = cairn.get_context().get_world_rank()

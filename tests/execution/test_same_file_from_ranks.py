@@ -30,16 +30,16 @@ def uploaded(rank: int, index: int, entries: dict[str, FileEntry], *,
 MODEL = FileEntry(4, "aaaa")
 
 
-def test_identical_copies_are_stored_once_and_the_later_rank_uploads_nothing() -> None:
+def test_identical_copies_are_stored_once_and_the_later_ranks_upload_nothing() -> None:
     tracker = ReportTracker(3, used_dir_names=set())
-    [first] = tracker.on_report(report(0, 1, {"model.pt": 4, "r0": 1}))
+    [first] = tracker.on_report(report(1, 1, {"model.pt": 4, "r1": 1}))
     assert first.error is None and first.duplicates == ()
-    [second] = tracker.on_report(report(1, 1, {"model.pt": 4, "r1": 1}))
+    [second] = tracker.on_report(report(0, 1, {"model.pt": 4, "r0": 1}))
     assert second.error is None and second.duplicates == ("model.pt",)
     [third] = tracker.on_report(report(2, 1, {"model.pt": 4}))
     assert third.duplicates == ("model.pt",)
-    tracker.on_uploaded(uploaded(0, 1, {"model.pt": MODEL, "r0": FileEntry(1, "0")}))
-    tracker.on_uploaded(uploaded(1, 1, {"r1": FileEntry(1, "1")},
+    tracker.on_uploaded(uploaded(1, 1, {"model.pt": MODEL, "r1": FileEntry(1, "1")}))
+    tracker.on_uploaded(uploaded(0, 1, {"r0": FileEntry(1, "0")},
                                  duplicates={"model.pt": MODEL}))
     tracker.on_uploaded(uploaded(2, 1, {}, duplicates={"model.pt": MODEL}))
     [ready] = tracker.take_ready()
@@ -49,18 +49,89 @@ def test_identical_copies_are_stored_once_and_the_later_rank_uploads_nothing() -
     assert tracker.take_refused() == []
 
 
-def test_different_sizes_are_refused_at_once_naming_both_ranks_and_the_path() -> None:
+def test_different_sizes_fail_the_report_naming_both_ranks_the_path_and_the_sizes() -> None:
+    # Not refused at the second report: the first rank's listing of a directory it shares
+    # with other ranks may be older than their writes. The merge compares what was read.
     tracker = ReportTracker(3, used_dir_names=set())
     tracker.on_report(report(0, 1, {"shared/model.pt": 4}))
-    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 5}))
-    assert [v.rank for v in verdicts] == [2, 0]
+    [second] = tracker.on_report(report(2, 1, {"shared/model.pt": 5}))
+    assert second.error is None and second.duplicates == ("shared/model.pt",)
+    tracker.on_report(report(1, 1))
+    tracker.on_uploaded(uploaded(0, 1, {"shared/model.pt": MODEL}))
+    tracker.on_uploaded(uploaded(2, 1, {}, duplicates={"shared/model.pt": FileEntry(5, "e")}))
+    assert tracker.take_ready() == []
+    refused = tracker.take_refused()
+    assert [v.rank for v in refused] == [0, 2]
     with pytest.raises(CheckpointCollisionError,
                        match=r"Ranks 0 and 2 both wrote 'shared/model.pt' into the checkpoint of "
                              r"report 1 with different content \(rank 0: 4 bytes, rank 2: 5 "
                              r"bytes\); nothing was "
                              r"overwritten"):
-        raise verdicts[0].error  # type: ignore[misc]
+        raise refused[0].error  # type: ignore[misc]
     assert tracker.pending_dir_names() == ["checkpoint_000001"]
+
+
+def shared(rank: int, index: int, files: dict[str, int], source: str) -> ReportMessage:
+    intent = CheckpointIntent(f"checkpoint_{index:06d}", "ASYNC", files=files, source=source)
+    return ReportMessage(rank, index, {"rank": rank}, intent, time.time())
+
+
+def test_ranks_reporting_one_directory_upload_it_again_once_it_is_complete() -> None:
+    # Ray Train's pattern: each rank writes shard_<rank> into one directory and reports it.
+    # Rank 1 reports first, while rank 0 is still writing its shard (0 bytes), and uploads
+    # at once what it sees. Rank 0's go-ahead waits for that upload; then rank 0 lists the
+    # directory again and uploads it whole, in place of rank 1's part.
+    tracker = ReportTracker(3, used_dir_names=set())
+    [first] = tracker.on_report(shared(1, 1, {"shard_0": 0, "shard_1": 39}, "m:1:7"))
+    assert (first.rank, first.shared, first.duplicates) == (1, "", ())
+    assert tracker.on_report(shared(0, 1, {"shard_0": 39, "shard_1": 39, "t.tmp": 1},
+                                    "m:1:7")) == []
+    assert tracker.on_report(report(2, 1)) == []  # rank 1's upload has not finished
+    early = {"shard_0": FileEntry(0, "e"), "shard_1": FileEntry(39, "1")}
+    [final] = tracker.on_uploaded(uploaded(1, 1, early))
+    assert (final.rank, final.shared, final.duplicates) == (0, "upload", ())
+    assert final.stale == ("shard_0", "shard_1")
+    assert tracker.take_ready() == []  # rank 0's upload is still expected
+    both = {"shard_0": FileEntry(39, "0"), "shard_1": FileEntry(39, "1")}
+    tracker.on_uploaded(uploaded(0, 1, both))
+    [ready] = tracker.take_ready()
+    assert ready.entries == both and ready.ranks == (0, 1)
+    assert tracker.take_refused() == []
+
+
+def test_the_shared_directory_waits_for_every_rank_and_others_upload_nothing() -> None:
+    tracker = ReportTracker(4, used_dir_names=set())
+    [first] = tracker.on_report(shared(2, 1, {"shard_2": 1}, "m:1:7"))
+    assert first.shared == ""  # nobody else reported the directory yet: it uploads now
+    tracker.on_uploaded(uploaded(2, 1, {"shard_2": FileEntry(1, "2")}))
+    assert tracker.on_report(shared(3, 1, {"shard_2": 1, "shard_3": 1}, "m:1:7")) == []
+    assert tracker.on_report(shared(1, 1, {"shard_1": 1, "shard_2": 1}, "m:1:7")) == []
+    # Rank 0 has not reported: it might write into the directory too.
+    verdicts = tracker.on_report(report(0, 1))
+    assert [(v.rank, v.shared) for v in verdicts] == [(1, "upload"), (3, "skip")]
+
+
+def test_a_shared_directory_and_a_private_one_with_the_same_path_are_compared() -> None:
+    # Rank 0's own directory holds model.pt; ranks 1 and 2 share one holding it too. The
+    # shared directory's final upload (rank 1) checks model.pt instead of uploading it.
+    tracker = ReportTracker(3, used_dir_names=set())
+    tracker.on_report(shared(0, 1, {"model.pt": 4}, "m:1:1"))
+    [eager] = tracker.on_report(shared(2, 1, {"model.pt": 4, "shard_2": 1}, "m:1:2"))
+    assert eager.duplicates == ("model.pt",)
+    assert tracker.on_report(shared(1, 1, {"model.pt": 4, "shard_1": 1}, "m:1:2")) == []
+    tracker.on_uploaded(uploaded(0, 1, {"model.pt": MODEL}))
+    [final] = tracker.on_uploaded(uploaded(2, 1, {"shard_2": FileEntry(1, "2")},
+                                           duplicates={"model.pt": MODEL}))
+    assert (final.rank, final.shared, final.duplicates) == (1, "upload", ("model.pt",))
+    tracker.on_uploaded(uploaded(1, 1, {"shard_1": FileEntry(1, "1"),
+                                        "shard_2": FileEntry(1, "2")},
+                                 duplicates={"model.pt": FileEntry(4, "zzzz")}))
+    assert tracker.take_ready() == []
+    first, *others = tracker.take_refused()
+    assert [first.rank] + [v.rank for v in others] == [0, 1, 2]
+    with pytest.raises(CheckpointCollisionError, match=r"Ranks 0 and 1 both wrote 'model.pt'.*"
+                                                      r"\(different checksums\)"):
+        raise first.error  # type: ignore[misc]
 
 
 def test_same_size_different_checksum_fails_the_report_before_commit() -> None:

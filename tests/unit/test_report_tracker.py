@@ -57,15 +57,23 @@ def test_ranks_merge_their_files() -> None:
     assert ready.ranks == (0, 1)
 
 
-def test_two_ranks_writing_one_path_is_refused_before_the_second_writes() -> None:
-    # Different sizes: refused at once (equal sizes are compared by checksum at the merge).
+def test_two_ranks_writing_one_path_differently_is_refused_before_the_commit() -> None:
+    # The first rank to claim the path uploads it; the other sends its size and checksum.
     tracker = ReportTracker(3, used_dir_names=set())
-    tracker.on_report(report(0, 1, {"shared/model.pt": 1}))
-    verdicts = tracker.on_report(report(2, 1, {"shared/model.pt": 2}))
-    assert {v.rank for v in verdicts} == {0, 2}
-    error = verdicts[0].error
+    [first] = tracker.on_report(report(0, 1, {"shared/model.pt": 1}))
+    [second] = tracker.on_report(report(2, 1, {"shared/model.pt": 2}))
+    assert (first.duplicates, second.duplicates) == ((), ("shared/model.pt",))
+    tracker.on_report(report(1, 1))
+    tracker.on_uploaded(uploaded(0, 1, {"shared/model.pt": 1}))
+    tracker.on_uploaded(UploadedMessage(2, 1, {}, None, 0, 0.1, duplicates={
+        "shared/model.pt": FileEntry(2, "other")}))
+    assert tracker.take_ready() == []
+    refused = tracker.take_refused()
+    assert {v.rank for v in refused} == {0, 2}
+    error = refused[0].error
     assert isinstance(error, CheckpointCollisionError)
     assert "Ranks 0 and 2" in str(error) and "'shared/model.pt'" in str(error)
+    assert "rank 0: 1 bytes, rank 2: 2 bytes" in str(error)
 
 
 def test_ranks_disagreeing_on_dir_name() -> None:

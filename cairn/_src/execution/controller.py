@@ -495,7 +495,7 @@ class Controller:
                 # is removed too.
                 self._manager.delete_uncommitted([attempt.skipped_dirs[message.index]])
                 return
-            attempt.tracker.on_uploaded(message)
+            self._send_verdicts(attempt, attempt.tracker.on_uploaded(message))
             self._enqueue_ready(attempt)
         elif isinstance(message, TimingMessage) and message.kind == "train_start":
             if not attempt.train_started:
@@ -558,23 +558,25 @@ class Controller:
             self._history.append(record)
         self._callbacks.reported(message.rank, message.index, message.metrics,
                                  message.checkpoint is not None)
-        verdicts = attempt.tracker.on_report(message)
-        intent = message.checkpoint
-        if (intent is not None and intent.explicit_dir_name and intent.mode != "NO_UPLOAD"
-                and any(v.error is None for v in verdicts)
-                and intent.dir_name not in attempt.announced_dirs):
-            # Written before the upload starts: a driver that dies mid-upload leaves a
-            # directory the next driver knows it may delete.
-            attempt.announced_dirs.add(intent.dir_name)
-            self._events.append({"type": "checkpoint_started", "dir_name": intent.dir_name,
-                                 "index": message.index, "t": time.time()})
-            self._flush_logs()
-        self._send_verdicts(attempt, verdicts)
+        self._send_verdicts(attempt, attempt.tracker.on_report(message))
         self._enqueue_ready(attempt)
 
     def _send_verdicts(self, attempt: Attempt, verdicts: list[Verdict]) -> None:
+        announce = {(v.announce, v.index) for v in verdicts
+                    if v.error is None and v.announce is not None}
+        for dir_name, index in sorted(announce):
+            if dir_name in attempt.announced_dirs:
+                continue
+            # Written before the upload starts: a driver that dies mid-upload leaves a
+            # directory the next driver knows it may delete.
+            attempt.announced_dirs.add(dir_name)
+            self._events.append({"type": "checkpoint_started", "dir_name": dir_name,
+                                 "index": index, "t": time.time()})
+        if announce:
+            self._flush_logs()
         for verdict in verdicts:
-            reply = (ProceedMessage(verdict.index, verdict.duplicates) if verdict.error is None
+            reply = (ProceedMessage(verdict.index, verdict.duplicates, verdict.shared,
+                                    verdict.stale) if verdict.error is None
                      else RejectMessage(verdict.index, verdict.error))
             self._send(attempt, verdict.rank, reply)
 

@@ -33,6 +33,9 @@ class CheckpointIntent:
     upload_fn: bool = False
     # report(validation=...): the JSON task ({} for the trainer's defaults), or None.
     validation: dict[str, Any] | None = None
+    # Which directory of which machine the files are read from (local_dir_identity): ranks
+    # that report one shared directory give the same value, and it is uploaded once.
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,13 +172,19 @@ class CheckpointView:
 class ProceedMessage:
     """The controller accepted a rank's checkpoint intent: upload now.
 
-    ``duplicates`` are paths of the intent that another rank of the same report already
-    claimed with the same size: this rank does not upload them, it sends its own checksum
-    of each instead (identical copies are stored once).
+    ``duplicates`` are paths that another rank of the same report uploads: this rank does
+    not upload them, it sends its own size and checksum of each instead (identical copies
+    are stored once). ``shared`` is "" (upload the files listed at report time), "upload"
+    (other ranks reported this same directory and every rank has reported: list it again
+    now and upload it whole, except ``duplicates``; then delete what an earlier upload of
+    it wrote, ``stale``, and the directory no longer holds) or "skip" (another rank
+    uploads this directory; upload nothing).
     """
 
     index: int
     duplicates: tuple[str, ...] = ()
+    shared: str = ""
+    stale: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

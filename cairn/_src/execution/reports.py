@@ -2,14 +2,21 @@
 
 The n-th ``report()`` of every rank is report n. A report carries a checkpoint when at
 least one rank passes one; it is ready to commit once every rank has reached report n and
-every rank that passed a checkpoint has finished uploading its part. Conflicts are caught
-here, before any data is written where another rank's data is:
+every rank that passed a checkpoint has finished uploading its part. A rank uploads its own
+directory as soon as it reports (a rank that dies later does not take that part with it).
+Conflicts are caught here, before any data is written where another rank's data is:
 
-* two ranks claiming the same relative path with different sizes (the later rank's intent
-  is refused, so nothing is ever silently overwritten). With equal sizes the later rank
-  uploads nothing for that path and sends its own checksum; the merge compares it with the
-  uploaded copy and refuses the report when they differ. Identical copies (data-parallel
-  replicas saving the same ``model.pt``) are stored once;
+* two ranks claiming the same relative path: the rank that claimed it first uploads it,
+  the other uploads nothing for that path and sends its own size and checksum; the merge
+  compares them and refuses the report when they differ, so nothing is ever silently
+  overwritten. Identical copies (data-parallel replicas saving the same ``model.pt``) are
+  stored once;
+* ranks that report one directory of one machine (the same ``CheckpointIntent.source``;
+  Ray Train's pattern of every rank writing its shard into one directory): the first of
+  them uploads what it sees at once, but another rank may still be writing its shard
+  there. The others wait until every rank has reached the report and that upload has
+  finished; then one of them lists the directory again and uploads it whole, in place of
+  the first upload, and the rest upload nothing;
 * ranks disagreeing on ``checkpoint_dir_name`` (also a rank that names the directory but
   passes no checkpoint) or mixing NO_UPLOAD with uploads;
 * a directory name already used in this run.
@@ -35,9 +42,20 @@ class PendingReport:
     first_arrival: float
     arrived: dict[int, ReportMessage] = field(default_factory=dict)
     intents: dict[int, CheckpointIntent] = field(default_factory=dict)
+    # path -> the rank that claimed it first (it, or its directory's final uploader,
+    # uploads it).
     claimed: dict[str, int] = field(default_factory=dict)
-    # rank -> paths it claimed after another rank, with the same size: not uploaded by it.
+    # rank -> paths of its intent another rank uploads: it sends their checksums instead.
     duplicates: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # source -> ranks that reported that directory, in arrival order.
+    sources: dict[str, list[int]] = field(default_factory=dict)
+    # Ranks waiting for their shared directory to be complete (no verdict sent yet).
+    held: set[int] = field(default_factory=set)
+    # rank -> the rank whose upload of their shared directory replaces this rank's part.
+    replaced_by: dict[int, int] = field(default_factory=dict)
+    # Ranks that listed their shared directory again; their checksums cover what they
+    # found then.
+    relisting: set[int] = field(default_factory=set)
     uploaded: dict[int, UploadedMessage] = field(default_factory=dict)
     dir_name: str | None = None
     # rank -> checkpoint_dir_name given by a rank that passed no checkpoint.
@@ -70,12 +88,20 @@ class Verdict:
     """The answer to one rank's report: proceed with the upload, or refuse.
 
     ``duplicates``: paths another rank uploads; this rank sends its checksums instead.
+    ``shared``: "" (this rank uploads the files it listed), "upload" (it lists its
+    directory, which other ranks reported too, again and uploads it whole, except
+    ``duplicates``; of ``stale``, what an earlier upload of it wrote, it deletes what is
+    gone) or "skip" (another rank uploads this directory: upload nothing).
+    ``announce``: the explicit ``checkpoint_dir_name`` whose upload starts now, or None.
     """
 
     rank: int
     index: int
     error: BaseException | None = None
     duplicates: tuple[str, ...] = ()
+    shared: str = ""
+    announce: str | None = None
+    stale: tuple[str, ...] = ()
 
 
 def describe_ranks(ranks: list[int] | set[int]) -> str:
@@ -128,15 +154,64 @@ class ReportTracker:
         if intent.mode == "NO_UPLOAD":
             # The data is already where it will stay: nothing to wait for from this rank.
             pending.uploaded[rank] = UploadedMessage(rank, index, {}, intent.reference, 0, 0.0)
-        duplicates = tuple(sorted(p for p in intent.files if p in pending.claimed))
-        if duplicates:
-            pending.duplicates[rank] = duplicates
-        for path in intent.files:
-            pending.claimed.setdefault(path, rank)
         if pending.dir_name is None:
             pending.dir_name = intent.dir_name
             self._used.add(intent.dir_name)
-        return [Verdict(rank, index, duplicates=duplicates)]
+        announce = intent.dir_name if intent.explicit_dir_name and (
+            intent.mode != "NO_UPLOAD") else None
+        sharing = pending.sources.setdefault(intent.source, []) if intent.source else []
+        sharing.append(rank)
+        verdicts: list[Verdict] = []
+        if len(sharing) > 1:
+            # Another rank reported this directory: it may still have been writing into it
+            # then, and its part now waits for the directory to be complete.
+            pending.held.add(rank)
+        else:
+            duplicates = tuple(sorted(p for p in intent.files if p in pending.claimed))
+            if duplicates:
+                pending.duplicates[rank] = duplicates
+            verdicts.append(Verdict(rank, index, duplicates=duplicates, announce=announce))
+        for path in intent.files:
+            pending.claimed.setdefault(path, rank)
+        return verdicts + self._release(pending)
+
+    def _release(self, pending: PendingReport) -> list[Verdict]:
+        """The go-ahead for ranks that share a directory, once it is complete.
+
+        That is once every rank has reached the report (so every rank that writes into
+        the directory has written) and the upload its first reporter started at once has
+        finished (so no two ranks write one path). The lowest waiting rank lists the
+        directory again and uploads it whole, in place of that first upload; the other
+        waiting ranks upload nothing.
+        """
+        if (not pending.held or pending.failed is not None
+                or len(pending.arrived) < self.world_size):
+            return []
+        verdicts: list[Verdict] = []
+        for members in pending.sources.values():
+            first, waiting = members[0], [r for r in members[1:] if r in pending.held]
+            if not waiting or first not in pending.uploaded:
+                continue
+            final = min(waiting)
+            group = set(members)
+            intent = pending.intents[final]
+            announce = intent.dir_name if intent.explicit_dir_name else None
+            elsewhere = tuple(sorted(p for p, r in pending.claimed.items() if r not in group))
+            if elsewhere:
+                pending.duplicates[final] = elsewhere
+            stale = tuple(sorted(pending.uploaded[first].entries))
+            pending.relisting.add(final)
+            for rank in members:
+                if rank != final:
+                    pending.replaced_by[rank] = final
+            for rank in sorted(waiting):
+                pending.held.discard(rank)
+                if rank == final:
+                    verdicts.append(Verdict(rank, pending.index, duplicates=elsewhere,
+                                            shared="upload", announce=announce, stale=stale))
+                else:
+                    verdicts.append(Verdict(rank, pending.index, shared="skip"))
+        return verdicts
 
     def _on_metric_only(self, pending: PendingReport, message: ReportMessage) -> list[Verdict]:
         if message.dir_name is not None:
@@ -153,7 +228,8 @@ class ReportTracker:
                     "rank passed one; the report saves no checkpoint.", pending.index,
                     describe_ranks(set(pending.named)), sorted(set(pending.named.values())))
             del self._pending[pending.index]
-        return []
+            return []
+        return self._release(pending)
 
     def _refuse(self, pending: PendingReport, error: BaseException, *,
                 first: int) -> list[Verdict]:
@@ -217,26 +293,20 @@ class ReportTracker:
                     f"{intent.reference.display()}. Ranks that pass a NO_UPLOAD checkpoint "
                     "must pass the same location (one directory holding every rank's files)."
                 )
-        for path, size in intent.files.items():
-            owner = pending.claimed.get(path)
-            if owner is None or owner == rank:
-                continue
-            owner_size = pending.intents[owner].files[path]
-            if owner_size != size:
-                sizes = sorted([(owner, owner_size), (rank, size)])
-                return collision_error(pending.index, path, owner, rank, ", ".join(
-                    f"rank {r}: {n} bytes" for r, n in sizes))
         return None
 
     def mark_used(self, name: str) -> None:
         """``name`` may no longer be a checkpoint_dir_name (it holds committed data)."""
         self._used.add(name)
 
-    def on_uploaded(self, message: UploadedMessage) -> None:
+    def on_uploaded(self, message: UploadedMessage) -> list[Verdict]:
+        """Record a rank's finished part; the verdicts it unblocks (a shared directory)."""
         pending = self._pending.get(message.index)
-        if pending is not None:
-            pending.uploaded[message.rank] = message
-            self._changed.add(message.index)
+        if pending is None:
+            return []
+        pending.uploaded[message.rank] = message
+        self._changed.add(message.index)
+        return self._release(pending)
 
     def skip(self, index: int, reason: str) -> PendingReport | None:
         """Drop a report's checkpoint for good; later parts of it are refused."""
@@ -280,16 +350,30 @@ class ReportTracker:
 
     def _compare_copies(self, pending: PendingReport) -> CheckpointCollisionError | None:
         """Whether every copy a rank did not upload equals the uploaded one."""
-        for rank in sorted(pending.duplicates):
+        for rank in sorted(pending.uploaded):
+            if rank in pending.replaced_by:
+                continue  # its shared directory was uploaded again, and checked, by another
             sent = pending.uploaded[rank].duplicates
-            for path in pending.duplicates[rank]:
-                owner = pending.claimed[path]
-                stored = pending.uploaded[owner].entries.get(path)
+            # A rank that listed its shared directory again checked what it found then.
+            paths = sorted(sent) if rank in pending.relisting else pending.duplicates.get(
+                rank, ())
+            for path in paths:
+                owner = pending.claimed.get(path)
+                if owner is not None:
+                    owner = pending.replaced_by.get(owner, owner)
+                stored = pending.uploaded[owner].entries.get(path) if owner is not None else None
                 mine = sent.get(path)
-                if stored is None or mine is None or stored != mine:
-                    detail = "different checksums" if stored and mine and (
-                        stored.size == mine.size) else "different content"
-                    return collision_error(pending.index, path, owner, rank, detail)
+                if stored is not None and mine is not None and stored == mine:
+                    continue
+                if stored is None or mine is None:
+                    detail = "different content"
+                elif stored.size != mine.size:
+                    detail = ", ".join(f"rank {r}: {n} bytes" for r, n in sorted(
+                        [(owner, stored.size), (rank, mine.size)]))
+                else:
+                    detail = "different checksums"
+                return collision_error(pending.index, path, owner if owner is not None else
+                                       rank, rank, detail)
         return None
 
     def _merge(self, pending: PendingReport) -> ReadyCheckpoint:
@@ -298,7 +382,8 @@ class ReportTracker:
         metadata: dict[str, object] = {}
         for rank in sorted(pending.uploaded):
             uploaded = pending.uploaded[rank]
-            entries.update(uploaded.entries)
+            if rank not in pending.replaced_by:
+                entries.update(uploaded.entries)
             reference = uploaded.reference or pending.intents[rank].reference
             if reference is not None:
                 references[rank] = reference

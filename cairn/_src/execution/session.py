@@ -53,9 +53,9 @@ from cairn._src.execution.reported_requests import ReportedCheckpointsClient
 from cairn._src.execution.validation import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.layout import default_checkpoint_dir_name
-from cairn._src.storage.fileio import is_dir
+from cairn._src.storage.fileio import delete_file, is_dir
 from cairn._src.storage.location import resolve
-from cairn._src.storage.paths import check_relative_path, list_local_files
+from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import compute_entries, upload_directory
 from cairn._src.train.context import RunStorage, TrainContext
@@ -96,6 +96,13 @@ class _UploadJob:
     metadata: dict[str, Any]
     write: Callable[[str], None] | None = None
     validation: dict[str, Any] | None = None
+    # local_dir_identity of the directory (None: a private one, or an upload function).
+    source: str | None = None
+    # What the commit resolves when the local directory is deleted only after the commit
+    # (other ranks may share it): ``handle`` is resolved once it is gone.
+    inner: ReportHandle | None = None
+    # This rank's part went to the controller (uploaded, or none to upload).
+    sent: bool = False
 
 
 _STOP = object()
@@ -263,16 +270,23 @@ class WorkerSession:
             handle=handle,
             metadata=metadata,
             validation=validation,
+            source=local_dir_identity(checkpoint.path) if upload_fn is None else None,
         )
+        if job.delete_local and job.source is not None:
+            # Another rank may report this same directory and still be writing into it:
+            # it goes once the report resolved, before the caller's handle says so.
+            job.inner = ReportHandle(index, has_checkpoint=True)
         if mode is CheckpointUploadMode.ASYNC:
             return self._enqueue(job, metrics)
         started = time.perf_counter()
         self._announce(job, metrics, mode)
-        self._run_upload(job)
         try:
-            handle.wait()
+            self._run_upload(job)
+            (job.inner or handle).wait()
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
+        finally:
+            self._after_commit(job)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
@@ -379,12 +393,12 @@ class WorkerSession:
         waiter = _Waiter()
         with self._state_lock:
             self._proceed[job.index] = waiter
-            self._handles[job.index] = job.handle
+            self._handles[job.index] = job.inner or job.handle
         intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
                                   explicit_dir_name=job.dir_name
                                   != default_checkpoint_dir_name(job.index),
                                   metadata=job.metadata, upload_fn=job.upload_fn is not None,
-                                  validation=job.validation)
+                                  validation=job.validation, source=job.source)
         self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
 
     def _run_upload(self, job: _UploadJob) -> None:
@@ -413,14 +427,30 @@ class WorkerSession:
                     )
                 message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
                                           time.perf_counter() - started)
+            elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
+                # Another rank reported this same directory and uploads it whole.
+                message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
             else:
                 if job.write is not None:
                     self._write_deferred(job)
                 skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
+                files = job.files
+                if isinstance(answer, ProceedMessage) and answer.shared == "upload":
+                    # Every rank sharing the directory has reported: it is complete now,
+                    # while the listing taken at report() may have caught a shard still
+                    # being written by another rank.
+                    files = self._local_files(job.checkpoint)
+                    files.pop(METADATA_FILE_NAME, None)
+                    skipped &= set(files)
                 entries = upload_directory(job.checkpoint.path, destination,
-                                           files={f: size for f, size in job.files.items()
+                                           files={f: size for f, size in files.items()
                                                   if f not in skipped},
                                            retry=self._retry)
+                if isinstance(answer, ProceedMessage) and answer.stale:
+                    # Written by the first upload of this directory and gone since (a
+                    # temporary file renamed): not part of the checkpoint.
+                    for rel in sorted(set(answer.stale) - set(files)):
+                        delete_file(destination.join(rel), self._retry)
                 # Paths another rank uploads: hashed here, not written, so the controller
                 # can tell identical copies (stored once) from a collision.
                 duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped),
@@ -444,11 +474,13 @@ class WorkerSession:
         if self._tier is not None and message.entries:
             # Before the local copy may go: the files this worker uploaded, as uploaded.
             self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
-        if job.delete_local and message.reference != job.checkpoint.location:
+        if (job.delete_local and job.inner is None
+                and message.reference != job.checkpoint.location):
             # The data is on storage now; the local copy is not needed for the commit. An
             # upload function that registered the directory in place (torch DCP writing
             # straight to its final location) returns that same directory: it stays.
             shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        job.sent = True
         self.send(message)
 
     def _upload_loop(self) -> None:
@@ -459,7 +491,7 @@ class WorkerSession:
                 return
             try:
                 self._run_upload(job)
-                job.handle.wait()
+                (job.inner or job.handle).wait()
             except CheckpointSkippedError:
                 pass
             except BaseException as exc:
@@ -468,7 +500,22 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
+                self._after_commit(job)
                 self._slots.release()
+
+    @staticmethod
+    def _after_commit(job: _UploadJob) -> None:
+        """Delete a directory kept until the report resolved, then resolve ``handle``.
+
+        As with a directory deleted right after its upload, one that was never uploaded (the
+        report was refused first) stays.
+        """
+        inner = job.inner
+        if inner is None or not inner.done():
+            return
+        if job.sent:
+            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        job.handle._resolve(inner._checkpoint, inner._error)
 
     def _fail_handle(self, index: int, error: BaseException) -> None:
         with self._state_lock:

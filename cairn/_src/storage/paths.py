@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import socket
 import stat
 
 from cairn._src.errors import (
@@ -85,6 +86,30 @@ def check_absolute_path(value: object, *, argument: str = "path") -> str:
             "'/'-separated path with no '.', '..' or empty components, such as '/data/ckpt'."
         )
     return value
+
+
+def _machine_identity() -> str:
+    """This kernel's boot id (shared by every process and container of one boot of one
+    machine), or the host name where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            return file.read(64).strip()
+    except OSError:
+        return socket.gethostname()
+
+
+_MACHINE = _machine_identity()
+
+
+def local_dir_identity(local_dir: str) -> str | None:
+    """Which directory of which machine ``local_dir`` is: equal for two processes exactly
+    when they name one directory (any path to it) on one running kernel. None when it
+    cannot be read."""
+    try:
+        info = os.stat(local_dir)
+    except OSError:
+        return None
+    return f"{_MACHINE}:{info.st_dev}:{info.st_ino}"
 
 
 def list_local_files(local_dir: str) -> dict[str, int]:
