@@ -252,9 +252,8 @@ class WorkerSession:
         files: dict[str, int] = {}
         metadata: dict[str, Any] = {}
         if upload_fn is None:
-            files = self._local_files(checkpoint)
-            # Metadata set before the report travels in the manifest, not as a file.
-            if files.pop(METADATA_FILE_NAME, None) is not None:
+            files, has_metadata = self._local_files(checkpoint)
+            if has_metadata:
                 metadata = checkpoint.get_metadata()
         index = self._take_index()
         name = dir_name or default_checkpoint_dir_name(index)
@@ -350,7 +349,13 @@ class WorkerSession:
                 f"declared: missing {missing}, undeclared {extra}."
             )
 
-    def _local_files(self, checkpoint: Checkpoint) -> dict[str, int]:
+    def _local_files(self, checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
+        """The files to upload, and whether the directory holds checkpoint metadata (set
+        before the report, it travels in the manifest, not as a file)."""
+        files = self._list_local(checkpoint)
+        return files, files.pop(METADATA_FILE_NAME, None) is not None
+
+    def _list_local(self, checkpoint: Checkpoint) -> dict[str, int]:
         if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
             raise ReportError(
                 f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
@@ -439,8 +444,7 @@ class WorkerSession:
                     # Every rank sharing the directory has reported: it is complete now,
                     # while the listing taken at report() may have caught a shard still
                     # being written by another rank.
-                    files = self._local_files(job.checkpoint)
-                    files.pop(METADATA_FILE_NAME, None)
+                    files, _ = self._local_files(job.checkpoint)
                     skipped &= set(files)
                 entries = upload_directory(job.checkpoint.path, destination,
                                            files={f: size for f, size in files.items()
