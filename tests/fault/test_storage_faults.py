@@ -22,13 +22,16 @@ def _faultfs() -> None:
 
 
 def fit(storage: str, scratch: str, *, policy: str = "fail", max_failures: int = 0,
-        num_to_keep: int | None = None, **job: object) -> cairn.Result:
+        num_to_keep: int | None = None, read_back: str | None = None,
+        **job: object) -> cairn.Result:
+    # Enough attempts that a fifth of failing operations (two per stat on this store) never
+    # exhausts them by chance: 0.36 ** 14 is about 6e-7 per call.
     config = cairn.RunConfig(
         name="run", storage_path=storage,
         checkpoint_config=CheckpointConfig(upload_failure_policy=policy,  # type: ignore[arg-type]
                                            num_to_keep=num_to_keep),
         failure_config=FailureConfig(max_failures=max_failures),
-        storage_retry=cairn.RetryPolicy(max_attempts=8, initial_backoff_s=0.001,
+        storage_retry=cairn.RetryPolicy(max_attempts=14, initial_backoff_s=0.001,
                                         max_backoff_s=0.01),
     )
     directory = cairn.storage.resolve(storage).join("run")
@@ -36,7 +39,10 @@ def fit(storage: str, scratch: str, *, policy: str = "fail", max_failures: int =
             train_loop_config={"steps": 4, "scratch": scratch, "run_dir": directory.path,
                                "first_index": 1, **job},
             scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
-    return cairn.Result.from_path(directory.uri or directory.path)
+    # Read back through ``read_back`` when given: Result.from_path retries with the default
+    # policy, which a fifth of failing operations can exhaust by chance.
+    back = directory if read_back is None else cairn.storage.resolve(read_back).join("run")
+    return cairn.Result.from_path(back.uri or back.path)
 
 
 def test_flaky_storage_still_completes(tmp_path: str, scratch: str) -> None:
@@ -44,7 +50,7 @@ def test_flaky_storage_still_completes(tmp_path: str, scratch: str) -> None:
     # transient error; retries with backoff carry the run through.
     root = os.path.join(str(tmp_path), "flaky")
     uri = fault_store.faultfs_uri(root, fail_ratio=0.2, seed=7)
-    result = fit(uri, scratch, mode="ASYNC")
+    result = fit(uri, scratch, mode="ASYNC", read_back=fault_store.faultfs_uri(root))
     assert result.metrics == {"step": 3, "loss": 0.25}
     assert result.checkpoint is not None
     result.checkpoint.verify()
