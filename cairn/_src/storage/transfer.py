@@ -30,6 +30,7 @@ from cairn._src.errors import (
     StorageError,
     UnsafePathError,
 )
+from cairn._src.storage import batch
 from cairn._src.storage.checksum import (
     BUFFERS,
     CHECKSUM_ALGORITHM,
@@ -46,7 +47,6 @@ from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
     list_files,
     needs_directories,
-    parent_path,
     storage_call,
 )
 from cairn._src.storage.location import StorageLocation, local_root
@@ -124,24 +124,33 @@ def upload_directory(
     """
     check_workers(max_workers)
     local_dir = os.fspath(local_dir)
-    sizes: Iterable[int] | None = None
+    known: dict[str, int] | None = None  # relpath -> listed size, when known
     if files is None:
-        listing = list_local_files(local_dir)
+        listing = dict(list_local_files(local_dir))
         names = sorted(listing, key=lambda rel: -listing[rel])  # Largest first balances.
-        sizes = listing.values()
+        known = listing
     else:
         names = [check_relative_path(rel, argument="files") for rel in files]
         if isinstance(files, Mapping):
-            sizes = [int(size) for size in files.values()]
+            known = {check_relative_path(rel, argument="files"): int(size)
+                     for rel, size in files.items()}
     names = [rel for rel in names if rel not in exclude]
     shared = Progress(progress)
     _create_parents(dest, names, retry)
     fs = dest.filesystem
-    chunk, workers = _plan(fs, max_workers, sizes)
-
     # On a local destination files are written with plain OS calls: pyarrow's output
     # stream costs about three times as much per file, which dominates for small files.
     local_dest = local_os_path(dest)
+    done: dict[str, FileEntry] = {}
+    if local_dest is not None and batch.available():
+        # Small files a directory at a time; what that path leaves goes file by file.
+        small = [rel for rel in names
+                 if known is None or known[rel] <= batch.SMALL_FILE_BYTES]
+        if small:
+            done, _ = batch.upload(local_dir, local_dest, small, progress=shared)
+            names = [rel for rel in names if rel not in done]
+    chunk, workers = _plan(fs, max_workers, None if known is None else [
+        known[rel] for rel in names])
 
     def task_for(rel: str) -> Callable[[Cancelled], FileEntry]:
         source_path = os.path.join(local_dir, *rel.split("/"))
@@ -185,6 +194,7 @@ def upload_directory(
         {rel: task_for(rel) for rel in names}, workers, collect_all=False
     )
     raise_first(errors)
+    results.update(done)
     total = sum(entry.size for entry in results.values())
     elapsed = time.perf_counter() - started
     logger.debug(
@@ -197,7 +207,8 @@ def upload_directory(
 def _create_parents(dest: StorageLocation, names: Iterable[str], retry: RetryPolicy) -> None:
     if not needs_directories(dest.filesystem):
         return
-    parents = {parent_path(dest.join(rel).path) for rel in names} | {dest.path}
+    parents = {dest.join(parent).path
+               for parent in {rel.rpartition("/")[0] for rel in names} if parent} | {dest.path}
 
     def create(path: str) -> Callable[[], None]:
         return lambda: dest.filesystem.create_dir(path, recursive=True)
@@ -243,12 +254,22 @@ def download_directory(
     else:
         expected = dict(list_files(src, retry))
     checked = {check_relative_path(rel, argument="files"): rel for rel in expected}
-    directories = {os.path.dirname(os.path.join(local_dir, *rel.split("/"))) for rel in checked}
+    directories = {os.path.join(local_dir, *parent.split("/"))
+                   for parent in {rel.rpartition("/")[0] for rel in checked} if parent}
     for directory in sorted(directories | {local_dir}):
         os.makedirs(directory, exist_ok=True)
     shared = Progress(progress)
+    src_root = local_os_path(src)
+    if src_root is not None and not follow_links and batch.available():
+        # Small files a directory at a time; what that path leaves goes file by file.
+        small = {rel: expected[original] for rel, original in checked.items()
+                 if _size_of(expected[original]) <= batch.SMALL_FILE_BYTES}
+        if small:
+            left = batch.download(src_root, local_dir, small, verify=verify, progress=shared)
+            checked = {rel: original for rel, original in checked.items()
+                       if rel not in small or rel in left}
     chunk, workers = _plan(src.filesystem, max_workers, [
-        want.size if isinstance(want, FileEntry) else int(want) for want in expected.values()])
+        _size_of(expected[original]) for original in checked.values()])
 
     def task_for(rel: str, want: FileEntry | int) -> Callable[[Cancelled], None]:
         final = os.path.join(local_dir, *rel.split("/"))
@@ -296,6 +317,10 @@ def download_directory(
         "Downloaded %s from %s to %s in %.3fs", plural(len(tasks), "file"), src.display(),
         local_dir, time.perf_counter() - started,
     )
+
+
+def _size_of(want: FileEntry | int) -> int:
+    return want.size if isinstance(want, FileEntry) else int(want)
 
 
 def _temporary_sibling(final: str) -> str:
@@ -412,10 +437,17 @@ def compute_entries(
     """
     check_workers(max_workers)
     names = sorted({check_relative_path(rel, argument="files") for rel in files})
-    tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links) for rel in names}
+    root = local_os_path(loc)
+    done: dict[str, FileEntry] = {}
+    if root is not None and batch.available():
+        # Small files a directory at a time; what that path leaves goes file by file.
+        done, _ = batch.hash_files(root, dict.fromkeys(names), follow_links=follow_links)
+    tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links)
+             for rel in names if rel not in done}
     results, errors = run_parallel(
         tasks, _plan(loc.filesystem, max_workers)[1], collect_all=False
     )
+    results.update(done)
     for error in errors.values():
         if isinstance(error, NotARegularFileError):
             raise UnsafePathError(
@@ -435,13 +467,22 @@ def check_directory_sizes(
     of the recorded size. No data is read, so checksums are not checked (readers verify
     them as they download).
 
-    On local storage each file is opened through the bounded, typed reader (links, FIFOs,
-    devices and directories refused, nothing read); elsewhere one recursive listing is
-    compared with the manifest. Raises the :class:`CheckpointDamagedError` of the first
-    damaged file in path order; an outage propagates as itself.
+    On local storage each file is checked with one ``lstat`` below directories opened
+    without following links, and any that differs once more through the bounded, typed
+    reader (links, FIFOs, devices and directories refused, nothing read); elsewhere one
+    recursive listing is compared with the manifest. Raises the
+    :class:`CheckpointDamagedError` of the first damaged file in path order; an outage
+    propagates as itself.
     """
-    if local_os_path(loc) is not None:
-        for rel in sorted(files):
+    root = local_os_path(loc)
+    if root is not None:
+        unexpected: Iterable[str] = files
+        if batch.available():
+            # One stat a file, a directory at a time; what differs is checked again below.
+            originals = {check_relative_path(rel, argument="files"): rel for rel in files}
+            unexpected = {originals[rel] for rel in batch.check_sizes(root, {
+                rel: files[original].size for rel, original in originals.items()})}
+        for rel in sorted(unexpected):
             what = f"check {loc.join(rel).display()}"
 
             def open_only(rel: str = rel) -> None:
@@ -489,11 +530,18 @@ def verify_directory(
     first other error (an outage) is raised as it is.
     """
     check_workers(max_workers)
-    tasks = {
-        check_relative_path(rel, argument="files"): _read_and_hash(loc, rel, retry, entry)
-        for rel, entry in files.items()
-    }
-    threads = _plan(loc.filesystem, max_workers, [entry.size for entry in files.values()])[1]
+    checked = {check_relative_path(rel, argument="files"): entry for rel, entry in files.items()}
+    root = local_os_path(loc)
+    if root is not None and batch.available():
+        # Small files a directory at a time; what that path leaves goes file by file.
+        small: dict[str, FileEntry | None] = {
+            rel: entry for rel, entry in checked.items()
+            if entry.size <= batch.SMALL_FILE_BYTES}
+        if small:
+            good, _ = batch.hash_files(root, small)
+            checked = {rel: entry for rel, entry in checked.items() if rel not in good}
+    tasks = {rel: _read_and_hash(loc, rel, retry, entry) for rel, entry in checked.items()}
+    threads = _plan(loc.filesystem, max_workers, [entry.size for entry in checked.values()])[1]
     _, errors = run_parallel(tasks, threads, collect_all=True)
     if not errors:
         return
