@@ -3,7 +3,7 @@
 
 Usage::
 
-    python bench/small_files.py [--files 100000] [--file-kib 1] [--per-dir 1000]
+    python bench/small_files.py [--files 100000] [--file-kib 1] [--per-dir 1000] [--repeat 3]
 
 Writes ``--files`` random files of ``--file-kib`` KiB (``--per-dir`` per directory) and
 times, local storage to local storage:
@@ -16,8 +16,10 @@ times, local storage to local storage:
 * restore: ``download_directory`` with verification (``to_directory()``); reference the
   same ``copy_files``.
 
-One run each (a run of 100,000 files takes tens of seconds); ``run(args)`` returns the
-rows for ``bench/run_all.py`` (``quick``: 10,000 files).
+The median of ``--repeat`` rounds (3; a round of 100,000 files takes about half a
+minute), Cairn and the reference taking turns to go first, each after ``os.sync()`` (the
+disk's write-back of one phase must not land in the next); ``run(args)`` returns the rows
+for ``bench/run_all.py`` (``quick``: 10,000 files, one round).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -57,6 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=100_000, help="number of files")
     parser.add_argument("--file-kib", type=float, default=1.0, help="size of each (KiB)")
     parser.add_argument("--per-dir", type=int, default=1000, help="files per directory")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     return parser.parse_args(argv)
 
@@ -71,6 +75,8 @@ def make_tree(root: str, files: int, size: int, per_dir: int) -> None:
 
 
 def timed(action: Callable[[], Any]) -> float:
+    # Written back first: no phase pays for the dirty pages of the one before it.
+    os.sync()
     started = time.perf_counter()
     action()
     return time.perf_counter() - started
@@ -83,25 +89,41 @@ def copy_files(src: str, dest: str) -> float:
                                          destination_filesystem=local, use_threads=True))
 
 
-def measure(files: int, size: int, per_dir: int, scratch: str) -> dict[str, float]:
+def measure(files: int, size: int, per_dir: int, scratch: str,
+            repeat: int = 1) -> dict[str, list[float]]:
+    """Each figure ``repeat`` times; within a round, Cairn and the reference take turns
+    going first, and every output is deleted before the next round."""
     src = os.path.join(scratch, "src")
     make_tree(src, files, size, per_dir)
-    stored = resolve(os.path.join(scratch, "run", "checkpoint_000001"))
-    figures = {"reference_upload": copy_files(src, os.path.join(scratch, "copy1"))}
+    figures: dict[str, list[float]] = {}
+    for round_ in range(repeat):
+        stored = resolve(os.path.join(scratch, "run", "checkpoint_000001"))
 
-    def upload() -> None:
-        entries = upload_directory(src, stored, retry=RETRY)
-        write_manifest(stored, Manifest(files=entries, report_index=1), RETRY)
+        def upload(stored: Any = stored) -> None:
+            entries = upload_directory(src, stored, retry=RETRY)
+            write_manifest(stored, Manifest(files=entries, report_index=1), RETRY)
 
-    figures["upload"] = timed(upload)
-    manifest = read_manifest(stored, RETRY)
-    assert manifest is not None and len(manifest.files) == files
-    figures["reference_verify"] = copy_files(stored.path, os.path.join(scratch, "copy2"))
-    figures["verify"] = timed(lambda: verify_directory(stored, manifest.files, retry=RETRY))
-    figures["reference_restore"] = copy_files(stored.path, os.path.join(scratch, "copy3"))
-    restored = os.path.join(scratch, "restored")
-    figures["restore"] = timed(lambda: download_directory(stored, restored,
-                                                          files=manifest.files, retry=RETRY))
+        def verify(stored: Any = stored) -> None:
+            manifest = read_manifest(stored, RETRY)
+            assert manifest is not None and len(manifest.files) == files
+            verify_directory(stored, manifest.files, retry=RETRY)
+
+        def restore(stored: Any = stored) -> None:
+            manifest = read_manifest(stored, RETRY)
+            assert manifest is not None
+            download_directory(stored, os.path.join(scratch, "restored"),
+                               files=manifest.files, retry=RETRY)
+
+        for key, action, reference_source in (("upload", upload, src),
+                                              ("verify", verify, stored.path),
+                                              ("restore", restore, stored.path)):
+            turns = [(key, lambda action=action: timed(action)),
+                     (f"reference_{key}", lambda source=reference_source: copy_files(
+                         source, os.path.join(scratch, "copy")))]
+            for name, take in turns if round_ % 2 == 0 else turns[::-1]:
+                figures.setdefault(name, []).append(take())
+        for name in ("run", "copy", "restored"):
+            shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
     return figures
 
 
@@ -113,11 +135,13 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     files = int(getattr(args, "files", 10_000 if quick else 100_000))
     size = int(float(getattr(args, "file_kib", 1.0)) * 1024)
     per_dir = int(getattr(args, "per_dir", 1000))
+    repeat = int(getattr(args, "repeat", 1 if quick else 3))
     scratch = tempfile.mkdtemp(prefix="cairn-bench-small-", dir=getattr(args, "dir", None))
     try:
-        figures = measure(files, size, per_dir, scratch)
+        runs = measure(files, size, per_dir, scratch, repeat)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    figures = {name: statistics.median(values) for name, values in runs.items()}
     what = f"{files:,} files of {size / 1024:g} KiB"
     rows = []
     for key, metric in (("upload", f"upload + manifest, {what}"),
@@ -131,7 +155,11 @@ def run(args: Any = None) -> list[dict[str, Any]]:
             "ratio": figures[key] / figures[f"reference_{key}"],
             "unit": "s",
             "reference_name": "pyarrow.fs.copy_files, same run",
-            "note": "local -> local, one run each; Cairn checksums every file (xxh3-128)",
+            "note": (f"local -> local, median of {repeat} (Cairn "
+                     f"{', '.join(f'{v:.2f}' for v in runs[key])}; reference "
+                     f"{', '.join(f'{v:.2f}' for v in runs[f'reference_{key}'])} s), "
+                     "taking turns to go first, os.sync() before each; Cairn checksums "
+                     "every file (xxh3-128)"),
         })
     return rows
 
