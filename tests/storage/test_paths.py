@@ -118,3 +118,22 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
             list_local_files(str(tmp_path))
     finally:
         os.chmod(tmp_path / "locked", 0o600)
+
+
+def test_the_quick_accept_agrees_with_the_full_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every string of up to four characters from an alphabet of the separators, dots and
+    # a letter: what the quick accept returns, the full check returns too.
+    import itertools
+
+    from cairn._src.storage import paths
+
+    alphabet = ["a", "/", ".", "\\", "\x00", "b"]
+    quick = {}
+    for length in range(1, 5):
+        for chars in itertools.product(alphabet, repeat=length):
+            rel = "".join(chars)
+            if paths._is_plain(rel):
+                quick[rel] = paths.check_relative_path(rel)
+    assert quick and all(rel == got for rel, got in quick.items())
+    monkeypatch.setattr(paths, "_is_plain", lambda rel: False)
+    assert {rel: paths.check_relative_path(rel) for rel in quick} == quick

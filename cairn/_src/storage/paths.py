@@ -38,6 +38,8 @@ def check_relative_path(rel: str, *, argument: str = "path") -> str:
             f"{argument}={rel!r} must be a str, got {type(rel).__name__}; "
             "pass a relative path such as 'model/weights.pt'."
         )
+    if _is_plain(rel):
+        return rel
     if "\\" in rel or "\x00" in rel:
         raise UnsafePathError(
             f"{argument}={rel!r} contains a backslash or NUL character; use '/' to "
@@ -59,6 +61,15 @@ def check_relative_path(rel: str, *, argument: str = "path") -> str:
             f"{argument}={rel!r} names no file; pass a non-empty relative path."
         )
     return "/".join(parts)
+
+
+def _is_plain(rel: str) -> bool:
+    """Whether ``rel`` is already normalized and safe, decided without splitting it (a
+    manifest checks every one of its paths): no component is empty or starts with a dot,
+    so none is ``.`` or ``..``; no backslash or NUL; not absolute. Anything else takes the
+    full check."""
+    return bool(rel) and rel[0] not in "/." and rel[-1] != "/" and "/." not in rel and (
+        "//" not in rel) and "\\" not in rel and "\x00" not in rel
 
 
 def check_absolute_path(value: object, *, argument: str = "path") -> str:
