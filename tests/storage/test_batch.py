@@ -154,3 +154,19 @@ def test_check_sizes_stats_only_and_leaves_what_differs(tmp_path: str) -> None:
     sizes["missing/x.bin"] = 3
     assert batch.check_sizes(stored, sizes) == {
         "a/f003.bin", "top.bin", "b/f001.bin", "missing/x.bin"}
+
+
+def test_a_background_upload_moves_larger_chunks_with_the_same_result(tmp_path: str) -> None:
+    from cairn._src.storage.checksum import BACKGROUND_CHUNK_BYTES
+
+    src = os.path.join(str(tmp_path), "src")
+    os.makedirs(src)
+    data = os.urandom(BACKGROUND_CHUNK_BYTES + 12345)  # two chunks, the second partial
+    with open(os.path.join(src, "weights.bin"), "wb") as f:
+        f.write(data)
+    entries = {}
+    for background in (False, True):
+        dest = os.path.join(str(tmp_path), f"dest-{background}")
+        entries[background] = upload_directory(src, resolve(dest), background=background)
+        assert read_tree(dest) == {"weights.bin": data}
+    assert entries[True] == entries[False]

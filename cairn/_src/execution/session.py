@@ -103,6 +103,8 @@ class _UploadJob:
     inner: ReportHandle | None = None
     # This rank's part went to the controller (uploaded, or none to upload).
     sent: bool = False
+    # Uploaded by the upload thread while the training loop runs (ASYNC).
+    background: bool = False
 
 
 _STOP = object()
@@ -276,6 +278,7 @@ class WorkerSession:
             # it goes once the report resolved, before the caller's handle says so.
             job.inner = ReportHandle(index, has_checkpoint=True)
         if mode is CheckpointUploadMode.ASYNC:
+            job.background = True
             return self._enqueue(job, metrics)
         started = time.perf_counter()
         self._announce(job, metrics, mode)
@@ -449,7 +452,7 @@ class WorkerSession:
                 entries = upload_directory(job.checkpoint.path, destination,
                                            files={f: size for f, size in files.items()
                                                   if f not in skipped},
-                                           retry=self._retry)
+                                           retry=self._retry, background=job.background)
                 if isinstance(answer, ProceedMessage) and answer.stale:
                     # Written by the first upload of this directory and gone since (a
                     # temporary file renamed): not part of the checkpoint.

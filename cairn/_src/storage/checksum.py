@@ -26,6 +26,12 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 # stays in the CPU caches between the read, the hash and the write. bench/transfer.py
 # measured 1 MiB ahead of 2, 4 and 8 MiB by 5-15% (2 cores, page cache warm).
 LOCAL_CHUNK_BYTES = 1 << 20
+# The same for an upload in the background while the training loop runs Python (ASYNC):
+# each chunk takes the GIL back three times (after the read, the hash and the write), and
+# a thread waiting for it gets it only at the loop's switch interval (5 ms). 512 MiB in
+# 1 MiB chunks took 4.7 s beside a busy loop (0.11 s beside an idle one), in 16 MiB
+# chunks 0.45 s, the loop's steps the same in both.
+BACKGROUND_CHUNK_BYTES = 16 << 20
 # Read/write unit when one side is remote: pyarrow's S3 and GCS input files issue one
 # ranged GET per read call, so larger reads amortize the request latency.
 REMOTE_CHUNK_BYTES = 8 << 20

@@ -32,6 +32,7 @@ from cairn._src.errors import (
 )
 from cairn._src.storage import batch
 from cairn._src.storage.checksum import (
+    BACKGROUND_CHUNK_BYTES,
     BUFFERS,
     CHECKSUM_ALGORITHM,
     LOCAL_CHUNK_BYTES,
@@ -112,6 +113,7 @@ def upload_directory(
     retry: RetryPolicy = DEFAULT_RETRY,
     max_workers: int = 8,
     progress: Callable[[int], None] | None = None,
+    background: bool = False,
 ) -> dict[str, FileEntry]:
     """Copy the files of ``local_dir`` to ``dest``; return ``relpath -> FileEntry``.
 
@@ -120,7 +122,8 @@ def upload_directory(
     Parent directories are created on file systems. ``progress(delta_bytes)`` is called as
     bytes are written; a file that is retried takes its bytes back with a negative delta.
     A failed upload may leave files at ``dest``: they are not committed until a manifest
-    names them.
+    names them. ``background``: the process's other threads keep running Python meanwhile
+    (an ASYNC upload), so local copies move larger chunks, taking the GIL less often.
     """
     check_workers(max_workers)
     local_dir = os.fspath(local_dir)
@@ -151,6 +154,8 @@ def upload_directory(
             names = [rel for rel in names if rel not in done]
     chunk, workers = _plan(fs, max_workers, None if known is None else [
         known[rel] for rel in names])
+    if background:
+        chunk = max(chunk, BACKGROUND_CHUNK_BYTES)
 
     def task_for(rel: str) -> Callable[[Cancelled], FileEntry]:
         source_path = os.path.join(local_dir, *rel.split("/"))
