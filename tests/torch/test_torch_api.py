@@ -119,7 +119,11 @@ def test_setup_hook_initializes_and_teardown_destroys_the_group(
     for name, value in AttemptEnvironment()(0).items():
         monkeypatch.setenv(name, value)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        monkeypatch.delenv(name, raising=False)
+        # Set, then deleted: monkeypatch then removes what the hook sets once the test
+        # ends (a delenv of an absent variable records nothing), so that no later test in
+        # this process sees a torch.distributed environment.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     ProcessGroupSetup(TorchConfig(timeout_s=60), use_gpu=False)(FakeContext())
     try:
         assert dist.is_initialized() and dist.get_backend() == "gloo"
