@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -90,7 +91,7 @@ def test_ranks_reporting_one_directory_upload_it_again_once_it_is_complete() -> 
     early = {"shard_0": FileEntry(0, "e"), "shard_1": FileEntry(39, "1")}
     [final] = tracker.on_uploaded(uploaded(1, 1, early))
     assert (final.rank, final.shared, final.duplicates) == (0, "upload", ())
-    assert final.stale == ("shard_0", "shard_1")
+    assert final.stale == early  # what the first upload wrote, with its entries
     assert tracker.take_ready() == []  # rank 0's upload is still expected
     both = {"shard_0": FileEntry(39, "0"), "shard_1": FileEntry(39, "1")}
     tracker.on_uploaded(uploaded(0, 1, both))
@@ -203,3 +204,27 @@ def test_dir_name_when_no_rank_passes_a_checkpoint_saves_nothing(
     tracker.on_report(report(1, 1, named="x"))
     assert tracker.take_ready() == [] and tracker.pending_dir_names() == []
     assert "gave checkpoint_dir_name ['x'] without a checkpoint" in caplog.text
+
+
+def test_the_second_upload_of_a_shared_directory_skips_only_what_is_unchanged(
+    tmp_path: os.PathLike[str],
+) -> None:
+    from cairn._src.execution.session import unchanged_files
+    from cairn._src.storage.location import resolve
+    from cairn._src.storage.retry import RetryPolicy
+    from cairn._src.storage.transfer import compute_entries
+
+    directory = os.fspath(tmp_path)
+    for name, data in {"same": b"abc", "rewritten": b"xyz", "grown": b"12",
+                       "theirs": b"t", "new": b"n"}.items():
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+    earlier = compute_entries(resolve(directory), ["same", "rewritten", "grown", "theirs"])
+    earlier["gone"] = FileEntry(1, "0" * 32)
+    for name, data in {"rewritten": b"xyZ", "grown": b"123"}.items():  # same size, then not
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+    files = {name: os.path.getsize(os.path.join(directory, name))
+             for name in os.listdir(directory)}
+    kept = unchanged_files(directory, files, earlier, {"theirs"}, RetryPolicy())
+    assert kept == {"same": earlier["same"]}

@@ -176,15 +176,16 @@ class ProceedMessage:
     not upload them, it sends its own size and checksum of each instead (identical copies
     are stored once). ``shared`` is "" (upload the files listed at report time), "upload"
     (other ranks reported this same directory and every rank has reported: list it again
-    now and upload it whole, except ``duplicates``; then delete what an earlier upload of
-    it wrote, ``stale``, and the directory no longer holds) or "skip" (another rank
-    uploads this directory; upload nothing).
+    now and upload it whole, except ``duplicates``; of ``stale``, what an earlier upload
+    of it wrote (path -> entry), a file the directory still holds with the same size and
+    checksum is not written again, and one it no longer holds is deleted) or "skip"
+    (another rank uploads this directory; upload nothing).
     """
 
     index: int
     duplicates: tuple[str, ...] = ()
     shared: str = ""
-    stale: tuple[str, ...] = ()
+    stale: dict[str, FileEntry] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,9 @@ class Verdict:
     ``duplicates``: paths another rank uploads; this rank sends its checksums instead.
     ``shared``: "" (this rank uploads the files it listed), "upload" (it lists its
     directory, which other ranks reported too, again and uploads it whole, except
-    ``duplicates``; of ``stale``, what an earlier upload of it wrote, it deletes what is
-    gone) or "skip" (another rank uploads this directory: upload nothing).
+    ``duplicates``; of ``stale``, what an earlier upload of it wrote (path -> entry), it
+    deletes what is gone and does not write again what is unchanged) or "skip" (another
+    rank uploads this directory: upload nothing).
     ``announce``: the explicit ``checkpoint_dir_name`` whose upload starts now, or None.
     """
 
@@ -101,7 +102,7 @@ class Verdict:
     duplicates: tuple[str, ...] = ()
     shared: str = ""
     announce: str | None = None
-    stale: tuple[str, ...] = ()
+    stale: dict[str, FileEntry] = field(default_factory=dict)
 
 
 def describe_ranks(ranks: list[int] | set[int]) -> str:
@@ -199,7 +200,7 @@ class ReportTracker:
             elsewhere = tuple(sorted(p for p, r in pending.claimed.items() if r not in group))
             if elsewhere:
                 pending.duplicates[final] = elsewhere
-            stale = tuple(sorted(pending.uploaded[first].entries))
+            stale = dict(pending.uploaded[first].entries)
             pending.relisting.add(final)
             for rank in members:
                 if rank != final:

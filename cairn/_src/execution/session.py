@@ -57,7 +57,7 @@ from cairn._src.storage.fileio import delete_file, is_dir
 from cairn._src.storage.location import resolve
 from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import compute_entries, upload_directory
+from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.train.context import RunStorage, TrainContext
 from cairn._src.train.datasets import DatasetShards
 from cairn._src.train.reported import CheckpointConsistencyMode, ReportedCheckpoint
@@ -108,6 +108,24 @@ class _UploadJob:
 
 
 _STOP = object()
+
+
+def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
+                    skipped: set[str], retry: RetryPolicy) -> dict[str, FileEntry]:
+    """Of what the first upload of a shared ``directory`` wrote (``earlier``), the files
+    it still holds as they were (``files``: its listing now; ``skipped``: paths another
+    rank uploads): hashed again here, a local read, and not written again. The same size
+    with other bytes is a change; a file that changes while it is read makes this return
+    nothing, so that everything is uploaded."""
+    same_size = sorted(rel for rel, entry in earlier.items()
+                       if rel not in skipped and files.get(rel) == entry.size)
+    if not same_size:
+        return {}
+    try:
+        now = compute_entries(resolve(directory), same_size, retry=retry, follow_links=True)
+    except CairnError:
+        return {}
+    return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
 
 
 class WorkerSession:
@@ -443,16 +461,20 @@ class WorkerSession:
                     self._write_deferred(job)
                 skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
                 files = job.files
+                unchanged: dict[str, FileEntry] = {}
                 if isinstance(answer, ProceedMessage) and answer.shared == "upload":
                     # Every rank sharing the directory has reported: it is complete now,
                     # while the listing taken at report() may have caught a shard still
                     # being written by another rank.
                     files, _ = self._local_files(job.checkpoint)
                     skipped &= set(files)
-                entries = upload_directory(job.checkpoint.path, destination,
+                    unchanged = unchanged_files(job.checkpoint.path, files, answer.stale,
+                                                skipped, self._retry)
+                written = upload_directory(job.checkpoint.path, destination,
                                            files={f: size for f, size in files.items()
-                                                  if f not in skipped},
+                                                  if f not in skipped and f not in unchanged},
                                            retry=self._retry, background=job.background)
+                entries = dict(sorted({**written, **unchanged}.items()))
                 if isinstance(answer, ProceedMessage) and answer.stale:
                     # Written by the first upload of this directory and gone since (a
                     # temporary file renamed): not part of the checkpoint.
@@ -463,7 +485,7 @@ class WorkerSession:
                 duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped),
                                              retry=self._retry,
                                              follow_links=True) if skipped else {}
-                size = sum(entry.size for entry in entries.values())
+                size = sum(entry.size for entry in written.values())
                 message = UploadedMessage(self.rank, job.index, entries, None, size,
                                           time.perf_counter() - started, duplicates=duplicates)
         except BaseException as exc:
