@@ -35,6 +35,12 @@ from cairn.storage import ObjectInfo, register_scheme
 # The driver's live view stays quiet in tests; tests of the view turn it on with
 # RunConfig(progress=1 | 2).
 os.environ.setdefault("CAIRN_PROGRESS", "0")
+# Ray starts its worker processes at niceness 15 by default: beside any process of normal
+# priority that keeps a core busy (another test run, a CPU hog), the tests' Ray actors get
+# a small fraction of the CPU and a Ray test that takes seconds took over 300 s. Every Ray
+# cluster the tests start (in this process or in subprocesses, which inherit this) runs
+# its workers at normal priority instead.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 S3_BUCKET = "cairn-test"
 DICTSTORE_SCHEME = "dictstore"
