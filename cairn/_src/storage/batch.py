@@ -94,6 +94,18 @@ def _directory(root: str, directory: str, *, follow_links: bool) -> Iterator[int
             os.close(fd)
 
 
+@contextmanager
+def _directories(source_root: str, target_root: str, directory: str, *,
+                 follow_links: bool) -> Iterator[tuple[int, int] | None]:
+    """Descriptors of ``directory`` under ``source_root`` (see :func:`_directory`) and
+    under ``target_root`` (links followed: a user's path), or None if either cannot be
+    opened."""
+    target_dir = os.path.join(target_root, *directory.split("/")) if directory else target_root
+    with (_directory(source_root, directory, follow_links=follow_links) as source,
+          _directory(target_dir, "", follow_links=True) as target):
+        yield None if source is None or target is None else (source, target)
+
+
 def _read(name: str, dir_fd: int, expected: int | None, follow_links: bool) -> bytes | None:
     """The whole of the regular file ``name`` (None unless it is one as expected).
 
@@ -179,12 +191,11 @@ def download(
     count = 0
     for directory, names in _by_directory(files).items():
         done = 0
-        target_dir = os.path.join(local_dir, *directory.split("/")) if directory else local_dir
-        with (_directory(src_root, directory, follow_links=False) as source,
-              _directory(target_dir, "", follow_links=True) as target):
-            if source is None or target is None:
+        with _directories(src_root, local_dir, directory, follow_links=False) as pair:
+            if pair is None:
                 left.update(rel for _, rel in names)
                 continue
+            source, target = pair
             for name, rel in names:
                 want = files[rel]
                 size = want.size if isinstance(want, FileEntry) else want
@@ -258,12 +269,11 @@ def upload(
     left: set[str] = set()
     for directory, group in _by_directory(names).items():
         done = 0
-        target_dir = os.path.join(dest_root, *directory.split("/")) if directory else dest_root
-        with (_directory(local_dir, directory, follow_links=True) as source,
-              _directory(target_dir, "", follow_links=True) as target):
-            if source is None or target is None:
+        with _directories(local_dir, dest_root, directory, follow_links=True) as pair:
+            if pair is None:
                 left.update(rel for _, rel in group)
                 continue
+            source, target = pair
             for name, rel in group:
                 data = _read(name, source, None, True)
                 if data is None or not _write(name, target, data, _TRUNCATE_FLAGS):

@@ -123,7 +123,7 @@ def upload_directory(
     bytes are written; a file that is retried takes its bytes back with a negative delta.
     A failed upload may leave files at ``dest``: they are not committed until a manifest
     names them. ``background``: the process's other threads keep running Python meanwhile
-    (an ASYNC upload), so local copies move larger chunks, taking the GIL less often.
+    (an ASYNC upload), so copies move chunks of at least 16 MiB, taking the GIL less often.
     """
     check_workers(max_workers)
     local_dir = os.fspath(local_dir)
