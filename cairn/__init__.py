@@ -38,6 +38,7 @@ from cairn._src.errors import (
 from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.goodput.summary import GoodputSummary
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.tuning import TransferConfig
 from cairn._src.train.api import get_checkpoint, get_context, get_dataset_shard, report
 from cairn._src.train.callbacks import Callback, UserCallback
 from cairn._src.train.context import TrainContext
@@ -102,6 +103,7 @@ __all__ = [
     "TrainContext",
     "Trainer",
     "TrainingFailedError",
+    "TransferConfig",
     "UnknownSchemeError",
     "UnsafePathError",
     "UserCallback",

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from cairn._src import migration
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.tuning import TransferConfig
 
 
 class CheckpointUploadMode(enum.Enum):
@@ -355,7 +356,10 @@ class RunConfig:
     settling what a dead driver left): ``None`` uses ``storage_retry``; give a longer one
     (``RetryPolicy(max_attempts=20, max_backoff_s=30)``) to ride out a storage outage at
     start. When it runs out, ``fit()`` raises :class:`StorageError` saying that the run is
-    intact and can be started again.
+    intact and can be started again. ``storage_transfer`` sets the part size and the
+    requests in flight of transfers with remote storage in every worker, and in the driver
+    while ``fit()`` runs (:class:`cairn.storage.TransferConfig`; ``None``: each process's
+    own settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
     """
 
     name: str | None = None
@@ -365,6 +369,7 @@ class RunConfig:
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     callbacks: Sequence[Any] = ()
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    storage_transfer: TransferConfig | None = None
     worker_env: dict[str, str] | None = None
     # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
     # the driver's Python environment, so pip/conda/working_dir are refused.
@@ -441,6 +446,12 @@ class RunConfig:
         if not isinstance(self.storage_retry, RetryPolicy):
             raise ConfigError(
                 f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."
+            )
+        if self.storage_transfer is not None and not isinstance(self.storage_transfer,
+                                                                TransferConfig):
+            raise ConfigError(
+                f"RunConfig.storage_transfer={self.storage_transfer!r} must be a "
+                "cairn.storage.TransferConfig or None (None: the process's settings)."
             )
         self._merge_worker_runtime_env()
 

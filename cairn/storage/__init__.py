@@ -29,6 +29,8 @@ from cairn._src.storage.registry import (
     unregister_scheme,
 )
 from cairn._src.storage.retry import RetryPolicy, TransientStorageError
+from cairn._src.storage.tuning import TransferConfig, set_transfer_config
+from cairn._src.storage.tuning import current as transfer_config
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -38,6 +40,7 @@ __all__ = [
     "ObjectStore",
     "RetryPolicy",
     "StorageLocation",
+    "TransferConfig",
     "TransientStorageError",
     "export_registrations",
     "import_registrations",
@@ -47,6 +50,8 @@ __all__ = [
     "register_scheme",
     "registered_schemes",
     "resolve",
+    "set_transfer_config",
     "supports_atomic_rename",
+    "transfer_config",
     "unregister_scheme",
 ]

@@ -15,6 +15,7 @@ def test_exported_members() -> None:
         "ObjectStore",
         "RetryPolicy",
         "StorageLocation",
+        "TransferConfig",
         "TransientStorageError",
         "export_registrations",
         "import_registrations",
@@ -24,7 +25,9 @@ def test_exported_members() -> None:
         "register_scheme",
         "registered_schemes",
         "resolve",
+        "set_transfer_config",
         "supports_atomic_rename",
+        "transfer_config",
         "unregister_scheme",
     ]
     for name in cairn.storage.__all__:

@@ -180,15 +180,16 @@ def test_a_remote_write_is_flushed_every_window_so_its_buffered_parts_stay_bound
 
 def test_an_s3_upload_larger_than_the_write_window_comes_back_whole(
     tmp_path: Path, s3_uri_factory: Callable[[str], str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cairn._src.storage import transfer
+    from cairn.storage import TransferConfig
 
-    monkeypatch.setattr(transfer, "REMOTE_WRITE_WINDOW_BYTES", 1 << 20)
+    # One part in flight at a time: the upload waits for each before it writes the next.
+    config = TransferConfig(part_size=5 << 20, max_concurrency=1)
     src = tmp_path / "src"
     src.mkdir()
-    (src / "big").write_bytes(os.urandom((5 << 20) + 123))
+    (src / "big").write_bytes(os.urandom((10 << 20) + 123))
     location = resolve(s3_uri_factory("window"))
-    entries = upload_directory(str(src), location, retry=FAST)
-    download_directory(location, str(tmp_path / "out"), files=entries, retry=FAST)
+    entries = upload_directory(str(src), location, retry=FAST, transfer=config)
+    download_directory(location, str(tmp_path / "out"), files=entries, retry=FAST,
+                       transfer=config)
     assert (tmp_path / "out" / "big").read_bytes() == (src / "big").read_bytes()

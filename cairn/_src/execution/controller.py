@@ -321,6 +321,7 @@ class Controller:
             max_pending_uploads=checkpoint_config.max_pending_uploads,
             upload_failure_policy=checkpoint_config.upload_failure_policy,
             retry=retry,
+            transfer=self._run_config.storage_transfer,
             setup_hooks=hooks,
             teardown_hooks=teardown,
             validation=self._spec.validation_config is not None,

@@ -12,6 +12,7 @@ from typing import Any
 
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
+from cairn._src.storage.tuning import TransferConfig
 
 # --- worker -> controller ----------------------------------------------------------------
 
@@ -155,6 +156,8 @@ class SetupMessage:
     # CheckpointConfig.local_tier_bytes and local_tier_dir (0: no local tier).
     local_tier_bytes: int = 0
     local_tier_dir: str | None = None
+    # RunConfig.storage_transfer (None: the worker keeps its process default).
+    transfer: TransferConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from cairn._src.execution.session import WorkerSession, set_session
 from cairn._src.execution.storage_check import check_storage_marker
 from cairn._src.execution.tls import client_context, open_client_tunnel, wait_for_tunnels
 from cairn._src.storage.registry import import_registrations
+from cairn._src.storage.tuning import set_transfer_config
 
 logger = logging.getLogger("cairn.worker_main")
 
@@ -60,6 +61,8 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     import_registrations(cloudpickle.loads(registrations))
     setup = connection.recv()
     assert isinstance(setup, SetupMessage)
+    if setup.transfer is not None:
+        set_transfer_config(setup.transfer)
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
     try:

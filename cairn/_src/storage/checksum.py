@@ -32,13 +32,6 @@ LOCAL_CHUNK_BYTES = 1 << 20
 # 1 MiB chunks took 4.7 s beside a busy loop (0.11 s beside an idle one), in 16 MiB
 # chunks 0.45 s, the loop's steps the same in both.
 BACKGROUND_CHUNK_BYTES = 16 << 20
-# Read/write unit when one side is remote: pyarrow's S3 and GCS input files issue one
-# ranged GET per read call, so larger reads amortize the request latency.
-REMOTE_CHUNK_BYTES = 8 << 20
-# A remote upload waits for its background part uploads each time this much more was
-# written: the memory one file's upload holds (bench/s3_transfer.py: 64 MiB keeps the
-# throughput of an unbounded stream, which held 400-500 MiB of a 512 MiB file).
-REMOTE_WRITE_WINDOW_BYTES = 64 << 20
 # Buffers kept for reuse between transfers (a fresh buffer costs a page fault per 4 KiB).
 _POOL_LIMIT_BYTES = 64 << 20
 

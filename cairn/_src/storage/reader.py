@@ -98,7 +98,7 @@ def describe_mode(mode: int) -> str:
 @contextmanager
 def open_regular_file(
     directory: StorageLocation, rel: str, *, expected_size: int | None,
-    follow_links: bool = False,
+    follow_links: bool = False, random_access: bool = False,
 ) -> Iterator[OpenedFile]:
     """Open ``rel`` (a checked relative path) under ``directory`` for a bounded read.
 
@@ -111,6 +111,8 @@ def open_regular_file(
     local directory that is not a committed checkpoint, whose links
     :func:`~cairn._src.storage.paths.list_local_files` already checked to stay inside it:
     links are then followed, and the file they lead to must still be a regular file.
+    ``random_access``: on remote storage the stream is a random-access file (``read_at``,
+    for ranged reads in parallel) rather than a sequential stream.
     """
     root = local_os_path(directory)
     if root is not None:
@@ -135,7 +137,9 @@ def open_regular_file(
     if stored is not None:
         _check_size(directory, rel, expected_size, stored)
     bound = expected_size if expected_size is not None else stored
-    with directory.filesystem.open_input_stream(source.path) as stream:
+    fs = directory.filesystem
+    with (fs.open_input_file(source.path) if random_access
+          else fs.open_input_stream(source.path)) as stream:
         yield OpenedFile(stream, stored, None if bound is None else bound + 1)
 
 

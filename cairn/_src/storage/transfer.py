@@ -12,12 +12,14 @@ Thread-safety: every function here may be called from several threads at once; t
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import pyarrow.fs as pafs
 
@@ -30,14 +32,12 @@ from cairn._src.errors import (
     StorageError,
     UnsafePathError,
 )
-from cairn._src.storage import batch
+from cairn._src.storage import batch, tuning
 from cairn._src.storage.checksum import (
     BACKGROUND_CHUNK_BYTES,
     BUFFERS,
     CHECKSUM_ALGORITHM,
     LOCAL_CHUNK_BYTES,
-    REMOTE_CHUNK_BYTES,
-    REMOTE_WRITE_WINDOW_BYTES,
     FileEntry,
     Progress,
     TransferCancelled,
@@ -60,8 +60,10 @@ from cairn._src.storage.parallel import (
     run_parallel,
 )
 from cairn._src.storage.paths import check_relative_path, list_local_files
-from cairn._src.storage.reader import local_os_path, open_regular_file
+from cairn._src.storage.ranged import Fetcher
+from cairn._src.storage.reader import OpenedFile, local_os_path, open_regular_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from cairn._src.storage.tuning import TransferConfig
 from cairn._src.text import plural
 
 logger = logging.getLogger("cairn.storage.transfer")
@@ -86,22 +88,57 @@ _MAX_NAMED_FAILURES = 5
 _SMALL_FILE_BYTES = 256 << 10
 
 
-def _plan(fs: pafs.FileSystem, max_workers: int,
-          sizes: Iterable[int] | None = None) -> tuple[int, int]:
+# Remote file systems whose random-access files serve concurrent ranged reads (pyarrow's
+# own). Python-backed ones (fsspec, custom object stores) read under one lock or whole.
+_RANGED_TYPES = frozenset({"s3", "gcs", "abfs", "hdfs"})
+
+
+def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | None = None,
+          config: TransferConfig | None = None) -> tuple[int, int]:
     """(chunk bytes, threads) for transfers with ``fs`` on the other side of local disk.
 
     Local to local, a copy is bound by CPU and memory bandwidth: more threads than cores
     only contend (bench/transfer.py: 8 threads were 20-60% slower than 2 on 2 cores), and
     for small files (``sizes``, when known, averaging under 256 KiB) one thread is
-    fastest. Remote stores are bound by request latency, so every allowed thread helps.
+    fastest. Remote stores are bound by request latency: ``config``'s part size and
+    concurrency (the process default when None) unless ``max_workers`` says otherwise.
     """
     if local_root(fs) is not None:
-        threads = min(max_workers, max(2, os.cpu_count() or 1))
+        threads = max(2, os.cpu_count() or 1)
+        if max_workers is not None:
+            threads = min(max_workers, threads)
         known = list(sizes) if sizes is not None else []
         if known and sum(known) < _SMALL_FILE_BYTES * len(known):
             threads = 1
         return LOCAL_CHUNK_BYTES, threads
-    return REMOTE_CHUNK_BYTES, max_workers
+    config = config or tuning.current()
+    return config.part_size, max_workers or config.max_concurrency
+
+
+def _fetcher(loc: StorageLocation, sizes: Iterable[int],
+             config: TransferConfig | None) -> Fetcher | None:
+    """A :class:`Fetcher` when some file of ``sizes`` at ``loc`` is read in ranged parts."""
+    config = config or tuning.current()
+    if loc.filesystem.type_name not in _RANGED_TYPES or config.max_concurrency < 2:
+        return None
+    if not any(size >= config.multipart_threshold for size in sizes):
+        return None
+    return Fetcher(config)
+
+
+@contextmanager
+def _reading(loc: StorageLocation, rel: str, want_size: int | None, fetcher: Fetcher | None,
+             follow_links: bool = False) -> Iterator[OpenedFile]:
+    """:func:`open_regular_file`, its stream read in ranged parts when ``fetcher`` takes a
+    file of this size."""
+    ranged = fetcher is not None and want_size is not None and fetcher.wants(want_size)
+    with open_regular_file(loc, rel, expected_size=want_size, follow_links=follow_links,
+                           random_access=ranged) as opened:
+        if fetcher is None or want_size is None or not ranged:
+            yield opened
+            return
+        with fetcher.stream(opened.stream, want_size) as reader:
+            yield dataclasses.replace(opened, stream=reader)
 
 
 def upload_directory(
@@ -111,9 +148,10 @@ def upload_directory(
     files: Iterable[str] | None = None,
     exclude: Container[str] = (),
     retry: RetryPolicy = DEFAULT_RETRY,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     progress: Callable[[int], None] | None = None,
     background: bool = False,
+    transfer: TransferConfig | None = None,
 ) -> dict[str, FileEntry]:
     """Copy the files of ``local_dir`` to ``dest``; return ``relpath -> FileEntry``.
 
@@ -124,8 +162,14 @@ def upload_directory(
     A failed upload may leave files at ``dest``: they are not committed until a manifest
     names them. ``background``: the process's other threads keep running Python meanwhile
     (an ASYNC upload), so copies move chunks of at least 16 MiB, taking the GIL less often.
+    To remote storage files are written ``transfer.part_size`` bytes at a time (the
+    process default, see :mod:`.tuning`), each file waiting for its background parts
+    whenever its share of ``max_concurrency`` parts is in flight; ``max_workers`` (default:
+    the cores locally, ``max_concurrency`` remotely) files are copied at a time.
     """
-    check_workers(max_workers)
+    if max_workers is not None:
+        check_workers(max_workers)
+    transfer = transfer or tuning.current()
     local_dir = os.fspath(local_dir)
     known: dict[str, int] | None = None  # relpath -> listed size, when known
     if files is None:
@@ -153,8 +197,13 @@ def upload_directory(
             done, _ = batch.upload(local_dir, local_dest, small, progress=shared)
             names = [rel for rel in names if rel not in done]
     chunk, workers = _plan(fs, max_workers, None if known is None else [
-        known[rel] for rel in names])
-    if background:
+        known[rel] for rel in names], transfer)
+    window = None
+    if local_dest is None:
+        tuning.ensure_io_threads(transfer)
+        in_parallel = max(1, min(workers, len(names)))
+        window = chunk * max(1, transfer.max_concurrency // in_parallel)
+    elif background:
         chunk = max(chunk, BACKGROUND_CHUNK_BYTES)
 
     def task_for(rel: str) -> Callable[[Cancelled], FileEntry]:
@@ -176,8 +225,7 @@ def upload_directory(
                     size = stream_copy(
                         source, sink, buffer, hasher=hasher, progress=report,
                         cancelled=cancelled, raw_sink=target_os is not None,
-                        flush_every=None if target_os is not None
-                        else REMOTE_WRITE_WINDOW_BYTES,
+                        flush_every=window,
                     )
             except BaseException:
                 undo()
@@ -229,8 +277,9 @@ def download_directory(
     files: Mapping[str, FileEntry] | None = None,
     verify: bool = True,
     retry: RetryPolicy = DEFAULT_RETRY,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    transfer: TransferConfig | None = None,
 ) -> None:
     """Copy files of ``src`` into ``local_dir`` (created when missing).
 
@@ -244,9 +293,14 @@ def download_directory(
     under a short temporary name in its directory (it fits wherever the final name does)
     and renamed once complete and verified, so no half-written file ever has its final
     name. Unsafe relative paths (``..``, absolute) raise :class:`UnsafePathError` before
-    anything is written.
+    anything is written. From remote storage a file of at least
+    ``transfer.multipart_threshold`` bytes is read as parallel ranged requests, hashed and
+    written in order (:mod:`.ranged`); ``transfer`` defaults to the process's
+    (:mod:`.tuning`).
     """
-    check_workers(max_workers)
+    if max_workers is not None:
+        check_workers(max_workers)
+    transfer = transfer or tuning.current()
     local_dir = os.fspath(local_dir)
     expected: dict[str, FileEntry | int]
     follow_links = False
@@ -273,8 +327,9 @@ def download_directory(
             left = batch.download(src_root, local_dir, small, verify=verify, progress=shared)
             checked = {rel: original for rel, original in checked.items()
                        if rel not in small or rel in left}
-    chunk, workers = _plan(src.filesystem, max_workers, [
-        _size_of(expected[original]) for original in checked.values()])
+    sizes = [_size_of(expected[original]) for original in checked.values()]
+    chunk, workers = _plan(src.filesystem, max_workers, sizes, transfer)
+    fetcher = _fetcher(src, sizes, transfer)
 
     def task_for(rel: str, want: FileEntry | int) -> Callable[[Cancelled], None]:
         final = os.path.join(local_dir, *rel.split("/"))
@@ -287,9 +342,7 @@ def download_directory(
             temporary = _temporary_sibling(final)
             try:
                 with (
-                    open_regular_file(
-                        src, rel, expected_size=want_size, follow_links=follow_links
-                    ) as opened,
+                    _reading(src, rel, want_size, fetcher, follow_links) as opened,
                     BUFFERS.borrow(chunk) as buffer,
                     _create_new(temporary) as sink,
                 ):
@@ -316,7 +369,11 @@ def download_directory(
 
     started = time.perf_counter()
     tasks = {rel: task_for(rel, expected[original]) for rel, original in checked.items()}
-    _, errors = run_parallel(tasks, workers, collect_all=False)
+    try:
+        _, errors = run_parallel(tasks, workers, collect_all=False)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
     raise_first(errors)
     logger.debug(
         "Downloaded %s from %s to %s in %.3fs", plural(len(tasks), "file"), src.display(),
@@ -381,7 +438,7 @@ def _check(
 
 def _read_and_hash(
     loc: StorageLocation, rel: str, retry: RetryPolicy, want: FileEntry | None,
-    follow_links: bool = False,
+    follow_links: bool = False, fetcher: Fetcher | None = None,
 ) -> Callable[[Cancelled], FileEntry]:
     source = loc.join(rel)
     what = f"read {source.display()}"
@@ -391,10 +448,8 @@ def _read_and_hash(
     def attempt(cancelled: Cancelled) -> FileEntry:
         hasher = new_hasher()
         with (
-            open_regular_file(
-                loc, rel, expected_size=None if want is None else want.size,
-                follow_links=follow_links,
-            ) as opened,
+            _reading(loc, rel, None if want is None else want.size, fetcher,
+                     follow_links) as opened,
             BUFFERS.borrow(chunk) as buffer,
         ):
             size = stream_copy(
@@ -426,7 +481,7 @@ def compute_entries(
     files: Iterable[str],
     *,
     retry: RetryPolicy = DEFAULT_RETRY,
-    max_workers: int = 8,
+    max_workers: int | None = None,
     follow_links: bool = False,
 ) -> dict[str, FileEntry]:
     """Read ``files`` (relative to ``loc``) from storage and return their entries.
@@ -440,7 +495,8 @@ def compute_entries(
     for a user's local directory about to be uploaded, whose links
     :func:`list_local_files` already checked: they are then followed.
     """
-    check_workers(max_workers)
+    if max_workers is not None:
+        check_workers(max_workers)
     names = sorted({check_relative_path(rel, argument="files") for rel in files})
     root = local_os_path(loc)
     done: dict[str, FileEntry] = {}
@@ -522,7 +578,8 @@ def verify_directory(
     files: Mapping[str, FileEntry],
     *,
     retry: RetryPolicy = DEFAULT_RETRY,
-    max_workers: int = 8,
+    max_workers: int | None = None,
+    transfer: TransferConfig | None = None,
 ) -> None:
     """Check that every file of ``files`` under ``loc`` has the recorded size and checksum.
 
@@ -532,9 +589,11 @@ def verify_directory(
     first one: :class:`MissingCheckpointFileError` (missing), :class:`NotARegularFileError`
     (a link, directory, FIFO or device) or :class:`ChecksumMismatchError`, all
     :class:`CheckpointDamagedError`; the message names up to five. Without damage, the
-    first other error (an outage) is raised as it is.
+    first other error (an outage) is raised as it is. Large remote files are read as
+    parallel ranged requests, as :func:`download_directory` does.
     """
-    check_workers(max_workers)
+    if max_workers is not None:
+        check_workers(max_workers)
     checked = {check_relative_path(rel, argument="files"): entry for rel, entry in files.items()}
     root = local_os_path(loc)
     if root is not None and batch.available():
@@ -545,9 +604,16 @@ def verify_directory(
         if small:
             good, _ = batch.hash_files(root, small)
             checked = {rel: entry for rel, entry in checked.items() if rel not in good}
-    tasks = {rel: _read_and_hash(loc, rel, retry, entry) for rel, entry in checked.items()}
-    threads = _plan(loc.filesystem, max_workers, [entry.size for entry in checked.values()])[1]
-    _, errors = run_parallel(tasks, threads, collect_all=True)
+    sizes = [entry.size for entry in checked.values()]
+    threads = _plan(loc.filesystem, max_workers, sizes, transfer)[1]
+    fetcher = _fetcher(loc, sizes, transfer)
+    tasks = {rel: _read_and_hash(loc, rel, retry, entry, fetcher=fetcher)
+             for rel, entry in checked.items()}
+    try:
+        _, errors = run_parallel(tasks, threads, collect_all=True)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
     if not errors:
         return
     # An outage cannot make a file look damaged (a failed read raises, it returns no short

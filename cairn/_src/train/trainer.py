@@ -36,6 +36,7 @@ from cairn._src.storage.location import (
     resolve,
 )
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.tuning import set_transfer_config
 from cairn._src.storage.uris import scheme_of
 from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
@@ -150,6 +151,15 @@ class Trainer:
         return base.join(self._run_name)
 
     def fit(self) -> Result:
+        transfer = self.run_config.storage_transfer
+        previous = None if transfer is None else set_transfer_config(transfer)
+        try:
+            return self._fit()
+        finally:
+            if previous is not None:
+                set_transfer_config(previous)
+
+    def _fit(self) -> Result:
         run = self._run_location()
         retry = self.run_config.storage_retry
         # The start-up has a budget of its own (RunConfig.startup_retry): a driver started

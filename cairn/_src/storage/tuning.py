@@ -1,0 +1,107 @@
+"""How large files move to and from remote storage: part size and requests in flight.
+
+A :class:`TransferConfig` applies to object stores and other remote file systems (S3, GCS,
+Azure, HDFS, fsspec); local copies are planned by the machine's cores and ignore it.
+
+* Downloads and verifications read a file of at least ``multipart_threshold`` bytes as
+  ranged requests of ``part_size`` bytes, up to ``max_concurrency`` of them in flight
+  across the whole transfer, and hash them in order as they arrive. Smaller files stream
+  whole, ``max_concurrency`` files at a time.
+* Uploads write ``part_size`` bytes at a time; on S3 each write becomes one part of the
+  multipart upload, which pyarrow sends in the background on its I/O threads (raised to
+  ``max_concurrency`` when fewer). A file's upload waits for its parts whenever its share
+  of ``max_concurrency`` parts is in flight.
+
+Either way a transfer holds about ``max_concurrency * part_size`` bytes of file data in
+memory (64 MiB by default), whatever the files' sizes.
+
+The process-wide default is what :func:`current` returns: ``TransferConfig()`` unless
+:func:`set_transfer_config` changed it. ``RunConfig(storage_transfer=...)`` sets it in every
+worker of the run, and in the driver while ``fit()`` runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from cairn._src.errors import ConfigError
+
+MiB = 1 << 20
+# S3 refuses a part under 5 MiB (except the last) and over 5 GiB.
+MIN_PART_BYTES = 5 * MiB
+MAX_PART_BYTES = 5 << 30
+_MAX_CONCURRENCY = 1024
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Part size and parallelism of transfers with remote storage (see the module doc).
+
+    ``part_size``: bytes per ranged read and per multipart part, 5 MiB to 5 GiB.
+    ``max_concurrency``: requests (parts, or whole small files) in flight at once, 1 to
+    1024; 1 transfers one file at a time, each in one stream. ``multipart_threshold``:
+    files of at least this many bytes are read in parallel parts, at least ``part_size``.
+    """
+
+    part_size: int = 8 * MiB
+    max_concurrency: int = 8
+    multipart_threshold: int = 32 * MiB
+
+    def __post_init__(self) -> None:
+        _check_int("part_size", self.part_size, MIN_PART_BYTES, MAX_PART_BYTES,
+                   "between 5 MiB (5242880, S3's smallest part) and 5 GiB")
+        _check_int("max_concurrency", self.max_concurrency, 1, _MAX_CONCURRENCY,
+                   f"between 1 and {_MAX_CONCURRENCY}")
+        _check_int("multipart_threshold", self.multipart_threshold, self.part_size, None,
+                   f"at least part_size ({self.part_size})")
+
+    @property
+    def memory_bytes(self) -> int:
+        """About the most file data one transfer holds in memory."""
+        return self.part_size * self.max_concurrency
+
+
+def _check_int(name: str, value: object, low: int, high: int | None, accepted: str) -> None:
+    if (isinstance(value, bool) or not isinstance(value, int) or value < low
+            or (high is not None and value > high)):
+        raise ConfigError(f"TransferConfig.{name}={value!r} must be an integer {accepted}.")
+
+
+_lock = threading.Lock()
+_current = TransferConfig()
+
+
+def current() -> TransferConfig:
+    """The process's transfer settings."""
+    return _current
+
+
+def set_transfer_config(config: TransferConfig | None) -> TransferConfig:
+    """Make ``config`` (``None``: the defaults) this process's transfer settings.
+
+    Returns the settings it replaces, so that a caller can put them back. Transfers
+    already running keep the settings they started with.
+    """
+    global _current
+    if config is None:
+        config = TransferConfig()
+    if not isinstance(config, TransferConfig):
+        raise ConfigError(
+            f"transfer config {config!r} must be a cairn.storage.TransferConfig or None."
+        )
+    with _lock:
+        previous, _current = _current, config
+    return previous
+
+
+def ensure_io_threads(config: TransferConfig) -> None:
+    """Let pyarrow's background part uploads run ``max_concurrency`` at a time.
+
+    pyarrow's I/O thread pool is per process; it is only ever raised here, never lowered.
+    """
+    with _lock:
+        if pa.io_thread_count() < config.max_concurrency:
+            pa.set_io_thread_count(config.max_concurrency)
