@@ -16,6 +16,10 @@ this process's GIL with the clients), writes ``--files`` random files totalling
 * download: ``download_directory`` with verification (``to_directory()``) against
   ``copy_files`` back, and ``boto3``'s ``download_file``.
 
+Cairn runs with ``TransferConfig(part_size=--part-mib, max_concurrency=--concurrency)``
+(the defaults: 16 MiB, 8), and once more with ``max_concurrency=1`` (one stream per file,
+as before ranged reads) for the download, to show what the parallel ranges bring.
+
 Cairn's notes also give the memory held at peak during one more upload and download
 (pyarrow's pool, sampled, plus Python's traced allocations), to show that transfers
 stream rather than buffer whole files. ``run(args)`` returns the rows for
@@ -47,6 +51,7 @@ from _harness import make_checkpoint_dir, print_table
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory, upload_directory
+from cairn._src.storage.tuning import TransferConfig
 
 RETRY = RetryPolicy()
 BUCKET = "cairn-bench"
@@ -58,6 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=1, help="number of files")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each (best)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--part-mib", type=int, default=16, help="TransferConfig.part_size")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="TransferConfig.max_concurrency")
     return parser.parse_args(argv)
 
 
@@ -150,7 +158,7 @@ def best(repeat: int, reset: Callable[[], None], action: Callable[[], Any]) -> f
 
 
 def measure(size_mib: float, num_files: int, repeat: int, scratch: str,
-            endpoint: str) -> dict[str, float]:
+            endpoint: str, config: TransferConfig) -> dict[str, float]:
     src = os.path.join(scratch, "src")
     make_checkpoint_dir(src, size_mib, num_files)
     names = sorted(os.listdir(src))
@@ -164,7 +172,7 @@ def measure(size_mib: float, num_files: int, repeat: int, scratch: str,
         os.makedirs(out)
 
     def cairn_up() -> None:
-        upload_directory(src, location(endpoint, "cairn"), retry=RETRY)
+        upload_directory(src, location(endpoint, "cairn"), retry=RETRY, transfer=config)
 
     def arrow_up() -> None:
         pafs.copy_files(src, f"{BUCKET}/arrow", source_filesystem=local,
@@ -182,7 +190,13 @@ def measure(size_mib: float, num_files: int, repeat: int, scratch: str,
     entries = upload_directory(src, location(endpoint, "cairn"), retry=RETRY)
 
     def cairn_down() -> None:
-        download_directory(location(endpoint, "cairn"), out, files=entries, retry=RETRY)
+        download_directory(location(endpoint, "cairn"), out, files=entries, retry=RETRY,
+                           transfer=config)
+
+    def cairn_down_one_stream() -> None:
+        download_directory(location(endpoint, "cairn"), out, files=entries, retry=RETRY,
+                           transfer=TransferConfig(part_size=config.part_size,
+                                                   max_concurrency=1))
 
     def arrow_down() -> None:
         pafs.copy_files(f"{BUCKET}/arrow", out, source_filesystem=s3,
@@ -193,6 +207,7 @@ def measure(size_mib: float, num_files: int, repeat: int, scratch: str,
             boto.download_file(BUCKET, f"boto/{name}", os.path.join(out, name))
 
     figures["download_cairn"] = best(repeat, clear_out, cairn_down)
+    figures["download_one_stream"] = best(repeat, clear_out, cairn_down_one_stream)
     figures["download_copy_files"] = best(repeat, clear_out, arrow_down)
     figures["download_boto3"] = best(repeat, clear_out, boto_down)
     clear_out()
@@ -209,14 +224,18 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     size_mib = float(getattr(args, "size_mib", 128.0 if quick else 1024.0))
     num_files = int(getattr(args, "files", 1))
     repeat = int(getattr(args, "repeat", 1 if quick else 2))
+    config = TransferConfig(part_size=int(getattr(args, "part_mib", 16)) << 20,
+                            max_concurrency=int(getattr(args, "concurrency", 8)))
     scratch = tempfile.mkdtemp(prefix="cairn-bench-s3-", dir=getattr(args, "dir", None))
     try:
         with moto_server() as endpoint:
-            figures = measure(size_mib, num_files, repeat, scratch, endpoint)
+            figures = measure(size_mib, num_files, repeat, scratch, endpoint, config)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     size = f"{size_mib:g} MiB ({num_files} {'file' if num_files == 1 else 'files'})"
     rows = []
+    tuned = (f"TransferConfig(part_size={config.part_size >> 20} MiB, "
+             f"max_concurrency={config.max_concurrency})")
     for way, what in (("upload", "S3 upload (checksummed)"),
                       ("download", "S3 download (verified)")):
         peak = figures[f"{way}_cairn_peak"] / (1 << 20)
@@ -230,10 +249,20 @@ def run(args: Any = None) -> list[dict[str, Any]]:
                 "ratio": figures[f"{way}_cairn"] / figures[f"{way}_{reference}"],
                 "unit": "s",
                 "reference_name": name,
-                "note": f"moto on 127.0.0.1 in its own process; best of {repeat}; memory "
-                        f"held at peak during Cairn's {way}: {peak:.0f} MiB (pyarrow pool "
-                        "and Python allocations)",
+                "note": f"{tuned}; moto on 127.0.0.1 in its own process; best of {repeat}; "
+                        f"memory held at peak during Cairn's {way}: {peak:.0f} MiB (pyarrow "
+                        "pool and Python allocations)",
             })
+    rows.append({
+        "benchmark": "s3_transfer",
+        "metric": f"S3 download (verified), {size}, ranged parts vs one stream per file",
+        "cairn": figures["download_cairn"],
+        "reference": figures["download_one_stream"],
+        "ratio": figures["download_cairn"] / figures["download_one_stream"],
+        "unit": "s",
+        "reference_name": "Cairn, max_concurrency=1",
+        "note": f"{tuned} against one sequential stream per file; best of {repeat}",
+    })
     return rows
 
 
