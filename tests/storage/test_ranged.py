@@ -126,6 +126,24 @@ def test_a_failed_part_raises_from_the_read_and_releases_the_budget() -> None:
             assert _read_all(reader, MiB) == data
 
 
+def test_a_part_that_times_out_once_is_asked_again_alone() -> None:
+    class Flaky(_MemoryFile):
+        failed = False
+
+        def read_at(self, nbytes: int, offset: int) -> bytes:
+            if offset == 5 * MiB and not self.failed:
+                self.failed = True
+                raise TimeoutError("Operation too slow")
+            return super().read_at(nbytes, offset)
+
+    data = os.urandom(12 * MiB)
+    file = Flaky(data)
+    with Fetcher(SMALL, FAST) as fetcher, fetcher.stream(file, len(data)) as reader:
+        assert _read_all(reader, MiB) == data
+    # Three ranges, the second asked twice (the failed try is not recorded): no restart.
+    assert sorted(file.asked) == [(0, 5 * MiB), (5 * MiB, 5 * MiB), (10 * MiB, 2 * MiB + 1)]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"part_size": 1 * MiB}, r"TransferConfig.part_size=1048576 must be an integer between "
                              r"5 MiB \(5242880, S3's smallest part\) and 5 GiB"),

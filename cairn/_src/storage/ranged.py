@@ -11,6 +11,10 @@ and writes the bytes in file order (one streaming checksum, one sequential write
 the requests overlap. Its last request asks for one byte more than the stored size: an
 object that grew since it was listed then reads as longer, as a plain stream would show.
 
+Each part is retried on its own per the transfer's :class:`RetryPolicy` (a timed-out
+range costs one range again, not the whole file); a part that still fails raises from
+``readinto``, and the caller's retry of the whole file takes over.
+
 No deadlock: a reader waits only for its own requested parts (which the fetch threads,
 as many as the budget, always complete) or, holding no part, for budget that another
 reader holds only for parts it is about to consume.
@@ -23,14 +27,16 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from cairn._src.storage.tuning import TransferConfig
 
 
 class Fetcher:
     """The fetch threads and the part budget of one transfer; use as a context manager."""
 
-    def __init__(self, config: TransferConfig) -> None:
+    def __init__(self, config: TransferConfig, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.config = config
+        self.retry = retry
         self._budget = threading.BoundedSemaphore(config.max_concurrency)
         self._pool = ThreadPoolExecutor(config.max_concurrency,
                                         thread_name_prefix="cairn-ranged")
@@ -49,17 +55,22 @@ class Fetcher:
         """Whether a file of ``size`` bytes is read in parallel parts."""
         return self.config.max_concurrency > 1 and size >= self.config.multipart_threshold
 
-    def stream(self, file: Any, size: int) -> RangedReader:
-        """A reader of the ``size`` bytes of ``file`` (``read_at``), in parallel parts."""
-        return RangedReader(file, size, self.config.part_size, self._budget, self._pool)
+    def stream(self, file: Any, size: int, what: str = "ranged read") -> RangedReader:
+        """A reader of the ``size`` bytes of ``file`` (``read_at``), in parallel parts;
+        ``what`` names the file in retry logs (no credentials)."""
+        return RangedReader(file, size, self.config.part_size, self._budget, self._pool,
+                            self.retry, what)
 
 
 class RangedReader:
     """``readinto`` over a file fetched in parts ahead of the caller. Not thread-safe."""
 
     def __init__(self, file: Any, size: int, part_size: int,
-                 budget: threading.BoundedSemaphore, pool: ThreadPoolExecutor) -> None:
+                 budget: threading.BoundedSemaphore, pool: ThreadPoolExecutor,
+                 retry: RetryPolicy = DEFAULT_RETRY, what: str = "ranged read") -> None:
         self._file = file
+        self._retry = retry
+        self._what = what
         self._end = size + 1  # One byte past the stored size: growth shows.
         self._part = part_size
         self._budget = budget
@@ -70,7 +81,8 @@ class RangedReader:
         self._finished = False  # A part came back short: the file ends there.
 
     def _fetch(self, offset: int, length: int) -> bytes:
-        return bytes(self._file.read_at(length, offset))
+        return call_with_retry(lambda: bytes(self._file.read_at(length, offset)), self._retry,
+                               what=f"{self._what}, bytes {offset}-{offset + length - 1}")
 
     def _request(self) -> None:
         length = min(self._part, self._end - self._next_offset)

@@ -115,15 +115,15 @@ def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | N
     return config.part_size, max_workers or config.max_concurrency
 
 
-def _fetcher(loc: StorageLocation, sizes: Iterable[int],
-             config: TransferConfig | None) -> Fetcher | None:
+def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig | None,
+             retry: RetryPolicy) -> Fetcher | None:
     """A :class:`Fetcher` when some file of ``sizes`` at ``loc`` is read in ranged parts."""
     config = config or tuning.current()
     if loc.filesystem.type_name not in _RANGED_TYPES or config.max_concurrency < 2:
         return None
     if not any(size >= config.multipart_threshold for size in sizes):
         return None
-    return Fetcher(config)
+    return Fetcher(config, retry)
 
 
 @contextmanager
@@ -137,7 +137,7 @@ def _reading(loc: StorageLocation, rel: str, want_size: int | None, fetcher: Fet
         if fetcher is None or want_size is None or not ranged:
             yield opened
             return
-        with fetcher.stream(opened.stream, want_size) as reader:
+        with fetcher.stream(opened.stream, want_size, f"read {loc.join(rel).display()}") as reader:
             yield dataclasses.replace(opened, stream=reader)
 
 
@@ -329,7 +329,7 @@ def download_directory(
                        if rel not in small or rel in left}
     sizes = [_size_of(expected[original]) for original in checked.values()]
     chunk, workers = _plan(src.filesystem, max_workers, sizes, transfer)
-    fetcher = _fetcher(src, sizes, transfer)
+    fetcher = _fetcher(src, sizes, transfer, retry)
 
     def task_for(rel: str, want: FileEntry | int) -> Callable[[Cancelled], None]:
         final = os.path.join(local_dir, *rel.split("/"))
@@ -606,7 +606,7 @@ def verify_directory(
             checked = {rel: entry for rel, entry in checked.items() if rel not in good}
     sizes = [entry.size for entry in checked.values()]
     threads = _plan(loc.filesystem, max_workers, sizes, transfer)[1]
-    fetcher = _fetcher(loc, sizes, transfer)
+    fetcher = _fetcher(loc, sizes, transfer, retry)
     tasks = {rel: _read_and_hash(loc, rel, retry, entry, fetcher=fetcher)
              for rel, entry in checked.items()}
     try:
