@@ -1,9 +1,10 @@
 """Parallel ranged reads of large remote files, delivered in order as one stream.
 
 A :class:`Fetcher` belongs to one transfer (a download or a verification of a directory)
-and owns its fetch threads and its budget: at most ``max_concurrency`` parts are requested
-or waiting to be consumed at any time, across every file of the transfer, so memory stays
-about ``max_concurrency * part_size`` however many large files there are.
+and owns its fetch threads and its budget: at most ``max_concurrency`` parts are requested,
+waiting, or being consumed at any time, across every file of the transfer, so the parts
+held in memory never exceed ``max_concurrency * part_size`` however many large files
+there are.
 
 :meth:`Fetcher.stream` wraps a random-access file in a reader with ``readinto``: it keeps
 requesting the next parts while the caller consumes the current one, so the caller hashes
@@ -78,6 +79,7 @@ class RangedReader:
         self._next_offset = 0
         self._pending: deque[Future[bytes]] = deque()
         self._current = memoryview(b"")
+        self._holding = False  # Whether the part in _current still holds its budget.
         self._finished = False  # A part came back short: the file ends there.
 
     def _fetch(self, offset: int, length: int) -> bytes:
@@ -108,6 +110,7 @@ class RangedReader:
         filled = 0
         while filled < len(view):
             if not self._current:
+                self._let_go()
                 if self._finished:
                     break
                 self._top_up()
@@ -116,8 +119,10 @@ class RangedReader:
                 future = self._pending.popleft()
                 try:
                     data = future.result()
-                finally:
+                except BaseException:
                     self._budget.release()
+                    raise
+                self._holding = True
                 if len(data) < self._part:
                     # Short (the last part, or the object shrank): nothing follows.
                     self._finished = True
@@ -130,15 +135,21 @@ class RangedReader:
             filled += count
         return filled
 
+    def _let_go(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._budget.release()
+
     def close(self) -> None:
-        """Give back the budget of parts requested and not consumed."""
+        """Give back the budget of the parts requested and not consumed."""
+        self._current = memoryview(b"")
+        self._let_go()
         while self._pending:
             future = self._pending.popleft()
             if future.cancel():
                 self._budget.release()
             else:
                 future.add_done_callback(lambda _: self._budget.release())
-        self._current = memoryview(b"")
 
     def __enter__(self) -> RangedReader:
         return self

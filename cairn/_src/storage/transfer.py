@@ -126,6 +126,14 @@ def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig 
     return Fetcher(config, retry)
 
 
+def _copy_bytes(chunk: int, fetcher: Fetcher | None, size: int | None) -> int:
+    """The copy buffer for a file of ``size``: ``chunk``, or 1 MiB for a ranged read,
+    whose parts the fetcher already holds (and counts against its budget)."""
+    if fetcher is not None and size is not None and fetcher.wants(size):
+        return LOCAL_CHUNK_BYTES
+    return chunk
+
+
 @contextmanager
 def _reading(loc: StorageLocation, rel: str, want_size: int | None, fetcher: Fetcher | None,
              follow_links: bool = False) -> Iterator[OpenedFile]:
@@ -335,6 +343,8 @@ def download_directory(
         final = os.path.join(local_dir, *rel.split("/"))
         what = f"download {src.join(rel).display()} to {final!r}"
         want_size = want.size if isinstance(want, FileEntry) else want
+        # A ranged read hands over parts it already holds: a small copy buffer will do.
+        copy_bytes = _copy_bytes(chunk, fetcher, want_size)
 
         def attempt(cancelled: Cancelled) -> None:
             report, undo = counting(shared)
@@ -343,7 +353,7 @@ def download_directory(
             try:
                 with (
                     _reading(src, rel, want_size, fetcher, follow_links) as opened,
-                    BUFFERS.borrow(chunk) as buffer,
+                    BUFFERS.borrow(copy_bytes) as buffer,
                     _create_new(temporary) as sink,
                 ):
                     size = stream_copy(
@@ -443,13 +453,13 @@ def _read_and_hash(
     source = loc.join(rel)
     what = f"read {source.display()}"
 
-    chunk, _ = _plan(loc.filesystem, 1)
+    want_size = None if want is None else want.size
+    chunk = _copy_bytes(_plan(loc.filesystem, 1)[0], fetcher, want_size)
 
     def attempt(cancelled: Cancelled) -> FileEntry:
         hasher = new_hasher()
         with (
-            _reading(loc, rel, None if want is None else want.size, fetcher,
-                     follow_links) as opened,
+            _reading(loc, rel, want_size, fetcher, follow_links) as opened,
             BUFFERS.borrow(chunk) as buffer,
         ):
             size = stream_copy(

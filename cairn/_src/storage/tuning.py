@@ -12,8 +12,10 @@ Azure, HDFS, fsspec); local copies are planned by the machine's cores and ignore
   ``max_concurrency`` when fewer). A file's upload waits for its parts whenever its share
   of ``max_concurrency`` parts is in flight.
 
-Either way a transfer holds about ``max_concurrency * part_size`` bytes of file data in
-memory (128 MiB by default), whatever the files' sizes. The defaults come from
+A download holds at most ``max_concurrency * part_size`` bytes of parts (128 MiB by
+default) plus a 1 MiB copy buffer per file; an upload about as much in parts on their way
+plus one ``part_size`` copy buffer per file being copied (up to ``max_concurrency`` files
+at a time), whatever the files' sizes. The defaults come from
 ``bench/s3_transfer.py`` (a 256 MiB file on a moto server on loopback, 2 cores): 16 MiB
 parts downloaded in 2.2 s where 8 MiB parts took 4.3 s, and 16 parts in flight were no
 faster than 8; one stream per file took 2.8-3.0 s.
