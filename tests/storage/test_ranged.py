@@ -272,3 +272,28 @@ def test_run_config_storage_transfer_reaches_every_worker_and_is_put_back(
     assert result.metrics["part_size"] == 6 * MiB
     assert result.metrics["concurrency"] == 3
     assert transfer_config() == TransferConfig()
+
+
+def test_a_file_whose_ranges_keep_timing_out_is_read_again_as_one_stream(
+    tmp_path: Path, s3_uri_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server that serves ranges slowly (moto reads a whole object per range) makes
+    # parallel ranges time out where one stream would not.
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(11 * MiB)
+    (src / "big").write_bytes(data)
+    location = resolve(s3_uri_factory("timeouts"))
+    entries = transfer.upload_directory(str(src), location, retry=FAST, transfer=SMALL)
+    tries: list[int] = []
+
+    def timing_out(self: ranged.RangedReader, offset: int, length: int) -> bytes:
+        tries.append(offset)
+        raise TimeoutError("Operation too slow. Less than 1 bytes/sec transferred")
+
+    monkeypatch.setattr(ranged.RangedReader, "_fetch", timing_out)
+    transfer.download_directory(location, str(tmp_path / "out"), files=entries, retry=FAST,
+                                transfer=SMALL)
+    assert (tmp_path / "out" / "big").read_bytes() == data
+    transfer.verify_directory(location, entries, retry=FAST, transfer=SMALL)
+    assert tries, "the first try used ranged parts"

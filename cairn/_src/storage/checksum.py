@@ -68,6 +68,12 @@ class BufferPool:
         self._kept = 0
         self._lock = threading.Lock()
 
+    def clear(self) -> None:
+        """Drop the buffers kept for reuse (their memory goes back once unreferenced)."""
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
+
     @contextmanager
     def borrow(self, size: int) -> Iterator[memoryview]:
         """A buffer of ``size`` bytes for the ``with`` block; its content is undefined."""

@@ -126,6 +126,19 @@ def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig 
     return Fetcher(config, retry)
 
 
+class _FirstTry:
+    """The fetcher for a file's first try only: a file whose ranged parts ran out of
+    retries (a server that serves ranges slowly, so that parallel ones time out) is read
+    again as one stream."""
+
+    def __init__(self, fetcher: Fetcher | None) -> None:
+        self._fetcher = fetcher
+
+    def take(self) -> Fetcher | None:
+        fetcher, self._fetcher = self._fetcher, None
+        return fetcher
+
+
 def _copy_bytes(chunk: int, fetcher: Fetcher | None, size: int | None) -> int:
     """The copy buffer for a file of ``size``: ``chunk``, or 1 MiB for a ranged read,
     whose parts the fetcher already holds (and counts against its budget)."""
@@ -343,17 +356,17 @@ def download_directory(
         final = os.path.join(local_dir, *rel.split("/"))
         what = f"download {src.join(rel).display()} to {final!r}"
         want_size = want.size if isinstance(want, FileEntry) else want
-        # A ranged read hands over parts it already holds: a small copy buffer will do.
-        copy_bytes = _copy_bytes(chunk, fetcher, want_size)
+        ranged = _FirstTry(fetcher)
 
         def attempt(cancelled: Cancelled) -> None:
             report, undo = counting(shared)
             hasher = new_hasher() if verify and isinstance(want, FileEntry) else None
             temporary = _temporary_sibling(final)
+            parts = ranged.take()
             try:
                 with (
-                    _reading(src, rel, want_size, fetcher, follow_links) as opened,
-                    BUFFERS.borrow(copy_bytes) as buffer,
+                    _reading(src, rel, want_size, parts, follow_links) as opened,
+                    BUFFERS.borrow(_copy_bytes(chunk, parts, want_size)) as buffer,
                     _create_new(temporary) as sink,
                 ):
                     size = stream_copy(
@@ -454,13 +467,15 @@ def _read_and_hash(
     what = f"read {source.display()}"
 
     want_size = None if want is None else want.size
-    chunk = _copy_bytes(_plan(loc.filesystem, 1)[0], fetcher, want_size)
+    chunk = _plan(loc.filesystem, 1)[0]
+    ranged = _FirstTry(fetcher)
 
     def attempt(cancelled: Cancelled) -> FileEntry:
         hasher = new_hasher()
+        parts = ranged.take()
         with (
-            _reading(loc, rel, want_size, fetcher, follow_links) as opened,
-            BUFFERS.borrow(chunk) as buffer,
+            _reading(loc, rel, want_size, parts, follow_links) as opened,
+            BUFFERS.borrow(_copy_bytes(chunk, parts, want_size)) as buffer,
         ):
             size = stream_copy(
                 opened.stream, None, buffer, hasher=hasher, progress=lambda _: None,
