@@ -144,9 +144,52 @@ def test_a_part_that_times_out_once_is_asked_again_alone() -> None:
     assert sorted(file.asked) == [(0, 5 * MiB), (5 * MiB, 5 * MiB), (10 * MiB, 2 * MiB + 1)]
 
 
+def test_closing_a_reader_waits_for_its_reads_and_starts_no_more() -> None:
+    class Watched(_MemoryFile):
+        closed = False
+        after_close = 0
+
+        def read_at(self, nbytes: int, offset: int) -> bytes:
+            if self.closed:
+                self.after_close += 1
+            if offset == 5 * MiB:
+                raise ConnectionError("reset by peer")
+            return super().read_at(nbytes, offset)
+
+    file = Watched(os.urandom(40 * MiB), delay=0.05)
+    with Fetcher(SMALL, FAST) as fetcher:
+        with pytest.raises(ConnectionError), fetcher.stream(file, len(file.data)) as reader:
+            _read_all(reader, MiB)
+        # As the caller now closes the file: nothing of this reader reads any more.
+        assert file.in_flight == 0
+        file.closed = True
+        time.sleep(0.2)
+        assert file.after_close == 0
+
+
+def test_a_part_longer_than_asked_is_an_error_not_data() -> None:
+    class Generous(_MemoryFile):
+        def read_at(self, nbytes: int, offset: int) -> bytes:
+            return super().read_at(nbytes + 10, offset)
+
+    data = os.urandom(12 * MiB)
+    with Fetcher(SMALL, FAST) as fetcher, fetcher.stream(Generous(data), len(data)) as reader:
+        with pytest.raises(OSError, match=r"asked for 5242880 bytes at offset 0, the store "
+                                          r"returned 5242890"):
+            _read_all(reader, MiB)
+
+
+def test_the_multipart_threshold_follows_a_larger_part_size() -> None:
+    assert TransferConfig().multipart_threshold == 32 * MiB
+    assert TransferConfig(part_size=64 * MiB).multipart_threshold == 64 * MiB
+    assert TransferConfig(part_size=8 * MiB, multipart_threshold=8 * MiB).multipart_threshold \
+        == 8 * MiB
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"part_size": 1 * MiB}, r"TransferConfig.part_size=1048576 must be an integer between "
-                             r"5 MiB \(5242880, S3's smallest part\) and 5 GiB"),
+                             r"5 MiB \(5242880, S3's smallest part\) and 5 GiB "
+                             r"\(5368709120\)"),
     ({"part_size": "8MiB"}, r"TransferConfig.part_size='8MiB' must be an integer"),
     ({"max_concurrency": 0}, r"TransferConfig.max_concurrency=0 must be an integer between "
                              r"1 and 1024"),
@@ -166,8 +209,8 @@ def test_the_run_config_and_the_setter_refuse_what_is_not_a_transfer_config() ->
     with pytest.raises(ConfigError, match=r"RunConfig.storage_transfer=\{'part_size': 8\} "
                                           r"must be a cairn.storage.TransferConfig or None"):
         cairn.RunConfig(storage_transfer={"part_size": 8})  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"transfer config 8 must be a "
-                                          r"cairn.storage.TransferConfig or None"):
+    with pytest.raises(ConfigError, match=r"set_transfer_config\(config=8\): config must be "
+                                          r"a cairn.storage.TransferConfig or None"):
         set_transfer_config(8)  # type: ignore[arg-type]
     assert transfer_config() == TransferConfig()
 

@@ -12,6 +12,10 @@ and writes the bytes in file order (one streaming checksum, one sequential write
 the requests overlap. Its last request asks for one byte more than the stored size: an
 object that grew since it was listed then reads as longer, as a plain stream would show.
 
+Closing a reader (done, failed or cancelled) stops its parts that have not started, tells
+those running not to try again, and waits for them: the file is never closed under a
+read in flight.
+
 Each part is retried on its own per the transfer's :class:`RetryPolicy` (a timed-out
 range costs one range again, not the whole file); a part that still fails raises from
 ``readinto``, and the caller's retry of the whole file takes over.
@@ -25,9 +29,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from cairn._src.storage.checksum import TransferCancelled
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from cairn._src.storage.tuning import TransferConfig
 
@@ -80,11 +85,21 @@ class RangedReader:
         self._pending: deque[Future[bytes]] = deque()
         self._current = memoryview(b"")
         self._holding = False  # Whether the part in _current still holds its budget.
+        self._closed = False
         self._finished = False  # A part came back short: the file ends there.
 
     def _fetch(self, offset: int, length: int) -> bytes:
-        return call_with_retry(lambda: bytes(self._file.read_at(length, offset)), self._retry,
+        return call_with_retry(lambda: self._read(offset, length), self._retry,
                                what=f"{self._what}, bytes {offset}-{offset + length - 1}")
+
+    def _read(self, offset: int, length: int) -> bytes:
+        if self._closed:
+            raise TransferCancelled(f"{self._what}: the reader was closed")
+        data = bytes(self._file.read_at(length, offset))
+        if len(data) > length:
+            raise OSError(f"{self._what}: asked for {length} bytes at offset {offset}, the "
+                          f"store returned {len(data)}")
+        return data
 
     def _request(self) -> None:
         length = min(self._part, self._end - self._next_offset)
@@ -120,7 +135,10 @@ class RangedReader:
                 try:
                     data = future.result()
                 except BaseException:
-                    self._budget.release()
+                    if future.done():
+                        self._budget.release()
+                    else:  # Interrupted while it runs: close() waits for it.
+                        self._pending.appendleft(future)
                     raise
                 self._holding = True
                 if len(data) < self._part:
@@ -141,15 +159,16 @@ class RangedReader:
             self._budget.release()
 
     def close(self) -> None:
-        """Give back the budget of the parts requested and not consumed."""
+        """Stop the parts not started, wait for those running (the caller closes the file
+        next), and give back the budget of every part not consumed."""
+        self._closed = True
         self._current = memoryview(b"")
         self._let_go()
-        while self._pending:
-            future = self._pending.popleft()
-            if future.cancel():
-                self._budget.release()
-            else:
-                future.add_done_callback(lambda _: self._budget.release())
+        running = [future for future in self._pending if not future.cancel()]
+        wait(running)
+        for _ in self._pending:
+            self._budget.release()
+        self._pending.clear()
 
     def __enter__(self) -> RangedReader:
         return self

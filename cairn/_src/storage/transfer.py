@@ -112,7 +112,10 @@ def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | N
             threads = 1
         return LOCAL_CHUNK_BYTES, threads
     config = config or tuning.current()
-    return config.part_size, max_workers or config.max_concurrency
+    threads = config.max_concurrency
+    if max_workers is not None:
+        threads = min(max_workers, threads)
+    return config.part_size, threads
 
 
 def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig | None,
@@ -186,7 +189,8 @@ def upload_directory(
     To remote storage files are written ``transfer.part_size`` bytes at a time (the
     process default, see :mod:`.tuning`), each file waiting for its background parts
     whenever its share of ``max_concurrency`` parts is in flight; ``max_workers`` (default:
-    the cores locally, ``max_concurrency`` remotely) files are copied at a time.
+    the cores locally, ``max_concurrency`` remotely, never more) files are copied at a
+    time.
     """
     if max_workers is not None:
         check_workers(max_workers)
@@ -462,12 +466,13 @@ def _check(
 def _read_and_hash(
     loc: StorageLocation, rel: str, retry: RetryPolicy, want: FileEntry | None,
     follow_links: bool = False, fetcher: Fetcher | None = None,
+    transfer: TransferConfig | None = None,
 ) -> Callable[[Cancelled], FileEntry]:
     source = loc.join(rel)
     what = f"read {source.display()}"
 
     want_size = None if want is None else want.size
-    chunk = _plan(loc.filesystem, 1)[0]
+    chunk = _plan(loc.filesystem, 1, config=transfer)[0]
     ranged = _FirstTry(fetcher)
 
     def attempt(cancelled: Cancelled) -> FileEntry:
@@ -632,7 +637,7 @@ def verify_directory(
     sizes = [entry.size for entry in checked.values()]
     threads = _plan(loc.filesystem, max_workers, sizes, transfer)[1]
     fetcher = _fetcher(loc, sizes, transfer, retry)
-    tasks = {rel: _read_and_hash(loc, rel, retry, entry, fetcher=fetcher)
+    tasks = {rel: _read_and_hash(loc, rel, retry, entry, fetcher=fetcher, transfer=transfer)
              for rel, entry in checked.items()}
     try:
         _, errors = run_parallel(tasks, threads, collect_all=True)

@@ -7,10 +7,12 @@ Azure, HDFS, fsspec); local copies are planned by the machine's cores and ignore
   ranged requests of ``part_size`` bytes, up to ``max_concurrency`` of them in flight
   across the whole transfer, and hash them in order as they arrive. Smaller files stream
   whole, ``max_concurrency`` files at a time.
-* Uploads write ``part_size`` bytes at a time; on S3 each write becomes one part of the
-  multipart upload, which pyarrow sends in the background on its I/O threads (raised to
-  ``max_concurrency`` when fewer). A file's upload waits for its parts whenever its share
-  of ``max_concurrency`` parts is in flight.
+* Uploads write ``part_size`` bytes at a time to pyarrow's output stream, which sends
+  the multipart upload's parts in the background on its I/O threads (raised to
+  ``max_concurrency`` when fewer); a file's upload waits for them whenever its share of
+  ``max_concurrency * part_size`` bytes is on its way. pyarrow cuts the S3 parts itself,
+  10 MiB each in pyarrow 26 whatever the writes' size, so ``part_size`` sets how much an
+  upload sends between waits, not the size of its S3 parts.
 
 A download holds at most ``max_concurrency * part_size`` bytes of parts (128 MiB by
 default) plus a 1 MiB copy buffer per file; an upload about as much in parts on their way
@@ -45,21 +47,24 @@ _MAX_CONCURRENCY = 1024
 class TransferConfig:
     """Part size and parallelism of transfers with remote storage (see the module doc).
 
-    ``part_size``: bytes per ranged read and per multipart part, 5 MiB to 5 GiB.
+    ``part_size``: bytes per ranged read and per upload window step, 5 MiB to 5 GiB.
     ``max_concurrency``: requests (parts, or whole small files) in flight at once, 1 to
     1024; 1 transfers one file at a time, each in one stream. ``multipart_threshold``:
-    files of at least this many bytes are read in parallel parts, at least ``part_size``.
+    files of at least this many bytes are read in parallel parts; at least ``part_size``,
+    and by default the larger of 32 MiB and ``part_size``.
     """
 
     part_size: int = 16 * MiB
     max_concurrency: int = 8
-    multipart_threshold: int = 32 * MiB
+    multipart_threshold: int = None  # type: ignore[assignment]  # Set in __post_init__.
 
     def __post_init__(self) -> None:
         _check_int("part_size", self.part_size, MIN_PART_BYTES, MAX_PART_BYTES,
-                   "between 5 MiB (5242880, S3's smallest part) and 5 GiB")
+                   "between 5 MiB (5242880, S3's smallest part) and 5 GiB (5368709120)")
         _check_int("max_concurrency", self.max_concurrency, 1, _MAX_CONCURRENCY,
                    f"between 1 and {_MAX_CONCURRENCY}")
+        if self.multipart_threshold is None:
+            object.__setattr__(self, "multipart_threshold", max(32 * MiB, self.part_size))
         _check_int("multipart_threshold", self.multipart_threshold, self.part_size, None,
                    f"at least part_size ({self.part_size})")
 
@@ -95,7 +100,8 @@ def set_transfer_config(config: TransferConfig | None) -> TransferConfig:
         config = TransferConfig()
     if not isinstance(config, TransferConfig):
         raise ConfigError(
-            f"transfer config {config!r} must be a cairn.storage.TransferConfig or None."
+            f"set_transfer_config(config={config!r}): config must be a "
+            "cairn.storage.TransferConfig or None (the defaults)."
         )
     with _lock:
         previous, _current = _current, config
