@@ -272,10 +272,11 @@ def test_a_flipped_byte_in_a_ranged_download_fails_the_checksum_and_leaves_no_fi
         transfer.verify_directory(location, entries, retry=FAST, transfer=SMALL)
 
 
-def test_one_part_per_write_holds_at_most_the_window_in_flight(
+def test_an_upload_waits_for_its_parts_once_its_share_of_the_budget_is_on_its_way(
     tmp_path: Path, s3_uri_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The upload flushes (waits for its background parts) every max_concurrency parts.
+    # One file, 2 x 5 MiB of budget: a 5 MiB copy buffer, and a flush (a wait for the
+    # background parts) after every 5 MiB written.
     from cairn._src.storage import checksum
 
     flushes: list[int] = []
@@ -293,7 +294,7 @@ def test_one_part_per_write_holds_at_most_the_window_in_flight(
     location = resolve(s3_uri_factory("window"))
     config = TransferConfig(part_size=5 * MiB, max_concurrency=2)
     entries = transfer.upload_directory(str(src), location, retry=FAST, transfer=config)
-    assert flushes == [10 * MiB]
+    assert flushes == [5 * MiB]
     transfer.download_directory(location, str(tmp_path / "out"), files=entries, retry=FAST)
     assert (tmp_path / "out" / "a").read_bytes() == (src / "a").read_bytes()
 

@@ -226,8 +226,12 @@ def upload_directory(
     window = None
     if local_dest is None:
         tuning.ensure_io_threads(transfer)
+        # Each file copied at once gets an equal share of part_size * max_concurrency,
+        # for its copy buffer and the bytes it lets pyarrow hold before it waits.
         in_parallel = max(1, min(workers, len(names)))
-        window = chunk * max(1, transfer.max_concurrency // in_parallel)
+        share = transfer.memory_bytes // in_parallel
+        chunk = min(chunk, max(LOCAL_CHUNK_BYTES, share // 2))
+        window = max(chunk, share - chunk)
     elif background:
         chunk = max(chunk, BACKGROUND_CHUNK_BYTES)
 

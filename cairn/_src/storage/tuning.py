@@ -15,12 +15,12 @@ Azure, HDFS, fsspec); local copies are planned by the machine's cores and ignore
   upload sends between waits, not the size of its S3 parts.
 
 A download holds at most ``max_concurrency * part_size`` bytes of parts (128 MiB by
-default) plus a 1 MiB copy buffer per file; an upload about as much in parts on their way
-plus one ``part_size`` copy buffer per file being copied (up to ``max_concurrency`` files
-at a time), whatever the files' sizes. The defaults come from
-``bench/s3_transfer.py`` (a 256 MiB file on a moto server on loopback, 2 cores): 16 MiB
-parts downloaded in 2.2 s where 8 MiB parts took 4.3 s, and 16 parts in flight were no
-faster than 8; one stream per file took 2.8-3.0 s.
+default) plus a 1 MiB copy buffer per file. An upload shares as much among the files it
+copies at once (up to ``max_concurrency``), for their copy buffers and the bytes on their
+way, plus the part pyarrow fills for each (10 MiB). Either way, whatever the files' sizes.
+The defaults come from ``bench/s3_transfer.py`` (a 256 MiB file on a moto server on
+loopback, 2 cores): 16 MiB parts downloaded in 2.2 s where 8 MiB parts took 4.3 s, and 16
+parts in flight were no faster than 8; one stream per file took 2.8-3.0 s.
 
 The process-wide default is what :func:`current` returns: ``TransferConfig()`` unless
 :func:`set_transfer_config` changed it. ``RunConfig(storage_transfer=...)`` sets it in every
