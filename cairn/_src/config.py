@@ -360,6 +360,8 @@ class RunConfig:
     requests in flight of transfers with remote storage in every worker, and in the driver
     while ``fit()`` runs (:class:`cairn.storage.TransferConfig`; ``None``: each process's
     own settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
+    The driver's setting is per process: ``fit()`` calls running at once in one process
+    share the one set last.
     """
 
     name: str | None = None
