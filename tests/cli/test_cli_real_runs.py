@@ -303,6 +303,28 @@ def test_prune_keeps_the_checkpoint_the_run_resumed_from(
     assert code == 0 and out.endswith("0 checkpoints to drop, 1 kept\n")
 
 
+def test_prune_keeps_a_checkpoint_whose_validation_is_pending(
+        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The driver stopped after it asked for a validation of checkpoint_000001: the run
+    # validates it again when it continues, so prune must not delete it.
+    from cairn._src.run.layout import EVENTS_DIR
+    from cairn._src.run.segment_log import SegmentLog
+
+    run = copy_of(runs, "finished", tmp_path)
+    events = SegmentLog(resolve(run).join(EVENTS_DIR), RETRY)
+    events.append({"type": "validation_requested", "t": 1.0, "dir_name": "checkpoint_000001"})
+    events.flush()
+    doc = cli_json(capsys, "prune", "prune", run, "--keep", "1")
+    assert [(k["dir_name"], [r["code"] for r in k["kept_because"]]) for k in doc["kept"]] == [
+        ("checkpoint_000001", ["pending_validation"]),
+        ("checkpoint_000004", ["latest_n", "latest"])]
+    assert [d["dir_name"] for d in doc["dropped"]] == ["checkpoint_000002"]
+    assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == [
+        "checkpoint_000001", "checkpoint_000004"]
+    code, out, _ = cli(capsys, "prune", run, "--keep", "1", "--dry-run")
+    assert code == 0 and "would keep checkpoint_000001: its validation is pending" in out
+
+
 def test_prune_refuses_a_running_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
     doc = cli_json(capsys, "error", "prune", runs["running"], "--keep", "1", code=2)
     assert doc["command"] == "prune"

@@ -23,6 +23,7 @@ from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
 from cairn._src.checkpoint.retention import retention_reasons
 from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run, print_json
+from cairn._src.cli.show import checkpoint_statuses
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
 from cairn._src.execution.messages import CheckpointView
@@ -199,8 +200,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.score is not None and args.order is None and not args.json:
         print(f"ordering by --order {order} (the default)")
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
+    events = read_log(run.join(EVENTS_DIR), RETRY)
+    # A validation that had not finished when the driver stopped runs again when the run
+    # continues: its checkpoint stays, as the driver's own retention keeps it.
+    pending = {name for name, status in checkpoint_statuses(events).items()
+               if status == "PENDING_VALIDATION"}
     reasons = retention_reasons(records, Retention(args.keep, args.score, order),
-                                resumed_from=index.resumed_from)
+                                resumed_from=index.resumed_from, pending=pending)
     kept = [(r, why) for r, why in zip(records, reasons, strict=True) if why]
     dropped = [r for r, why in zip(records, reasons, strict=True) if not why]
     deleted: dict[str, bool] = {}
@@ -216,7 +222,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         # What the run recorded decides what may be deleted, never the index alone.
         manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
                                     SegmentLog(run.join(METRICS_DIR), RETRY))
-        manager.registered = registered_references(read_log(run.join(EVENTS_DIR), RETRY))
+        manager.registered = registered_references(events)
         for record in dropped:
             deleted[record.dir_name] = manager.delete_owned(
                 record, delete_references=args.delete_references)
