@@ -197,7 +197,7 @@ def measure(size_mib: float, num_files: int, repeat: int, scratch: str,
     if upload_only:
         figures["upload_cairn_peak"] = measured(cairn_up)[1]
         return figures
-    entries = upload_directory(src, location(endpoint, "cairn"), retry=RETRY)
+    entries = upload_directory(src, location(endpoint, "cairn"), retry=RETRY, transfer=config)
 
     def cairn_down() -> None:
         download_directory(location(endpoint, "cairn"), out, files=entries, retry=RETRY,

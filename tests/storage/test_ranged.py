@@ -95,6 +95,12 @@ def test_readers_sharing_a_budget_never_hold_more_parts_than_it_allows() -> None
         for thread in threads:
             thread.join(timeout=120)
         assert not any(thread.is_alive() for thread in threads), "readers deadlocked"
+        # Every reader gave back all it took: the whole budget is free again.
+        budget = fetcher._budget
+        assert all(budget.acquire(blocking=False) for _ in range(SMALL.max_concurrency))
+        assert not budget.acquire(blocking=False)
+        for _ in range(SMALL.max_concurrency):
+            budget.release()
     assert all(results[i] == files[i].data for i in range(len(files)))
     assert sum(f.most_in_flight for f in files) <= 4 * SMALL.max_concurrency
     assert max(f.most_in_flight for f in files) <= SMALL.max_concurrency

@@ -59,7 +59,7 @@ class Fetcher:
 
     def wants(self, size: int) -> bool:
         """Whether a file of ``size`` bytes is read in parallel parts."""
-        return self.config.max_concurrency > 1 and size >= self.config.multipart_threshold
+        return self.config.reads_in_parts(size)
 
     def stream(self, file: Any, size: int, what: str = "ranged read") -> RangedReader:
         """A reader of the ``size`` bytes of ``file`` (``read_at``), in parallel parts;

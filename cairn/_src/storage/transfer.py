@@ -122,9 +122,9 @@ def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig 
              retry: RetryPolicy) -> Fetcher | None:
     """A :class:`Fetcher` when some file of ``sizes`` at ``loc`` is read in ranged parts."""
     config = config or tuning.current()
-    if loc.filesystem.type_name not in _RANGED_TYPES or config.max_concurrency < 2:
+    if loc.filesystem.type_name not in _RANGED_TYPES:
         return None
-    if not any(size >= config.multipart_threshold for size in sizes):
+    if not any(config.reads_in_parts(size) for size in sizes):
         return None
     return Fetcher(config, retry)
 
@@ -158,9 +158,10 @@ def _reading(loc: StorageLocation, rel: str, want_size: int | None, fetcher: Fet
     ranged = fetcher is not None and want_size is not None and fetcher.wants(want_size)
     with open_regular_file(loc, rel, expected_size=want_size, follow_links=follow_links,
                            random_access=ranged) as opened:
-        if fetcher is None or want_size is None or not ranged:
+        if not ranged:
             yield opened
             return
+        assert fetcher is not None and want_size is not None
         with fetcher.stream(opened.stream, want_size, f"read {loc.join(rel).display()}") as reader:
             yield dataclasses.replace(opened, stream=reader)
 
@@ -186,11 +187,11 @@ def upload_directory(
     A failed upload may leave files at ``dest``: they are not committed until a manifest
     names them. ``background``: the process's other threads keep running Python meanwhile
     (an ASYNC upload), so copies move chunks of at least 16 MiB, taking the GIL less often.
-    To remote storage files are written ``transfer.part_size`` bytes at a time (the
-    process default, see :mod:`.tuning`), each file waiting for its background parts
-    whenever its share of ``max_concurrency`` parts is in flight; ``max_workers`` (default:
-    the cores locally, ``max_concurrency`` remotely, never more) files are copied at a
-    time.
+    To remote storage (``transfer``: the process default, see :mod:`.tuning`) the files
+    copied at once share ``part_size * max_concurrency`` bytes: each is written through a
+    buffer of up to half its share, at most ``part_size``, and waits for its background
+    parts whenever the rest of its share is on its way. ``max_workers`` (default: the cores
+    locally, ``max_concurrency`` remotely, never more) files are copied at a time.
     """
     if max_workers is not None:
         check_workers(max_workers)

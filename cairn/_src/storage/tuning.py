@@ -68,6 +68,10 @@ class TransferConfig:
         _check_int("multipart_threshold", self.multipart_threshold, self.part_size, None,
                    f"at least part_size ({self.part_size})")
 
+    def reads_in_parts(self, size: int) -> bool:
+        """Whether a remote file of ``size`` bytes is read as parallel ranged requests."""
+        return self.max_concurrency > 1 and size >= self.multipart_threshold
+
     @property
     def memory_bytes(self) -> int:
         """About the most file data one transfer holds in memory."""
