@@ -97,6 +97,14 @@ def test_not_an_object() -> None:
         ({"files": {"a//b": {"size": 1, "checksum": "ab" * 16}}},
          r"field \"files\['a//b'\]\" is 'a//b' \(str\); expected a key that is a normalized "
          r"relative path such as 'model/weights\.pt'\. The checkpoint is damaged"),
+        ({"files": {"a": {"size": True, "checksum": "ab" * 16}}},
+         r"field \"files\['a'\]\.size\" is True \(bool\); expected an integer >= 0"),
+        ({"files": {"a": {"size": 1, "checksum": "AB" * 16}}},
+         r"field \"files\['a'\]\.checksum\" is 'ABAB.*' \(str\); expected 32 lowercase hex"),
+        ({"files": {"a": {"size": 1}}},
+         r"field \"files\['a'\]\.checksum\" is missing; expected 32 lowercase hex"),
+        ({"files": {"a": [1, "ab" * 16]}},
+         r"field \"files\['a'\]\" is a list of 2 values; expected \{'size': int >= 0, "),
         ({"files": []}, r"field 'files' is a list of 0 values; expected an object of relative "
                         r"path -> \{'size', 'checksum'\}\."),
         ({"report_index": "3"},
@@ -120,6 +128,23 @@ def test_invalid_fields(change: dict[str, object], match: str) -> None:
     document = {**json.loads(make().to_json()), **change}
     with pytest.raises(ManifestError, match=r"^The manifest x is invalid: " + match):
         Manifest.from_json(json.dumps(document).encode(), where="x")
+
+
+def test_one_bad_entry_among_many_is_named() -> None:
+    # Entries are checked in one pass and their checksums matched together; a bad one
+    # anywhere still gets the schema's message naming it.
+    files = {f"d{i // 100}/f{i:04d}.bin": {"size": i, "checksum": f"{i:032x}"}
+             for i in range(1000)}
+    files["d5/f0500.bin"]["checksum"] = "g" * 32
+    document = {**json.loads(make().to_json()), "files": files}
+    with pytest.raises(ManifestError, match=r"field \"files\['d5/f0500\.bin'\]\.checksum\" "
+                                            r"is 'gggg.*' \(str\); expected 32 lowercase hex"):
+        Manifest.from_json(json.dumps(document).encode(), where="x")
+    del files["d5/f0500.bin"]
+    files[".hidden/x"] = {"size": 1, "checksum": "ab" * 16, "note": "extra keys are ignored"}
+    manifest = Manifest.from_json(json.dumps({**document, "files": files}).encode(), where="x")
+    assert len(manifest.files) == 1000 and manifest.files[".hidden/x"] == FileEntry(1, "ab" * 16)
+    assert manifest.files["d1/f0100.bin"] == FileEntry(100, f"{100:032x}")
 
 
 def test_a_file_and_a_file_under_it_are_refused() -> None:

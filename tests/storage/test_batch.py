@@ -170,3 +170,31 @@ def test_a_background_upload_moves_larger_chunks_with_the_same_result(tmp_path: 
         entries[background] = upload_directory(src, resolve(dest), background=background)
         assert read_tree(dest) == {"weights.bin": data}
     assert entries[True] == entries[False]
+
+
+def test_upload_hands_back_what_changed_since_the_listing_without_blocking(
+        tmp_path: str) -> None:
+    # Listed as regular files, then replaced: a link to a FIFO (the link is examined
+    # before anything is opened), a FIFO (opened non-blocking, then refused), a directory,
+    # and a file grown past what the fast path reads whole. None blocks; all go back to
+    # the per-file path, which refuses or streams them.
+    src = os.path.join(str(tmp_path), "src")
+    dest = os.path.join(str(tmp_path), "dest")
+    os.makedirs(src)
+    os.makedirs(dest)
+    names = ["fifo-link", "fifo", "dir", "grown", "kept"]
+    for name in names:
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(b"x")
+    os.mkfifo(os.path.join(str(tmp_path), "outside-fifo"))
+    os.remove(os.path.join(src, "fifo-link"))
+    os.symlink(os.path.join(str(tmp_path), "outside-fifo"), os.path.join(src, "fifo-link"))
+    os.remove(os.path.join(src, "fifo"))
+    os.mkfifo(os.path.join(src, "fifo"))
+    os.remove(os.path.join(src, "dir"))
+    os.mkdir(os.path.join(src, "dir"))
+    with open(os.path.join(src, "grown"), "wb") as f:
+        f.write(b"y" * (batch.SMALL_FILE_BYTES + 1))
+    entries, left = batch.upload(src, dest, names, progress=lambda _: None)
+    assert left == {"fifo-link", "fifo", "dir", "grown"} and set(entries) == {"kept"}
+    assert sorted(os.listdir(dest)) == ["kept"]

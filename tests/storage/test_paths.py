@@ -137,3 +137,27 @@ def test_the_quick_accept_agrees_with_the_full_check(monkeypatch: pytest.MonkeyP
     assert quick and all(rel == got for rel, got in quick.items())
     monkeypatch.setattr(paths, "_is_plain", lambda rel: False)
     assert {rel: paths.check_relative_path(rel) for rel in quick} == quick
+
+
+def test_listing_asks_the_system_only_when_the_owner_bits_do_not_say_readable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The owner's read permission is its mode bits; anything else (another owner, no
+    # owner read bit) is left to os.access, which knows about groups and access lists.
+    (tmp_path / "mine.bin").write_bytes(b"1")
+    (tmp_path / "no-owner-read.bin").write_bytes(b"2")
+    os.chmod(tmp_path / "no-owner-read.bin", 0o044)
+    asked: list[str] = []
+    real_access = os.access
+
+    def access(path: str, mode: int) -> bool:
+        asked.append(os.path.basename(path))
+        return real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    try:
+        listing = list_local_files(str(tmp_path))
+    except StorageError as exc:  # not root: the system says it cannot be read
+        assert "no-owner-read.bin" in str(exc) and "permission denied" in str(exc)
+    else:  # root reads it anyway, as os.access says
+        assert listing == {"mine.bin": 1, "no-owner-read.bin": 1}
+    assert asked == ["no-owner-read.bin"]

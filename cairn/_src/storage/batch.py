@@ -19,6 +19,7 @@ Not thread-safe per call (one caller thread per call); calls may run concurrentl
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -38,6 +39,8 @@ SMALL_FILE_BYTES = 256 << 10
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+# What opening a link with O_NOFOLLOW fails with (ELOOP on Linux, EMLINK on the BSDs).
+_LINK_ERRORS = frozenset({errno.ELOOP, errno.EMLINK})
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _READ_FLAGS = os.O_RDONLY | _NONBLOCK | _CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NONBLOCK | _CLOEXEC
@@ -114,9 +117,7 @@ def _read(name: str, dir_fd: int, expected: int | None, follow_links: bool) -> b
     """
     try:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow_links)
-        size = info.st_size
-        if (not stat.S_ISREG(info.st_mode) or size > SMALL_FILE_BYTES
-                or (expected is not None and size != expected)):
+        if not _wanted(info, expected):
             return None
         fd = os.open(name, _READ_FLAGS if follow_links else _READ_FLAGS | _NOFOLLOW,
                      dir_fd=dir_fd)
@@ -126,18 +127,52 @@ def _read(name: str, dir_fd: int, expected: int | None, follow_links: bool) -> b
                 info.st_dev, info.st_ino
             ):
                 return None
-            # A read of a regular file returns less than asked for only at its end: one
-            # call of size + 1 both reads it and shows that it ends there.
-            data = os.read(fd, size + 1)
-            while len(data) < size:
-                more = os.read(fd, size + 1 - len(data))
-                if not more:
-                    break
-                data += more
+            return _read_whole(fd, info.st_size)
         finally:
             os.close(fd)
     except OSError:
         return None
+
+
+def _read_listed(name: str, dir_fd: int) -> bytes | None:
+    """The whole of ``name`` in the caller's own directory, which its listing found to be
+    a regular file (or a link to one inside it) a moment ago; None unless it still is.
+
+    One call fewer than :func:`_read`: the name is opened without following a link (a
+    link, which the listing followed, is read as :func:`_read` reads it) and non-blocking,
+    so a FIFO put in its place since the listing does not block; its type and size are
+    then read from the open descriptor. A device node is never made by an unprivileged
+    process, so an upload opens only what its user could already make.
+    """
+    try:
+        fd = os.open(name, _READ_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRORS:
+            return _read(name, dir_fd, None, True)
+        return None
+    try:
+        opened = os.fstat(fd)
+        return _read_whole(fd, opened.st_size) if _wanted(opened, None) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _wanted(info: os.stat_result, expected: int | None) -> bool:
+    return stat.S_ISREG(info.st_mode) and info.st_size <= SMALL_FILE_BYTES and (
+        expected is None or info.st_size == expected)
+
+
+def _read_whole(fd: int, size: int) -> bytes | None:
+    # A read of a regular file returns less than asked for only at its end: one call of
+    # size + 1 both reads it and shows that it ends there.
+    data = os.read(fd, size + 1)
+    while len(data) < size:
+        more = os.read(fd, size + 1 - len(data))
+        if not more:
+            break
+        data += more
     return data if len(data) == size else None
 
 
@@ -275,7 +310,7 @@ def upload(
                 continue
             source, target = pair
             for name, rel in group:
-                data = _read(name, source, None, True)
+                data = _read_listed(name, source)
                 if data is None or not _write(name, target, data, _TRUNCATE_FLAGS):
                     left.add(rel)
                     continue

@@ -63,6 +63,17 @@ def check_relative_path(rel: str, *, argument: str = "path") -> str:
     return "/".join(parts)
 
 
+def is_normal_relative_path(rel: str) -> bool:
+    """Whether ``rel`` is accepted by :func:`check_relative_path` unchanged (already in
+    normal form); never raises."""
+    if _is_plain(rel):
+        return True
+    try:
+        return check_relative_path(rel) == rel
+    except UnsafePathError:
+        return False
+
+
 def _is_plain(rel: str) -> bool:
     """Whether ``rel`` is already normalized and safe, decided without splitting it (a
     manifest checks every one of its paths): no component is empty or starts with a dot,
@@ -70,6 +81,16 @@ def _is_plain(rel: str) -> bool:
     full check."""
     return bool(rel) and rel[0] not in "/." and rel[-1] != "/" and "/." not in rel and (
         "//" not in rel) and "\\" not in rel and "\x00" not in rel
+
+
+def _readable(info: os.stat_result, path: str) -> bool:
+    """Whether this process may read the file ``path`` (``info``: its stat), as
+    :func:`os.access` answers, without its system call in the common case: the owner's
+    permission is the mode's owner bits (an access control list does not change them)."""
+    getuid = getattr(os, "getuid", None)  # POSIX only
+    if getuid is not None and info.st_uid == getuid() and info.st_mode & stat.S_IRUSR:
+        return True
+    return os.access(path, os.R_OK)
 
 
 def check_absolute_path(value: object, *, argument: str = "path") -> str:
@@ -201,7 +222,7 @@ def _walk(
                 )
             _walk(path, f"{rel}/", root_real, files, seen_dirs | {real})
         elif stat.S_ISREG(info.st_mode):
-            if not os.access(path, os.R_OK):
+            if not _readable(info, path):
                 raise StorageError(
                     f"{path!r} in the checkpoint cannot be read (permission denied); make "
                     "it readable by this process."
