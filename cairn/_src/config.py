@@ -360,8 +360,8 @@ class RunConfig:
     requests in flight of transfers with remote storage in every worker, and in the driver
     while ``fit()`` runs (:class:`cairn.storage.TransferConfig`; ``None``: each process's
     own settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
-    The driver's setting is per process: ``fit()`` calls running at once in one process
-    share the one set last.
+    ``fit()`` calls running at once in one process use the setting of the one started
+    last, and each takes only its own away when it returns.
     """
 
     name: str | None = None

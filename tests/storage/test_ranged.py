@@ -17,7 +17,7 @@ import pytest
 
 import cairn
 from cairn import ChecksumMismatchError, ConfigError
-from cairn._src.storage import ranged, transfer
+from cairn._src.storage import ranged, transfer, tuning
 from cairn._src.storage.ranged import Fetcher
 from cairn.storage import TransferConfig, resolve, set_transfer_config, transfer_config
 from tests.storage.test_transfer import FAST
@@ -218,6 +218,31 @@ def test_the_run_config_and_the_setter_refuse_what_is_not_a_transfer_config() ->
     with pytest.raises(ConfigError, match=r"set_transfer_config\(config=8\): config must be "
                                           r"a cairn.storage.TransferConfig or None"):
         set_transfer_config(8)  # type: ignore[arg-type]
+    assert transfer_config() == TransferConfig()
+
+
+def test_runs_that_overlap_each_take_only_their_own_setting_away() -> None:
+    # Two fit() calls on two threads of one driver: A starts, B starts, A returns, B
+    # returns. While B runs it applies; after A returns B's still does; after both, the
+    # process's own setting, which set_transfer_config changed meanwhile.
+    a, b = TransferConfig(max_concurrency=2), TransferConfig(max_concurrency=3)
+    own = TransferConfig(max_concurrency=5)
+    run_a, run_b = tuning.applied(a), tuning.applied(b)
+    try:
+        run_a.__enter__()
+        assert transfer_config() == a
+        run_b.__enter__()
+        assert transfer_config() == b
+        assert set_transfer_config(own) == TransferConfig()
+        assert transfer_config() == b
+        run_a.__exit__(None, None, None)
+        assert transfer_config() == b
+        run_b.__exit__(None, None, None)
+        assert transfer_config() == own
+        with tuning.applied(None):
+            assert transfer_config() == own
+    finally:
+        set_transfer_config(None)
     assert transfer_config() == TransferConfig()
 
 

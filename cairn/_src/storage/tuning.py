@@ -22,14 +22,16 @@ The defaults come from ``bench/s3_transfer.py`` (a 256 MiB file on a moto server
 loopback, 2 cores): 16 MiB parts downloaded in 2.2 s where 8 MiB parts took 4.3 s, and 16
 parts in flight were no faster than 8; one stream per file took 2.8-3.0 s.
 
-The process-wide default is what :func:`current` returns: ``TransferConfig()`` unless
+What :func:`current` returns is the process's setting, ``TransferConfig()`` unless
 :func:`set_transfer_config` changed it. ``RunConfig(storage_transfer=...)`` sets it in every
-worker of the run, and in the driver while ``fit()`` runs.
+worker of the run, and applies in the driver while ``fit()`` runs (:func:`applied`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -88,16 +90,46 @@ _lock = threading.Lock()
 _current = TransferConfig()
 
 
+# Settings applied by runs in progress (fit() calls), oldest first: (token, settings).
+_runs: list[tuple[object, TransferConfig]] = []
+
+
 def current() -> TransferConfig:
-    """The process's transfer settings."""
-    return _current
+    """The transfer settings in force: those of the run started last of the runs in
+    progress in this process (:func:`applied`), else the process's own."""
+    runs = _runs
+    return runs[-1][1] if runs else _current
+
+
+@contextmanager
+def applied(config: TransferConfig | None) -> Iterator[None]:
+    """``config`` in force in this process while the block runs (a ``fit()`` with
+    ``RunConfig(storage_transfer=...)``); ``None`` changes nothing.
+
+    Blocks may overlap (``fit()`` calls on several threads): each takes only its own
+    setting away when it ends, whatever the order, and while several are open the one
+    opened last applies. :func:`set_transfer_config` meanwhile sets what applies once
+    they have all ended.
+    """
+    if config is None:
+        yield
+        return
+    token = object()
+    with _lock:
+        _runs.append((token, config))
+    try:
+        yield
+    finally:
+        with _lock:
+            _runs[:] = [run for run in _runs if run[0] is not token]
 
 
 def set_transfer_config(config: TransferConfig | None) -> TransferConfig:
     """Make ``config`` (``None``: the defaults) this process's transfer settings.
 
     Returns the settings it replaces, so that a caller can put them back. Transfers
-    already running keep the settings they started with.
+    already running keep the settings they started with, and a ``fit()`` in progress
+    with ``RunConfig(storage_transfer=...)`` keeps its own until it returns.
     """
     global _current
     if config is None:

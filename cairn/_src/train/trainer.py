@@ -29,6 +29,7 @@ from cairn._src.execution.controller import Controller, TrainSpec
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage import tuning
 from cairn._src.storage.location import (
     StorageLocation,
     check_picklable,
@@ -36,7 +37,6 @@ from cairn._src.storage.location import (
     resolve,
 )
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.tuning import set_transfer_config
 from cairn._src.storage.uris import scheme_of
 from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
@@ -151,13 +151,8 @@ class Trainer:
         return base.join(self._run_name)
 
     def fit(self) -> Result:
-        transfer = self.run_config.storage_transfer
-        previous = None if transfer is None else set_transfer_config(transfer)
-        try:
+        with tuning.applied(self.run_config.storage_transfer):
             return self._fit()
-        finally:
-            if previous is not None:
-                set_transfer_config(previous)
 
     def _fit(self) -> Result:
         run = self._run_location()
