@@ -5,6 +5,11 @@ fresh Python process with its own ``ray.init`` and ``ray.shutdown``; the functio
 run in that process and in its Ray workers, and the result is written as JSON to
 ``<work dir>/result.json``. Ray is imported inside the functions, never at import time.
 See ``_ray_reference`` for what each measurement means and which Ray details it relies on.
+
+Each within-fit measurement is a *phase* (:class:`_Phase`: a train function, its config,
+and a reader of what its ranks wrote), so that it can run as the only thing in a fit (a
+child of its own, as always in full mode) or as one phase of the shared fit of the
+``quick_session`` child (``--quick``; see :func:`_child_quick_session`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +116,59 @@ def _train_metric_reports(config: dict[str, Any]) -> None:
     _write_json(Path(config["out"], f"{config['tag']}_rank{rank}.json"), {"samples": samples})
 
 
+@dataclass(frozen=True)
+class _Phase:
+    """One within-fit measurement: what every rank runs, and how to read what they wrote."""
+
+    train: Callable[[dict[str, Any]], None]
+    config: dict[str, Any]
+    read: Callable[[], dict[str, Any]]
+
+
+def _metric_phase(work_dir: Path, tag: str, num_reports: int) -> _Phase:
+    """``num_reports`` back-to-back metric reports; ``median_s``, ``p99_s``, ``num_samples``."""
+    out = work_dir / f"out_metric_{tag}"
+    out.mkdir()
+
+    def read() -> dict[str, Any]:
+        samples = [s for r in _read_rank_files(out, tag) for s in r["samples"]]
+        return {
+            "median_s": _harness.median(samples),
+            "p99_s": _harness.p99(samples),
+            "num_samples": len(samples),
+        }
+
+    return _Phase(
+        _train_metric_reports, {"num_reports": num_reports, "out": str(out), "tag": tag}, read
+    )
+
+
+def _set_poll_interval(interval: float | None) -> None:
+    if interval is None:
+        os.environ.pop(POLL_INTERVAL_ENV, None)
+    else:
+        # Read by the trainer at fit() and propagated to the controller actor.
+        os.environ[POLL_INTERVAL_ENV] = str(interval)
+
+
+def _fast_poll_fit(
+    work_dir: Path, *, num_workers: int, num_reports: int, interval: float
+) -> dict[str, Any]:
+    """The metric reports again, in a fit of their own with the poll interval at ``interval``."""
+    phase = _metric_phase(work_dir, "fast_poll", num_reports)
+    _set_poll_interval(interval)
+    try:
+        _fit(phase.train, phase.config, num_workers=num_workers, storage=work_dir / "storage",
+             name="metric-latency-fast_poll")
+    finally:
+        _set_poll_interval(None)
+    return {f"fast_poll_{key}": value for key, value in phase.read().items()}
+
+
+def _no_fast_poll() -> dict[str, Any]:
+    return {"fast_poll_median_s": None, "fast_poll_p99_s": None, "fast_poll_num_samples": 0}
+
+
 def _child_metric_report_latency(
     work_dir: Path,
     *,
@@ -118,34 +177,19 @@ def _child_metric_report_latency(
     fast_poll_num_reports: int,
     fast_poll_interval_s: float,
 ) -> dict[str, Any]:
-    out = work_dir / "out"
-    out.mkdir()
     _init_ray(num_workers)
     result: dict[str, Any] = {"fast_poll_interval_s": fast_poll_interval_s}
-    runs: list[tuple[str, int, float | None]] = [("default", num_reports, None)]
+    phase = _metric_phase(work_dir, "default", num_reports)
+    _set_poll_interval(None)
+    _fit(phase.train, phase.config, num_workers=num_workers, storage=work_dir / "storage",
+         name="metric-latency-default")
+    result.update(phase.read())
     if fast_poll_num_reports > 0:
-        runs.append(("fast_poll", fast_poll_num_reports, fast_poll_interval_s))
-    for tag, count, interval in runs:
-        if interval is None:
-            os.environ.pop(POLL_INTERVAL_ENV, None)
-        else:
-            # Read by the trainer at fit() and propagated to the controller actor.
-            os.environ[POLL_INTERVAL_ENV] = str(interval)
-        _fit(
-            _train_metric_reports,
-            {"num_reports": count, "out": str(out), "tag": tag},
-            num_workers=num_workers,
-            storage=work_dir / "storage",
-            name=f"metric-latency-{tag}",
-        )
-        samples = [s for r in _read_rank_files(out, tag) for s in r["samples"]]
-        prefix = "" if tag == "default" else "fast_poll_"
-        result[f"{prefix}median_s"] = _harness.median(samples)
-        result[f"{prefix}p99_s"] = _harness.p99(samples)
-        result[f"{prefix}num_samples"] = len(samples)
-    os.environ.pop(POLL_INTERVAL_ENV, None)
-    if fast_poll_num_reports <= 0:
-        result.update(fast_poll_median_s=None, fast_poll_p99_s=None, fast_poll_num_samples=0)
+        result.update(_fast_poll_fit(work_dir, num_workers=num_workers,
+                                     num_reports=fast_poll_num_reports,
+                                     interval=fast_poll_interval_s))
+    else:
+        result.update(_no_fast_poll())
     return result
 
 
@@ -157,10 +201,9 @@ def _train_first_line(config: dict[str, Any]) -> None:
     _write_json(Path(config["out"], f"first_rank{rank}.json"), {"t": first_line})
 
 
-def _child_fit_to_first_line(work_dir: Path, *, num_workers: int, trainer: str) -> dict[str, Any]:
-    out = work_dir / "out"
+def _fit_to_first_line(work_dir: Path, *, num_workers: int, trainer: str) -> dict[str, Any]:
+    out = work_dir / "out_first"
     out.mkdir()
-    ray_init_s = _init_ray(num_workers)
     fit_wall, fit_s = _fit(
         _train_first_line,
         {"out": str(out)},
@@ -171,11 +214,16 @@ def _child_fit_to_first_line(work_dir: Path, *, num_workers: int, trainer: str) 
     )
     starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
     return {
-        "ray_init_s": ray_init_s,
         "fit_to_first_line_s": max(starts),
         "fit_to_first_line_min_s": min(starts),
         "fit_total_s": fit_s,
     }
+
+
+def _child_fit_to_first_line(work_dir: Path, *, num_workers: int, trainer: str) -> dict[str, Any]:
+    ray_init_s = _init_ray(num_workers)
+    return {"ray_init_s": ray_init_s,
+            **_fit_to_first_line(work_dir, num_workers=num_workers, trainer=trainer)}
 
 
 def _train_checkpoint_reports(config: dict[str, Any]) -> None:
@@ -203,9 +251,49 @@ def _train_checkpoint_reports(config: dict[str, Any]) -> None:
                 checkpoint_upload_mode=upload_mode,
             )
             samples.setdefault(mode, []).append(time.perf_counter() - started)
-    # Let the last ASYNC upload finish before the function returns.
-    time.sleep(_DRAIN_S)
+    # Let the last ASYNC upload finish before the function returns (a phase followed by
+    # one that drains before its first timed report may skip this).
+    time.sleep(float(config.get("tail_s", _DRAIN_S)))
     _write_json(Path(config["out"], f"ckpt_rank{rank}.json"), {"samples": samples})
+
+
+def _phase_dirs(work_dir: Path, name: str) -> tuple[Path, Path]:
+    """A phase's new output and scratch directories under ``work_dir``."""
+    out, scratch = work_dir / f"out_{name}", work_dir / f"scratch_{name}"
+    out.mkdir()
+    scratch.mkdir()
+    return out, scratch
+
+
+def _checkpoint_phase(
+    work_dir: Path,
+    *,
+    size_mib: float,
+    modes: list[str],
+    repeats: int,
+    num_files: int,
+    tail_s: float = _DRAIN_S,
+) -> _Phase:
+    out, scratch = _phase_dirs(work_dir, "ckpt")
+    config = {
+        "out": str(out),
+        "scratch": str(scratch),
+        "modes": modes,
+        "repeats": repeats,
+        "size_mib": size_mib,
+        "num_files": num_files,
+        "tail_s": tail_s,
+    }
+
+    def read() -> dict[str, Any]:
+        rank0 = json.loads((out / "ckpt_rank0.json").read_text(encoding="utf-8"))["samples"]
+        result: dict[str, Any] = {}
+        for mode in modes:
+            result[mode] = _harness.median(rank0[mode])
+            result[f"{mode}_samples"] = rank0[mode]
+        return result
+
+    return _Phase(_train_checkpoint_reports, config, read)
 
 
 def _child_checkpoint_report(
@@ -217,31 +305,13 @@ def _child_checkpoint_report(
     num_files: int,
     num_workers: int,
 ) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
-    _init_ray(num_workers)
-    _fit(
-        _train_checkpoint_reports,
-        {
-            "out": str(out),
-            "scratch": str(scratch),
-            "modes": modes,
-            "repeats": repeats,
-            "size_mib": size_mib,
-            "num_files": num_files,
-        },
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="checkpoint-report",
+    phase = _checkpoint_phase(
+        work_dir, size_mib=size_mib, modes=modes, repeats=repeats, num_files=num_files
     )
-    rank0 = json.loads((out / "ckpt_rank0.json").read_text(encoding="utf-8"))["samples"]
-    result: dict[str, Any] = {}
-    for mode in modes:
-        result[mode] = _harness.median(rank0[mode])
-        result[f"{mode}_samples"] = rank0[mode]
-    return result
+    _init_ray(num_workers)
+    _fit(phase.train, phase.config, num_workers=num_workers, storage=work_dir / "storage",
+         name="checkpoint-report")
+    return phase.read()
 
 
 def _train_recovery(config: dict[str, Any]) -> None:
@@ -250,12 +320,14 @@ def _train_recovery(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     out = Path(config["out"])
     start = 0
-    checkpoint = ray.train.get_checkpoint()
+    marker = out / "crashed"
+    # Only the restarted attempt restores: in the shared fit of the quick session, the
+    # first attempt sees the checkpoints of the phases before this one.
+    checkpoint = ray.train.get_checkpoint() if marker.exists() else None
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             restored = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
         start = int(restored["step"]) + 1
-    marker = out / "crashed"
     if rank == 0 and marker.exists():
         _write_json(
             out / "restore.json",
@@ -279,38 +351,39 @@ def _train_recovery(config: dict[str, Any]) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _recovery_phase(work_dir: Path, *, step_s: float, crash_after_report: int) -> _Phase:
+    """Steps with a SYNC checkpoint each, a crash of rank 0; must be the fit's last phase."""
+    out, scratch = _phase_dirs(work_dir, "recovery")
+    config = {
+        "out": str(out),
+        "scratch": str(scratch),
+        "step_s": step_s,
+        "crash_after_report": crash_after_report,
+    }
+
+    def read() -> dict[str, Any]:
+        crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
+        restore = json.loads((out / "restore.json").read_text(encoding="utf-8"))
+        last, resumed = int(crash["last_reported_step"]), int(restore["resumed_from_step"])
+        return {
+            "crash_to_first_step_s": restore["t"] - crash["t"],
+            "last_reported_step": last,
+            "resumed_from_step": resumed,
+            # One checkpoint per step, so steps behind are checkpoints behind.
+            "checkpoints_behind": last - resumed,
+        }
+
+    return _Phase(_train_recovery, config, read)
+
+
 def _child_recovery(
     work_dir: Path, *, num_workers: int, step_s: float, crash_after_report: int
 ) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
+    phase = _recovery_phase(work_dir, step_s=step_s, crash_after_report=crash_after_report)
     _init_ray(num_workers)
-    _, fit_s = _fit(
-        _train_recovery,
-        {
-            "out": str(out),
-            "scratch": str(scratch),
-            "step_s": step_s,
-            "crash_after_report": crash_after_report,
-        },
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="recovery",
-        max_failures=1,
-    )
-    crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
-    restore = json.loads((out / "restore.json").read_text(encoding="utf-8"))
-    last, resumed = int(crash["last_reported_step"]), int(restore["resumed_from_step"])
-    return {
-        "crash_to_first_step_s": restore["t"] - crash["t"],
-        "last_reported_step": last,
-        "resumed_from_step": resumed,
-        # One checkpoint per step, so steps behind are checkpoints behind.
-        "checkpoints_behind": last - resumed,
-        "fit_total_s": fit_s,
-    }
+    _, fit_s = _fit(phase.train, phase.config, num_workers=num_workers,
+                    storage=work_dir / "storage", name="recovery", max_failures=1)
+    return {**phase.read(), "fit_total_s": fit_s}
 
 
 def _child_goodput(work_dir: Path, *, job: dict[str, Any]) -> dict[str, Any]:
@@ -374,29 +447,153 @@ def _train_snapshot(config: dict[str, Any]) -> None:
     )
 
 
+def _snapshot_phase(work_dir: Path, *, state_mb: float, repeats: int) -> _Phase:
+    out, scratch = _phase_dirs(work_dir, "snapshot")
+    config = {"out": str(out), "scratch": str(scratch), "state_mb": state_mb, "repeats": repeats}
+
+    def read() -> dict[str, Any]:
+        rank0 = json.loads((out / "snapshot_rank0.json").read_text(encoding="utf-8"))
+        totals = [s + r for s, r in zip(rank0["save"], rank0["report"], strict=True)]
+        return {
+            "blocking_s": _harness.median(totals),
+            "save_s": _harness.median(rank0["save"]),
+            "report_s": _harness.median(rank0["report"]),
+            "repeats": repeats,
+        }
+
+    return _Phase(_train_snapshot, config, read)
+
+
 def _child_snapshot_async_torch_save(
     work_dir: Path, *, state_mb: float, repeats: int, num_workers: int
 ) -> dict[str, Any]:
-    out = work_dir / "out"
-    scratch = work_dir / "scratch"
-    out.mkdir()
-    scratch.mkdir()
+    phase = _snapshot_phase(work_dir, state_mb=state_mb, repeats=repeats)
     _init_ray(num_workers)
-    _fit(
-        _train_snapshot,
-        {"out": str(out), "scratch": str(scratch), "state_mb": state_mb, "repeats": repeats},
-        num_workers=num_workers,
-        storage=work_dir / "storage",
-        name="snapshot",
-    )
-    rank0 = json.loads((out / "snapshot_rank0.json").read_text(encoding="utf-8"))
-    totals = [s + r for s, r in zip(rank0["save"], rank0["report"], strict=True)]
-    return {
-        "blocking_s": _harness.median(totals),
-        "save_s": _harness.median(rank0["save"]),
-        "report_s": _harness.median(rank0["report"]),
-        "repeats": repeats,
-    }
+    _fit(phase.train, phase.config, num_workers=num_workers, storage=work_dir / "storage",
+         name="snapshot")
+    return phase.read()
+
+
+# --------------------------------------------------------------------------------------
+# The quick session: one Ray session, the within-fit measurements in one fit
+# --------------------------------------------------------------------------------------
+
+
+def _train_phases(config: dict[str, Any]) -> None:
+    """Run the phases' train functions one after another, on every rank.
+
+    A restarted attempt (the recovery phase's crash marker exists) runs only the last
+    phase, the recovery one, which then restores its checkpoint.
+    """
+    phases: list[tuple[Callable[[dict[str, Any]], None], dict[str, Any]]] = config["phases"]
+    marker = config.get("crash_marker")
+    if marker is not None and Path(marker).exists():
+        phases = phases[-1:]
+    for train, phase_config in phases:
+        train(phase_config)
+
+
+def _child_quick_session(
+    work_dir: Path,
+    *,
+    num_workers: int,
+    startup: dict[str, Any] | None = None,
+    metric: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    snapshot: dict[str, Any] | None = None,
+    recovery: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The quick reference in one Ray session; a result per measurement asked for.
+
+    Why this does not bias the figures:
+
+    * ``startup`` (``fit()`` to the first line, and ``ray.init``) is the session's first
+      fit, so it still measures a fresh session: Ray Train creates detached singleton
+      actors (its state actor, Ray Data's autoscaling coordinator) in the first fit and
+      reuses them in later ones, so only a first fit pays for them. The goodput job, whose
+      wall time includes its fit's start, is therefore not part of this session.
+    * The other figures are times *inside* a fit (a ``report()`` call; a crash to the
+      restarted attempt's restore), so they run as phases of one fit, in this order:
+      metric-only reports (the first thing in the fit, as on their own), checkpoint
+      reports, ``torch.save`` + ASYNC report, the crash and restore (last, since it
+      restarts the fit; the restarted attempt runs only it). Each timed checkpoint report
+      still follows a drain of the report queue and of any ASYNC upload (``_DRAIN_S``), and
+      the snapshot phase still waits for its upload to finish before the crash phase
+      starts, so no phase runs beside another's background work.
+    * The metric reports at the fast poll interval need a fit of their own (the interval
+      is read at ``fit()``), as in the full child.
+
+    ``result.json`` is rewritten after each fit with what is known so far, and the
+    measurements of a fit that raised are listed in ``errors`` with the exception; the
+    parent takes what is there.
+    """
+    result: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    storage = work_dir / "storage"
+
+    def save() -> None:
+        _write_json(work_dir / "result.json", {**result, "errors": errors})
+
+    def failed(names: Sequence[str], exc: BaseException) -> None:
+        logging.getLogger(__name__).exception("quick session: %s failed", ", ".join(names))
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        errors.update({name: message for name in names})
+
+    ray_init_s = _init_ray(num_workers)
+    _set_poll_interval(None)
+    if startup is not None:
+        try:
+            result["startup"] = _fit_to_first_line(
+                work_dir, num_workers=num_workers, trainer=startup["trainer"]
+            )
+            result["startup"]["ray_init_s"] = ray_init_s
+        except Exception as exc:
+            failed(["startup"], exc)
+        save()
+
+    phases: dict[str, _Phase] = {}
+    if metric is not None:
+        phases["metric"] = _metric_phase(work_dir, "default", int(metric["num_reports"]))
+    if checkpoint is not None:
+        # The snapshot phase drains before its first timed report: no tail needed then.
+        tail_s = 0.0 if snapshot is not None else _DRAIN_S
+        phases["checkpoint"] = _checkpoint_phase(work_dir, **checkpoint, tail_s=tail_s)
+    if snapshot is not None:
+        phases["snapshot"] = _snapshot_phase(work_dir, **snapshot)
+    if recovery is not None:
+        phases["recovery"] = _recovery_phase(work_dir, **recovery)
+    if phases:
+        config: dict[str, Any] = {
+            "phases": [(phase.train, phase.config) for phase in phases.values()]
+        }
+        if recovery is not None:
+            config["crash_marker"] = str(Path(phases["recovery"].config["out"], "crashed"))
+        try:
+            _, fit_s = _fit(_train_phases, config, num_workers=num_workers, storage=storage,
+                            name="phases", max_failures=1 if recovery is not None else 0)
+            for name, phase in phases.items():
+                result[name] = phase.read()
+            if recovery is not None:
+                result["recovery"]["fit_total_s"] = fit_s
+        except Exception as exc:
+            failed(list(phases), exc)
+        save()
+
+    if metric is not None and "metric" in result:
+        result["metric"]["fast_poll_interval_s"] = metric["fast_poll_interval_s"]
+        try:
+            if int(metric["fast_poll_num_reports"]) > 0:
+                result["metric"].update(_fast_poll_fit(
+                    work_dir, num_workers=num_workers,
+                    num_reports=int(metric["fast_poll_num_reports"]),
+                    interval=float(metric["fast_poll_interval_s"])))
+            else:
+                result["metric"].update(_no_fast_poll())
+        except Exception as exc:
+            del result["metric"]
+            failed(["metric"], exc)
+        save()
+    return {**result, "errors": errors}
 
 
 _CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
@@ -406,6 +603,7 @@ _CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "recovery": _child_recovery,
     "goodput": _child_goodput,
     "snapshot_async_torch_save": _child_snapshot_async_torch_save,
+    "quick_session": _child_quick_session,
 }
 
 

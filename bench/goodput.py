@@ -6,7 +6,7 @@ Usage::
 
 Both sides run the identical job through ``goodput_train_loop`` (60 s of useful 0.25 s
 steps, a checkpoint every 5 s, rank 1 killed with ``os._exit(1)`` at 22.5 s and 47.5 s of
-progress; ``--quick``: 20 s, every 2.5 s, crashes at 7 s and 14.5 s), with
+progress; ``--quick``: 12 s, every 2.5 s, crashes at 4.5 s and 9.5 s), with
 ``FailureConfig(max_failures=<crashes + 1>)``. Goodput is the harness's pure definition:
 distinct steps executed times the step length, over the wall time of ``fit()`` (call to
 return); a step executed again after a rollback counts once.
@@ -41,6 +41,9 @@ import _ray_reference as ray_ref  # noqa: E402
 import cairn  # noqa: E402
 
 Row = _harness.Row
+
+RAY_REFERENCE_GROUPS = ("goodput",)
+"""The Ray reference groups this module fills its rows from (``run_all`` prefetches them)."""
 
 logger = logging.getLogger("bench.goodput")
 
@@ -101,7 +104,7 @@ def cairn_rows(args: Any) -> list[Row]:
 def run(args: Any = None) -> list[Row]:
     """Cairn's rows, with Ray Train 2.60's figures as references unless ``args.no_ray``."""
     args = args if args is not None else _module.parse_args(__doc__)
-    return _module.with_references(cairn_rows(args), args, ("goodput",))
+    return _module.with_references(cairn_rows(args), args, RAY_REFERENCE_GROUPS)
 
 
 def main(argv: list[str] | None = None) -> int:

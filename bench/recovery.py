@@ -42,6 +42,9 @@ import cairn  # noqa: E402
 
 Row = _harness.Row
 
+RAY_REFERENCE_GROUPS = ("recovery",)
+"""The Ray reference groups this module fills its rows from (``run_all`` prefetches them)."""
+
 STEP_S = 0.5
 CRASH_AFTER_REPORT = 3  # the step whose report returns just before the crash
 NUM_WORKERS = 2
@@ -187,7 +190,7 @@ def cairn_rows(args: Any) -> list[Row]:
 def run(args: Any = None) -> list[Row]:
     """Cairn's rows, with Ray Train 2.60's figures as references unless ``args.no_ray``."""
     args = args if args is not None else _module.parse_args(__doc__)
-    return _module.with_references(cairn_rows(args), args, ("recovery",))
+    return _module.with_references(cairn_rows(args), args, RAY_REFERENCE_GROUPS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,9 @@ import cairn  # noqa: E402
 
 Row = _harness.Row
 
+RAY_REFERENCE_GROUPS = ("report", "transfer", "startup")
+"""The Ray reference groups this module fills its rows from (``run_all`` prefetches them)."""
+
 SIZE_MIB = 256.0
 NUM_FILES = 8
 TINY_CHECKPOINT_BYTES = 1024
@@ -455,7 +458,7 @@ def cairn_rows(args: Any) -> list[Row]:
 def run(args: Any = None) -> list[Row]:
     """Cairn's rows, with Ray Train 2.60's figures as references unless ``args.no_ray``."""
     args = args if args is not None else _module.parse_args(__doc__)
-    return _module.with_references(cairn_rows(args), args, ("report", "transfer", "startup"))
+    return _module.with_references(cairn_rows(args), args, RAY_REFERENCE_GROUPS)
 
 
 def main(argv: list[str] | None = None) -> int:

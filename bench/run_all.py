@@ -11,7 +11,9 @@ After the modules, the Ray Train reference figures of the selected benchmarks ar
 measured (``bench/_ray_reference.py``; cached, so a module that already asked for a
 figure does not make Ray run twice) and merged: a reference figure fills the reference
 column of the module row with the same benchmark and metric, and is listed on its own
-otherwise. ``--only ray-reference`` measures only the Ray side; ``--no-ray`` skips it.
+otherwise. With ``--quick``, the figures that share one Ray session are measured before
+the modules (:func:`prefetch_reference`). ``--only ray-reference`` measures only the
+Ray side; ``--no-ray`` skips it.
 
 With ``--write-results`` the table is appended, with the command and the machine, to
 ``docs/benchmarks.md``. The exit status is 1 when any row is an error.
@@ -168,8 +170,46 @@ def merge_reference(rows: list[Row], reference: list[Row]) -> list[Row]:
     return sorted(combined, key=lambda r: order.get(r.benchmark, len(order)))
 
 
+def needed_reference_groups(args: argparse.Namespace) -> list[str]:
+    """The Ray groups this run will ask for: its own, and those its modules ask for.
+
+    A module names the groups it fills its rows from in ``RAY_REFERENCE_GROUPS``; one
+    that cannot be imported is left to :func:`run_module` to report.
+    """
+    if args.no_ray:
+        return []
+    needed = set(selected_reference_groups(args))
+    for name in selected_modules(args):
+        try:
+            module = import_benchmark(name)
+        except Exception:  # run_module turns it into an error row
+            continue
+        needed.update(getattr(module, "RAY_REFERENCE_GROUPS", ()))
+    return [group for group in _ray_reference.REFERENCE_GROUPS if group in needed]
+
+
+def prefetch_reference(args: argparse.Namespace) -> None:
+    """With ``--quick``, measure the Ray figures that share a session, all in one go.
+
+    Without it, a module asking for its groups would start the shared session for those
+    alone, and the next module another. The figures land in ``_ray_reference``'s cache,
+    where the modules and :func:`collect_rows` then find them.
+    """
+    if not args.quick or _ray_reference.ray_version() is None:
+        return
+    groups = needed_reference_groups(args)
+    if not set(groups) & set(_ray_reference.QUICK_SESSION_GROUPS):
+        return
+    print(f"[bench] measuring Ray Train reference (one quick session): {', '.join(groups)} ...",
+          file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    _ray_reference.prefetch(groups, quick=True)
+    logger.info("Ray reference quick session: %.1f s", time.perf_counter() - started)
+
+
 def collect_rows(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
+    prefetch_reference(args)
     for name in selected_modules(args):
         print(f"[bench] running {name} ...", file=sys.stderr, flush=True)
         rows.extend(run_module(name, args))

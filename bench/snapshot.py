@@ -50,6 +50,9 @@ import cairn  # noqa: E402
 
 Row = _harness.Row
 
+RAY_REFERENCE_GROUPS = ("snapshot",)
+"""The Ray reference groups this module fills its rows from (``run_all`` prefetches them)."""
+
 STATE_MB = 500.0
 TENSOR_MB = 25.0
 BENCHMARK = "snapshot"
@@ -205,7 +208,7 @@ def run(args: Any = None) -> list[Row]:
     """Cairn's rows, with Ray Train 2.60's figures as references unless ``args.no_ray``."""
     args = args if args is not None else _module.parse_args(__doc__)
     rows = cairn_rows(args)
-    reference = _module.references(args, ("snapshot",))
+    reference = _module.references(args, RAY_REFERENCE_GROUPS)
     if reference is None:
         return rows
     ray_rows = [r for r in reference if r.metric == ray_ref.METRIC_SNAPSHOT]
