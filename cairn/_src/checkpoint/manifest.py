@@ -291,8 +291,8 @@ def _file_entries(raw: object) -> dict[str, FileEntry] | None:
     """The ``files`` of a manifest document as entries when every one is as the schema
     wants it (a path in normal form -> ``{"size": int >= 0, "checksum": 32 lowercase hex
     digits}``), else None. The same rules as ``MANIFEST_SCHEMA``'s in one pass, the
-    checksums matched at once: a manifest of 100,000 files is read in a third of the
-    time."""
+    checksums matched at once (100,000 entries: 0.44 s to read the manifest where the
+    schema's walk took 0.53 s)."""
     if type(raw) is not dict:
         return None
     entries: dict[str, FileEntry] = {}

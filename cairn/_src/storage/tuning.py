@@ -23,8 +23,9 @@ loopback, 2 cores): 16 MiB parts downloaded in 2.2 s where 8 MiB parts took 4.3 
 parts in flight were no faster than 8; one stream per file took 2.8-3.0 s.
 
 What :func:`current` returns is the process's setting, ``TransferConfig()`` unless
-:func:`set_transfer_config` changed it. ``RunConfig(storage_transfer=...)`` sets it in every
-worker of the run, and applies in the driver while ``fit()`` runs (:func:`applied`).
+:func:`set_transfer_config` changed it, except while a ``fit()`` with
+``RunConfig(storage_transfer=...)`` runs in the driver (:func:`applied`); that setting is
+also every worker's own.
 """
 
 from __future__ import annotations
