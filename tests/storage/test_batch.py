@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cairn._src.errors import ChecksumMismatchError, NotARegularFileError
-from cairn._src.storage import batch
+from cairn._src.storage import _smallio, batch
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import resolve
 from cairn._src.storage.transfer import (
@@ -198,3 +198,155 @@ def test_upload_hands_back_what_changed_since_the_listing_without_blocking(
     entries, left = batch.upload(src, dest, names, progress=lambda _: None)
     assert left == {"fifo-link", "fifo", "dir", "grown"} and set(entries) == {"kept"}
     assert sorted(os.listdir(dest)) == ["kept"]
+
+
+# Many files: shares copied by copy processes (real child processes, with the threshold
+# lowered so that the tree above is "many").
+
+@pytest.fixture
+def few_files_a_share(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Lowers the share threshold to 4 files and counts the copy processes started."""
+    monkeypatch.setattr(batch, "MIN_SHARE_FILES", 4)
+    started: list[int] = []
+    real = batch._CopyProcess.__init__
+
+    def counting(self: batch._CopyProcess, *args: object) -> None:
+        started.append(1)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch._CopyProcess, "__init__", counting)
+    return started
+
+
+def test_shares_have_equal_counts_and_split_a_large_directory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch, "MIN_SHARE_FILES", 3)
+    groups = [("a", list("0123456")), ("b", ["x"]), ("", ["y", "z"])]
+    shares = batch._shares(groups, 3)
+    assert [sum(len(items) for _, items in share) for share in shares] == [4, 4, 2]
+    assert shares[0] == [("a", list("0123"))]
+    assert shares[1] == [("a", list("456")), ("b", ["x"])]
+    assert shares[2] == [("", ["y", "z"])]
+    # Never more shares than MIN_SHARE_FILES a share allows, nor than asked for.
+    assert len(batch._shares(groups, 8)) == 3
+    assert len(batch._shares(groups, 1)) == 1
+    monkeypatch.setattr(batch, "MIN_SHARE_FILES", 6)
+    assert len(batch._shares(groups, 3)) == 1
+
+
+def test_copy_processes_give_what_one_process_gives(
+        tmp_path: str, few_files_a_share: list[int]) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    small = sorted(rel for rel, data in contents.items() if len(data) <= batch.SMALL_FILE_BYTES)
+    for processes in (1, 3):
+        dest = os.path.join(str(tmp_path), f"dest{processes}")
+        for directory in ("a", "b", "b/c"):
+            os.makedirs(os.path.join(dest, directory))
+        progress: list[int] = []
+        entries, left = batch.upload(src, dest, small, progress=progress.append,
+                                     processes=processes)
+        assert not left and set(entries) == set(small)
+        assert sum(progress) == sum(len(contents[rel]) for rel in small)
+        assert read_tree(dest) == {rel: contents[rel] for rel in small}
+        if processes == 1:
+            expected = entries
+        assert entries == expected
+        restored = os.path.join(str(tmp_path), f"restored{processes}")
+        for directory in ("a", "b", "b/c"):
+            os.makedirs(os.path.join(restored, directory))
+        left = batch.download(dest, restored, entries, verify=True, progress=lambda _: None,
+                              processes=processes)
+        assert not left and read_tree(restored) == read_tree(dest)
+        hashed, left = batch.hash_files(restored, dict(entries), processes=processes)
+        assert not left and hashed == entries
+    assert len(few_files_a_share) == 3 * 2  # two copy processes for each of the three calls
+
+
+def test_a_background_upload_leaves_every_share_to_copy_processes(
+        tmp_path: str, few_files_a_share: list[int]) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    entries = upload_directory(src, resolve(os.path.join(str(tmp_path), "dest")),
+                               background=True, max_workers=2)
+    assert len(few_files_a_share) == 2
+    assert read_tree(os.path.join(str(tmp_path), "dest")) == contents
+    assert entries == compute_entries(resolve(src), list(contents))
+
+
+def test_transfers_share_files_with_copy_processes(
+        tmp_path: str, few_files_a_share: list[int]) -> None:
+    stored, contents, entries = stored_checkpoint(str(tmp_path))
+    restored = os.path.join(str(tmp_path), "restored")
+    download_directory(resolve(stored), restored, files=entries, max_workers=2)
+    verify_directory(resolve(stored), entries, max_workers=2)
+    assert read_tree(restored) == contents
+    assert len(few_files_a_share) == 3  # the upload, the download and the verification
+    # max_workers=1 keeps every file in the calling process.
+    download_directory(resolve(stored), os.path.join(str(tmp_path), "again"), files=entries,
+                       max_workers=1)
+    assert len(few_files_a_share) == 3
+
+
+def _failing_copy(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    monkeypatch.setattr(batch, "_BOOTSTRAP", code)
+
+
+def test_a_copy_process_that_fails_hands_its_share_back_without_its_temporaries(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    stored, contents, entries = stored_checkpoint(str(tmp_path))
+    # The copy process writes a temporary in each directory of its share, then dies.
+    _failing_copy(monkeypatch, (
+        "import marshal, os, sys\n"
+        "operation, starter, src, dest, groups, prefix = marshal.loads(sys.stdin.buffer.read())\n"
+        "for directory, _ in groups:\n"
+        "    open(os.path.join(dest, directory, prefix + '000001'), 'wb').close()\n"
+        "sys.stderr.write('copy failed on purpose')\n"
+        "sys.exit(3)\n"))
+    restored = os.path.join(str(tmp_path), "restored")
+    before = len(few_files_a_share)
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        download_directory(resolve(stored), restored, files=entries, max_workers=2)
+    assert read_tree(restored) == contents  # no temporary left, every file restored
+    assert len(few_files_a_share) == before + 1
+    assert "exited with status 3" in caplog.text and "copy failed on purpose" in caplog.text
+
+
+def test_an_answer_that_names_files_not_asked_for_is_not_taken(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    _failing_copy(monkeypatch, (
+        "import marshal, sys\n"
+        "sys.stdout.buffer.write(marshal.dumps(({'../outside': (1, 'ab')}, [], 1)))\n"))
+    dest = os.path.join(str(tmp_path), "dest")
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        entries = upload_directory(src, resolve(dest), max_workers=2)
+    assert set(entries) == set(contents) and read_tree(dest) == contents
+    assert "answered what it was not asked" in caplog.text
+    _failing_copy(monkeypatch, "import sys; sys.stdout.write('not marshal')")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        upload_directory(src, resolve(os.path.join(str(tmp_path), "dest2")), max_workers=2)
+    assert "unreadable answer" in caplog.text
+
+
+def test_a_copy_process_whose_starter_is_gone_copies_nothing_more(tmp_path: str) -> None:
+    # The process that asked for the share is not this copy process's parent: it stops at
+    # its first check, as an orphan whose starter was killed does.
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src, count=200)
+    names = [rel for rel in contents if rel.startswith("a/")]
+    dest = os.path.join(str(tmp_path), "dest")
+    os.makedirs(os.path.join(dest, "a"))
+    request = ("upload", os.getppid(), src, dest,
+               [("a", [rel.split("/", 1)[1] for rel in names])])
+    copier = batch._CopyProcess(request, names)
+    result = copier.result()
+    assert result is not None
+    entries, _, _ = result
+    assert len(names) > _smallio._CHECK_EVERY
+    assert len(entries) == _smallio._CHECK_EVERY - 1
+    assert len(os.listdir(os.path.join(dest, "a"))) == len(entries)

@@ -6,7 +6,14 @@ A transfer task per file costs tens of microseconds of Python around a kilobyte 
 path). Here the files of one directory share one walk: the directory is opened once
 (every component below the checkpoint directory with ``O_NOFOLLOW``, as the bounded
 reader of :mod:`.reader` does) and each file is checked, read whole, hashed and written
-with a fixed sequence of calls on that directory's descriptor.
+with a fixed sequence of calls on that directory's descriptor (:mod:`._smallio`).
+
+Creating a file is a few system calls, each too short for Python threads to share the
+interpreter well (threads were 2-3 times slower than one on tmpfs). So many files
+(:data:`MIN_SHARE_FILES` a share at least) are split into ``processes`` shares of equal
+count: the calling thread copies one and a copy process each of the others, on other
+cores. A copy process that cannot start, fails or answers what was not asked hands its
+whole share back (a download's temporaries in it removed), as if it had copied nothing.
 
 This path only ever finishes the expected case. A file it cannot finish as expected (a
 link, a FIFO or device, a size or checksum that differs, a file larger than
@@ -19,47 +26,52 @@ Not thread-safe per call (one caller thread per call); calls may run concurrentl
 
 from __future__ import annotations
 
-import errno
+import io
+import logging
+import marshal
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-import xxhash
-
+from cairn._src.storage import _smallio
+from cairn._src.storage._smallio import SMALL_FILE_BYTES, Group
 from cairn._src.storage.checksum import CHECKSUM_ALGORITHM, FileEntry
 from cairn._src.storage.fileio import TEMPORARY_MARK
 
-__all__ = ["SMALL_FILE_BYTES", "available", "check_sizes", "download", "hash_files", "upload"]
+__all__ = ["MIN_SHARE_FILES", "SMALL_FILE_BYTES", "available", "check_sizes", "download",
+           "hash_files", "processes", "upload"]
 
-# Files up to this size are read whole into memory by this path; larger ones stream.
-SMALL_FILE_BYTES = 256 << 10
+_log = logging.getLogger(__name__)
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-# What opening a link with O_NOFOLLOW fails with (ELOOP on Linux, EMLINK on the BSDs).
-_LINK_ERRORS = frozenset({errno.ELOOP, errno.EMLINK})
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_READ_FLAGS = os.O_RDONLY | _NONBLOCK | _CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NONBLOCK | _CLOEXEC
-# O_EXCL | O_NOFOLLOW: never write through something that already has the temporary name.
-_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-# An upload's destination is not committed yet: a retry truncates what a failed try wrote,
-# and a link planted under the name is not written through.
-_TRUNCATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC
+# Fewer files than this a share do not pay for starting a copy process (about 50 ms,
+# the time to copy some 1,500 small files).
+MIN_SHARE_FILES = 4096
 
-_hexdigest: Callable[[bytes], str] = xxhash.xxh3_128_hexdigest
+# The copy process runs _smallio as a script, with nothing from the working directory
+# ahead of the standard library (python -P is 3.11+).
+_BOOTSTRAP = ("import sys; del sys.path[0]; import runpy; "
+              "runpy.run_path(sys.argv[1], run_name='__main__')")
+_STDERR_SHOWN = 2000
 
 
 def available() -> bool:
     """Whether this platform has what the fast path needs (directory descriptors)."""
-    return bool(
-        _NOFOLLOW and _DIRECTORY and os.open in os.supports_dir_fd
-        and os.stat in os.supports_dir_fd and os.rename in os.supports_dir_fd
-        and CHECKSUM_ALGORITHM == "xxh3_128"
-    )
+    return _smallio.available() and CHECKSUM_ALGORITHM == "xxh3_128"
+
+
+def processes(max_workers: int | None) -> int:
+    """How many processes share many small files: the cores this process may run on, at
+    most ``max_workers``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, max_workers or cores))
 
 
 def _by_directory(rels: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
@@ -71,139 +83,150 @@ def _by_directory(rels: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
     return groups
 
 
-@contextmanager
-def _directory(root: str, directory: str, *, follow_links: bool) -> Iterator[int | None]:
-    """A descriptor of ``root/directory`` (None when it cannot be opened as expected).
-
-    ``root`` itself may be a link (a user's path); below it, a link is not followed unless
-    ``follow_links``.
-    """
-    fd: int | None = None
-    try:
-        fd = os.open(root, _DIR_FLAGS)
-        for part in directory.split("/") if directory else ():
-            flags = _DIR_FLAGS if follow_links else _DIR_FLAGS | _NOFOLLOW
-            next_fd = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-    except OSError:
-        if fd is not None:
-            os.close(fd)
-        fd = None
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
+def _shares(groups: Sequence[Group], count: int) -> list[list[Group]]:
+    """``groups`` split into at most ``count`` shares of about equal file count, each at
+    least :data:`MIN_SHARE_FILES` (a large directory is split between shares)."""
+    total = sum(len(items) for _, items in groups)
+    count = max(1, min(count, total // MIN_SHARE_FILES))
+    if count == 1:
+        return [list(groups)]
+    size = -(-total // count)
+    shares: list[list[Group]] = [[]]
+    room = size
+    for directory, items in groups:
+        start = 0
+        while start < len(items):
+            if not room:
+                shares.append([])
+                room = size
+            part = items[start:start + room]
+            shares[-1].append((directory, part))
+            room -= len(part)
+            start += len(part)
+    return shares
 
 
-@contextmanager
-def _directories(source_root: str, target_root: str, directory: str, *,
-                 follow_links: bool) -> Iterator[tuple[int, int] | None]:
-    """Descriptors of ``directory`` under ``source_root`` (see :func:`_directory`) and
-    under ``target_root`` (links followed: a user's path), or None if either cannot be
-    opened."""
-    target_dir = os.path.join(target_root, *directory.split("/")) if directory else target_root
-    with (_directory(source_root, directory, follow_links=follow_links) as source,
-          _directory(target_dir, "", follow_links=True) as target):
-        yield None if source is None or target is None else (source, target)
+def _scratch() -> io.BufferedRandom:
+    """An anonymous file for a copy process's request or answer (no pipe: neither side
+    waits for the other to read)."""
+    if hasattr(os, "memfd_create"):
+        return open(os.memfd_create("cairn-small-files", os.MFD_CLOEXEC), "w+b")
+    return tempfile.TemporaryFile()
 
 
-def _read(name: str, dir_fd: int, expected: int | None, follow_links: bool) -> bytes | None:
-    """The whole of the regular file ``name`` (None unless it is one as expected).
+class _CopyProcess:
+    """One share copied by another process (see :mod:`._smallio`)."""
 
-    As the bounded reader checks: the type before opening (a FIFO or device is never
-    opened), the same file on the open descriptor, at most one byte more than its size.
-    """
-    try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow_links)
-        if not _wanted(info, expected):
-            return None
-        fd = os.open(name, _READ_FLAGS if follow_links else _READ_FLAGS | _NOFOLLOW,
-                     dir_fd=dir_fd)
+    def __init__(self, request: tuple[Any, ...], rels: list[str]) -> None:
+        self.rels = rels
+        self._answer = _scratch()
+        self._errors = _scratch()
+        with _scratch() as asked:
+            asked.write(marshal.dumps(request))
+            asked.seek(0)
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP, _smallio.__file__],
+                stdin=asked, stdout=self._answer, stderr=self._errors, close_fds=True)
+
+    def result(self) -> tuple[dict[str, tuple[int, str]], list[str], int] | None:
+        """(entries, files left, bytes done), or None when the share was not copied."""
         try:
-            opened = os.fstat(fd)
-            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
-                info.st_dev, info.st_ino
-            ):
+            code = self._process.wait()
+            if code == 0:
+                self._answer.seek(0)
+                answer = marshal.loads(self._answer.read())
+                if _well_formed(answer, set(self.rels)):
+                    return answer  # type: ignore[no-any-return]
+                _log.warning("A small-file copy process answered what it was not asked; "
+                             "its %d files go file by file.", len(self.rels))
                 return None
-            return _read_whole(fd, info.st_size)
+            self._errors.seek(0)
+            errors = self._errors.read()[-_STDERR_SHOWN:].decode(errors="replace")
+            _log.warning("A small-file copy process exited with status %s; its %d files "
+                         "go file by file. Its error output: %s", code, len(self.rels),
+                         errors.strip() or "(none)")
+            return None
+        except (EOFError, ValueError, TypeError, OSError) as exc:
+            _log.warning("A small-file copy process gave an unreadable answer (%s); its %d "
+                         "files go file by file.", exc, len(self.rels))
+            return None
         finally:
-            os.close(fd)
-    except OSError:
-        return None
+            self._answer.close()
+            self._errors.close()
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._answer.close()
+        self._errors.close()
 
 
-def _read_listed(name: str, dir_fd: int) -> bytes | None:
-    """The whole of ``name`` in the caller's own directory, which its listing found to be
-    a regular file (or a link to one inside it) a moment ago; None unless it still is.
+def _well_formed(answer: Any, asked: set[str]) -> bool:
+    if not (isinstance(answer, tuple) and len(answer) == 3):
+        return False
+    entries, left, done = answer
+    return (isinstance(entries, dict) and isinstance(left, list) and isinstance(done, int)
+            and set(entries) <= asked and set(left) <= asked
+            and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int)
+                    and isinstance(v[1], str) for v in entries.values()))
 
-    One call fewer than :func:`_read`: the name is opened without following a link (a
-    link, which the listing followed, is read as :func:`_read` reads it) and non-blocking,
-    so a FIFO put in its place since the listing does not block; its type and size are
-    then read from the open descriptor. A device node is never made by an unprivileged
-    process, so an upload opens only what its user could already make.
-    """
+
+def _share_rels(share: Sequence[Group]) -> list[str]:
+    return [_smallio.relpath(directory, item if isinstance(item, str) else item[0])
+            for directory, items in share for item in items]
+
+
+def _in_shares(
+    shares: list[list[Group]],
+    local: Callable[[list[Group]], tuple[dict[str, tuple[int, str]], list[str]]],
+    request: Callable[[list[Group]], tuple[Any, ...]],
+    progress: Callable[[int], None],
+    *,
+    all_elsewhere: bool = False,
+    failed: Callable[[list[Group]], None] | None = None,
+) -> tuple[dict[str, tuple[int, str]], set[str]]:
+    """Run the first share with ``local`` (unless ``all_elsewhere``) and each other in a
+    copy process; (entries, files left) of them all."""
+    mine = [] if all_elsewhere else shares[:1]
+    elsewhere = shares[len(mine):]
+    started: list[tuple[list[Group], _CopyProcess | None]] = []
+    entries: dict[str, tuple[int, str]] = {}
+    left: set[str] = set()
     try:
-        fd = os.open(name, _READ_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in _LINK_ERRORS:
-            return _read(name, dir_fd, None, True)
-        return None
-    try:
-        opened = os.fstat(fd)
-        return _read_whole(fd, opened.st_size) if _wanted(opened, None) else None
-    except OSError:
-        return None
+        for share in elsewhere:
+            operation, *args = request(share)
+            try:
+                started.append((share, _CopyProcess((operation, os.getpid(), *args),
+                                                    _share_rels(share))))
+            except OSError as exc:
+                _log.warning("Cannot start a small-file copy process (%s); its files go "
+                             "file by file.", exc)
+                started.append((share, None))
+        for share in mine:
+            got, not_done = local(share)
+            entries.update(got)
+            left.update(not_done)
+        while started:
+            share, process = started[0]
+            result = None if process is None else process.result()
+            started.pop(0)
+            if result is None:
+                if process is not None and failed is not None:
+                    failed(share)
+                left.update(_share_rels(share))
+                continue
+            got, not_done, done = result
+            entries.update(got)
+            left.update(not_done)
+            progress(done)
     finally:
-        os.close(fd)
-
-
-def _wanted(info: os.stat_result, expected: int | None) -> bool:
-    return stat.S_ISREG(info.st_mode) and info.st_size <= SMALL_FILE_BYTES and (
-        expected is None or info.st_size == expected)
-
-
-def _read_whole(fd: int, size: int) -> bytes | None:
-    # A read of a regular file returns less than asked for only at its end: one call of
-    # size + 1 both reads it and shows that it ends there.
-    data = os.read(fd, size + 1)
-    while len(data) < size:
-        more = os.read(fd, size + 1 - len(data))
-        if not more:
-            break
-        data += more
-    return data if len(data) == size else None
-
-
-def _write(name: str, dir_fd: int, data: bytes, flags: int) -> bool:
-    try:
-        fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:
-        os.close(fd)
-        _unlink(name, dir_fd)
-        return False
-    os.close(fd)
-    return True
-
-
-def _unlink(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
-
-
-def _matches(data: bytes, want: FileEntry | int) -> bool:
-    if isinstance(want, FileEntry):
-        return _hexdigest(data) == want.checksum
-    return True
+        for share, process in started:
+            if process is not None:
+                process.stop()
+                if failed is not None:
+                    failed(share)
+    return entries, left
 
 
 def download(
@@ -213,6 +236,7 @@ def download(
     *,
     verify: bool,
     progress: Callable[[int], None],
+    processes: int = 1,
 ) -> set[str]:
     """Copy the small ``files`` (checked relpath -> expected entry or size) from the
     checkpoint directory ``src_root`` into ``local_dir``, whose directories exist.
@@ -221,37 +245,47 @@ def download(
     temporary name in its directory and renamed once complete and verified. Returns the
     files not copied, for the per-file path.
     """
-    left: set[str] = set()
-    prefix = f"{TEMPORARY_MARK}{secrets.token_hex(3)}"
-    count = 0
+    groups: list[Group] = []
     for directory, names in _by_directory(files).items():
-        done = 0
-        with _directories(src_root, local_dir, directory, follow_links=False) as pair:
-            if pair is None:
-                left.update(rel for _, rel in names)
-                continue
-            source, target = pair
-            for name, rel in names:
-                want = files[rel]
-                size = want.size if isinstance(want, FileEntry) else want
-                data = _read(name, source, size, False)
-                if data is None or (verify and not _matches(data, want)):
-                    left.add(rel)
-                    continue
-                count += 1
-                temporary = f"{prefix}{count:06x}"
-                if not _write(temporary, target, data, _NEW_FLAGS):
-                    left.add(rel)
-                    continue
-                try:
-                    os.rename(temporary, name, src_dir_fd=target, dst_dir_fd=target)
-                except OSError:
-                    _unlink(temporary, target)
-                    left.add(rel)
-                    continue
-                done += size
-        progress(done)
+        items = []
+        for name, rel in names:
+            want = files[rel]
+            if isinstance(want, FileEntry):
+                items.append((name, want.size, want.checksum if verify else None))
+            else:
+                items.append((name, want, None))
+        groups.append((directory, items))
+    shares = _shares(groups, processes)
+    prefix_of = {id(share): f"{TEMPORARY_MARK}{secrets.token_hex(3)}" for share in shares}
+
+    def local(share: list[Group]) -> tuple[dict[str, tuple[int, str]], list[str]]:
+        return {}, _smallio.download_share(src_root, local_dir, share,
+                                           prefix=prefix_of[id(share)], progress=progress)
+
+    def failed(share: list[Group]) -> None:
+        _remove_temporaries(local_dir, share, prefix_of[id(share)])
+
+    _, left = _in_shares(
+        shares, local,
+        lambda share: ("download", src_root, local_dir, share, prefix_of[id(share)]),
+        progress, failed=failed)
     return left
+
+
+def _remove_temporaries(local_dir: str, share: Sequence[Group], prefix: str) -> None:
+    """Remove what a copy process that did not finish left under ``prefix`` in the
+    directories of its ``share``."""
+    for directory in dict.fromkeys(directory for directory, _ in share):
+        with _smallio.opened_directory(local_dir, directory, follow_links=True) as fd:
+            if fd is None:
+                continue
+            try:
+                names = os.listdir(fd)
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith(prefix):
+                    _smallio.unlink(name, fd)
 
 
 def hash_files(
@@ -259,6 +293,7 @@ def hash_files(
     files: Mapping[str, FileEntry | None],
     *,
     follow_links: bool = False,
+    processes: int = 1,
 ) -> tuple[dict[str, FileEntry], set[str]]:
     """Read and hash the small ``files`` (checked relpath -> expected entry or None)
     under the local directory ``root``, in place.
@@ -266,25 +301,20 @@ def hash_files(
     Returns (the entries of the files read as expected, the files left for the per-file
     path): a file whose checksum differs from its expected entry is left, not judged.
     """
-    entries: dict[str, FileEntry] = {}
-    left: set[str] = set()
+    groups: list[Group] = []
     for directory, names in _by_directory(files).items():
-        with _directory(root, directory, follow_links=follow_links) as source:
-            if source is None:
-                left.update(rel for _, rel in names)
-                continue
-            for name, rel in names:
-                want = files[rel]
-                data = _read(name, source, None if want is None else want.size, follow_links)
-                if data is None:
-                    left.add(rel)
-                    continue
-                checksum = _hexdigest(data)
-                if want is not None and checksum != want.checksum:
-                    left.add(rel)
-                    continue
-                entries[rel] = FileEntry(size=len(data), checksum=checksum)
-    return entries, left
+        items = []
+        for name, rel in names:
+            want = files[rel]
+            items.append((name, None, None) if want is None
+                         else (name, want.size, want.checksum))
+        groups.append((directory, items))
+    entries, left = _in_shares(
+        _shares(groups, processes),
+        lambda share: _smallio.hash_share(root, share, follow_links=follow_links),
+        lambda share: ("hash", root, share, follow_links),
+        lambda _: None)
+    return _entries(entries), left
 
 
 def upload(
@@ -293,31 +323,31 @@ def upload(
     names: Iterable[str],
     *,
     progress: Callable[[int], None],
+    processes: int = 1,
+    background: bool = False,
 ) -> tuple[dict[str, FileEntry], set[str]]:
     """Copy the small files ``names`` (checked relpaths, already listed by
     :func:`~cairn._src.storage.paths.list_local_files`, whose links are then followed)
     of ``local_dir`` to the local directory ``dest_root``, whose directories exist.
 
+    ``background``: other threads of this process keep running Python meanwhile, so
+    copy processes take every share (none is copied by the calling thread).
+
     Returns (the entries of the files copied, the files left for the per-file path).
     """
-    entries: dict[str, FileEntry] = {}
-    left: set[str] = set()
-    for directory, group in _by_directory(names).items():
-        done = 0
-        with _directories(local_dir, dest_root, directory, follow_links=True) as pair:
-            if pair is None:
-                left.update(rel for _, rel in group)
-                continue
-            source, target = pair
-            for name, rel in group:
-                data = _read_listed(name, source)
-                if data is None or not _write(name, target, data, _TRUNCATE_FLAGS):
-                    left.add(rel)
-                    continue
-                entries[rel] = FileEntry(size=len(data), checksum=_hexdigest(data))
-                done += len(data)
-        progress(done)
-    return entries, left
+    groups: list[Group] = [(directory, [name for name, _ in group])
+                           for directory, group in _by_directory(names).items()]
+    entries, left = _in_shares(
+        _shares(groups, processes),
+        lambda share: _smallio.upload_share(local_dir, dest_root, share, progress=progress),
+        lambda share: ("upload", local_dir, dest_root, share),
+        progress, all_elsewhere=background)
+    return _entries(entries), left
+
+
+def _entries(found: Mapping[str, tuple[int, str]]) -> dict[str, FileEntry]:
+    return {rel: FileEntry(size=size, checksum=checksum)
+            for rel, (size, checksum) in found.items()}
 
 
 def check_sizes(root: str, sizes: Mapping[str, int]) -> set[str]:
@@ -327,7 +357,7 @@ def check_sizes(root: str, sizes: Mapping[str, int]) -> set[str]:
     """
     left: set[str] = set()
     for directory, names in _by_directory(sizes).items():
-        with _directory(root, directory, follow_links=False) as source:
+        with _smallio.opened_directory(root, directory, follow_links=False) as source:
             if source is None:
                 left.update(rel for _, rel in names)
                 continue
