@@ -350,3 +350,16 @@ def test_a_copy_process_whose_starter_is_gone_copies_nothing_more(tmp_path: str)
     assert len(names) > _smallio._CHECK_EVERY
     assert len(entries) == _smallio._CHECK_EVERY - 1
     assert len(os.listdir(os.path.join(dest, "a"))) == len(entries)
+
+
+def test_a_background_upload_of_few_files_or_one_worker_starts_no_copy_process(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    upload_directory(src, resolve(os.path.join(str(tmp_path), "one")), background=True,
+                     max_workers=1)
+    monkeypatch.setattr(batch, "MIN_SHARE_FILES", len(contents) + 1)
+    upload_directory(src, resolve(os.path.join(str(tmp_path), "few")), background=True,
+                     max_workers=2)
+    assert few_files_a_share == []
+    assert read_tree(os.path.join(str(tmp_path), "few")) == contents

@@ -331,17 +331,19 @@ def upload(
     of ``local_dir`` to the local directory ``dest_root``, whose directories exist.
 
     ``background``: other threads of this process keep running Python meanwhile, so
-    copy processes take every share (none is copied by the calling thread).
+    copy processes take every share of many files (none is copied by the calling
+    thread), unless ``processes`` is 1.
 
     Returns (the entries of the files copied, the files left for the per-file path).
     """
     groups: list[Group] = [(directory, [name for name, _ in group])
                            for directory, group in _by_directory(names).items()]
+    many = sum(len(group) for _, group in groups) >= MIN_SHARE_FILES
     entries, left = _in_shares(
         _shares(groups, processes),
         lambda share: _smallio.upload_share(local_dir, dest_root, share, progress=progress),
         lambda share: ("upload", local_dir, dest_root, share),
-        progress, all_elsewhere=background)
+        progress, all_elsewhere=background and many and processes > 1)
     return _entries(entries), left
 
 
