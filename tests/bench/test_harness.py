@@ -228,5 +228,10 @@ def test_only_selects_modules_and_reference_groups() -> None:
     assert run_all.selected_modules(args) == []
     assert len(run_all.selected_reference_groups(args)) == 6
     assert run_all.selected_reference_groups(run_all.parse_args(["--no-ray"])) == []
+    scale = run_all.parse_args(["--only", "scale,report"])
+    assert run_all.selected_modules(scale) == [
+        name for name in run_all.MODULES if name in {*run_all.SELECTIONS["scale"], "report"}]
+    assert "ray_cluster" not in run_all.selected_modules(scale)
+    assert run_all.selected_reference_groups(run_all.parse_args(["--only", "scale"])) == []
     with pytest.raises(SystemExit):
         run_all.parse_args(["--only", "nope"])
