@@ -4,11 +4,14 @@ hands every other file to the per-file path, which judges it as before."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from cairn._src.errors import ChecksumMismatchError, NotARegularFileError
-from cairn._src.storage import _smallio, batch
+from cairn._src.storage import batch
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import resolve
 from cairn._src.storage.transfer import (
@@ -205,16 +208,19 @@ def test_upload_hands_back_what_changed_since_the_listing_without_blocking(
 
 @pytest.fixture
 def few_files_a_share(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Lowers the share threshold to 4 files and counts the copy processes started."""
+    """Lowers the share threshold to 4 files (on 4 cores, whatever this machine has) and
+    counts the copy processes started."""
     monkeypatch.setattr(batch, "MIN_SHARE_FILES", 4)
+    monkeypatch.setattr(batch, "_cores", lambda: 4)
+    monkeypatch.setattr(batch, "_copy_processes_failed", False)
     started: list[int] = []
-    real = batch._CopyProcess.__init__
+    real = batch._CopyProcess.start
 
-    def counting(self: batch._CopyProcess, *args: object) -> None:
+    def counting(self: batch._CopyProcess, interpreter: str) -> None:
         started.append(1)
-        real(self, *args)  # type: ignore[arg-type]
+        real(self, interpreter)
 
-    monkeypatch.setattr(batch._CopyProcess, "__init__", counting)
+    monkeypatch.setattr(batch._CopyProcess, "start", counting)
     return started
 
 
@@ -232,6 +238,15 @@ def test_shares_have_equal_counts_and_split_a_large_directory(
     assert len(batch._shares(groups, 1)) == 1
     monkeypatch.setattr(batch, "MIN_SHARE_FILES", 6)
     assert len(batch._shares(groups, 3)) == 1
+
+
+def test_processes_follow_the_cores_max_workers_and_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch, "_cores", lambda: 96)
+    assert batch.processes(None) == batch.MAX_PROCESSES
+    assert batch.processes(3) == 3
+    monkeypatch.setattr(batch, "_cores", lambda: 2)
+    assert batch.processes(None) == 2 and batch.processes(1) == 1 and batch.processes(5) == 2
 
 
 def test_copy_processes_give_what_one_process_gives(
@@ -255,9 +270,11 @@ def test_copy_processes_give_what_one_process_gives(
         restored = os.path.join(str(tmp_path), f"restored{processes}")
         for directory in ("a", "b", "b/c"):
             os.makedirs(os.path.join(restored, directory))
-        left = batch.download(dest, restored, entries, verify=True, progress=lambda _: None,
+        progress.clear()
+        left = batch.download(dest, restored, entries, verify=True, progress=progress.append,
                               processes=processes)
         assert not left and read_tree(restored) == read_tree(dest)
+        assert sum(progress) == sum(len(contents[rel]) for rel in small)
         hashed, left = batch.hash_files(restored, dict(entries), processes=processes)
         assert not left and hashed == entries
     assert len(few_files_a_share) == 3 * 2  # two copy processes for each of the three calls
@@ -274,84 +291,6 @@ def test_a_background_upload_leaves_every_share_to_copy_processes(
     assert entries == compute_entries(resolve(src), list(contents))
 
 
-def test_transfers_share_files_with_copy_processes(
-        tmp_path: str, few_files_a_share: list[int]) -> None:
-    stored, contents, entries = stored_checkpoint(str(tmp_path))
-    restored = os.path.join(str(tmp_path), "restored")
-    download_directory(resolve(stored), restored, files=entries, max_workers=2)
-    verify_directory(resolve(stored), entries, max_workers=2)
-    assert read_tree(restored) == contents
-    assert len(few_files_a_share) == 3  # the upload, the download and the verification
-    # max_workers=1 keeps every file in the calling process.
-    download_directory(resolve(stored), os.path.join(str(tmp_path), "again"), files=entries,
-                       max_workers=1)
-    assert len(few_files_a_share) == 3
-
-
-def _failing_copy(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
-    monkeypatch.setattr(batch, "_BOOTSTRAP", code)
-
-
-def test_a_copy_process_that_fails_hands_its_share_back_without_its_temporaries(
-        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    stored, contents, entries = stored_checkpoint(str(tmp_path))
-    # The copy process writes a temporary in each directory of its share, then dies.
-    _failing_copy(monkeypatch, (
-        "import marshal, os, sys\n"
-        "operation, starter, src, dest, groups, prefix = marshal.loads(sys.stdin.buffer.read())\n"
-        "for directory, _ in groups:\n"
-        "    open(os.path.join(dest, directory, prefix + '000001'), 'wb').close()\n"
-        "sys.stderr.write('copy failed on purpose')\n"
-        "sys.exit(3)\n"))
-    restored = os.path.join(str(tmp_path), "restored")
-    before = len(few_files_a_share)
-    with caplog.at_level("WARNING", logger=batch.__name__):
-        download_directory(resolve(stored), restored, files=entries, max_workers=2)
-    assert read_tree(restored) == contents  # no temporary left, every file restored
-    assert len(few_files_a_share) == before + 1
-    assert "exited with status 3" in caplog.text and "copy failed on purpose" in caplog.text
-
-
-def test_an_answer_that_names_files_not_asked_for_is_not_taken(
-        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    src = os.path.join(str(tmp_path), "src")
-    contents = tree(src)
-    _failing_copy(monkeypatch, (
-        "import marshal, sys\n"
-        "sys.stdout.buffer.write(marshal.dumps(({'../outside': (1, 'ab')}, [], 1)))\n"))
-    dest = os.path.join(str(tmp_path), "dest")
-    with caplog.at_level("WARNING", logger=batch.__name__):
-        entries = upload_directory(src, resolve(dest), max_workers=2)
-    assert set(entries) == set(contents) and read_tree(dest) == contents
-    assert "answered what it was not asked" in caplog.text
-    _failing_copy(monkeypatch, "import sys; sys.stdout.write('not marshal')")
-    caplog.clear()
-    with caplog.at_level("WARNING", logger=batch.__name__):
-        upload_directory(src, resolve(os.path.join(str(tmp_path), "dest2")), max_workers=2)
-    assert "unreadable answer" in caplog.text
-
-
-def test_a_copy_process_whose_starter_is_gone_copies_nothing_more(tmp_path: str) -> None:
-    # The process that asked for the share is not this copy process's parent: it stops at
-    # its first check, as an orphan whose starter was killed does.
-    src = os.path.join(str(tmp_path), "src")
-    contents = tree(src, count=200)
-    names = [rel for rel in contents if rel.startswith("a/")]
-    dest = os.path.join(str(tmp_path), "dest")
-    os.makedirs(os.path.join(dest, "a"))
-    request = ("upload", os.getppid(), src, dest,
-               [("a", [rel.split("/", 1)[1] for rel in names])])
-    copier = batch._CopyProcess(request, names)
-    result = copier.result()
-    assert result is not None
-    entries, _, _ = result
-    assert len(names) > _smallio._CHECK_EVERY
-    assert len(entries) == _smallio._CHECK_EVERY - 1
-    assert len(os.listdir(os.path.join(dest, "a"))) == len(entries)
-
-
 def test_a_background_upload_of_few_files_or_one_worker_starts_no_copy_process(
         tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     src = os.path.join(str(tmp_path), "src")
@@ -363,3 +302,169 @@ def test_a_background_upload_of_few_files_or_one_worker_starts_no_copy_process(
                      max_workers=2)
     assert few_files_a_share == []
     assert read_tree(os.path.join(str(tmp_path), "few")) == contents
+
+
+def test_transfers_share_files_with_copy_processes(
+        tmp_path: str, few_files_a_share: list[int]) -> None:
+    stored, contents, entries = stored_checkpoint(str(tmp_path))
+    assert len(few_files_a_share) == 3  # the upload: four shares on four cores
+    restored = os.path.join(str(tmp_path), "restored")
+    download_directory(resolve(stored), restored, files=entries, max_workers=2)
+    verify_directory(resolve(stored), entries, max_workers=2)
+    assert read_tree(restored) == contents
+    assert len(few_files_a_share) == 5  # and one each for the download and verification
+    # max_workers=1 keeps every file in the calling process.
+    download_directory(resolve(stored), os.path.join(str(tmp_path), "again"), files=entries,
+                       max_workers=1)
+    assert len(few_files_a_share) == 5
+
+
+def _copy_process_runs(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    monkeypatch.setattr(batch, "_BOOTSTRAP", code)
+
+
+def test_a_copy_process_that_fails_leaves_its_share_to_this_process_without_temporaries(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    stored, contents, entries = stored_checkpoint(str(tmp_path))
+    # The copy process writes a temporary in each directory of its share, then dies. A
+    # user's file and another transfer's temporary with the same mark are not its own.
+    _copy_process_runs(monkeypatch, (
+        "import marshal, os, sys\n"
+        "op, starter, src, dest, groups, prefix = marshal.loads(sys.stdin.buffer.read())\n"
+        "for directory, _ in groups:\n"
+        "    open(os.path.join(dest, directory, prefix + '000001'), 'wb').close()\n"
+        "sys.stderr.write('copy failed on purpose\\n' + 'x' * 5000 + 'the end')\n"
+        "sys.exit(3)\n"))
+    restored = os.path.join(str(tmp_path), "restored")
+    theirs = {"b/.cairn-tmp-0123456789ab": b"another transfer's", "b/.cairn-tmp-": b"mine"}
+    for rel, data in theirs.items():
+        os.makedirs(os.path.join(restored, "b"), exist_ok=True)
+        with open(os.path.join(restored, *rel.split("/")), "wb") as f:
+            f.write(data)
+    before = len(few_files_a_share)
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        download_directory(resolve(stored), restored, files=entries, max_workers=2)
+    assert read_tree(restored) == {**contents, **theirs}  # no temporary of its own left
+    assert len(few_files_a_share) == before + 1
+    assert "exited with status 3" in caplog.text and "the end" in caplog.text
+    assert "copy failed on purpose" not in caplog.text  # only the end of its output
+    assert "\n" not in caplog.records[-1].getMessage()  # its output cannot forge log lines
+    # Copy processes are not tried again in this process, and say so only once.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        download_directory(resolve(stored), os.path.join(str(tmp_path), "again"),
+                           files=entries, max_workers=2)
+    assert len(few_files_a_share) == before + 1 and not caplog.records
+
+
+@pytest.mark.parametrize("answer, reason", [
+    # Names a file it was not asked for.
+    ("marshal.dumps(({'../outside': (1, 'ab')}, [], 1))", "other files than"),
+    # Accounts for no file at all: every file must be either finished or left.
+    ("marshal.dumps(({}, [], 0))", "other files than"),
+    ("b'not marshal'", "unreadable answer"),
+    ("marshal.dumps(({}, [], -1))", "other files than"),
+])
+def test_an_answer_that_does_not_account_for_each_file_once_is_not_taken(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, answer: str, reason: str) -> None:
+    stored, contents, entries = stored_checkpoint(str(tmp_path))
+    _copy_process_runs(monkeypatch, f"import marshal, sys; sys.stdout.buffer.write({answer})")
+    restored = os.path.join(str(tmp_path), "restored")
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        download_directory(resolve(stored), restored, files=entries, max_workers=2)
+    assert read_tree(restored) == contents
+    assert reason in caplog.text
+
+
+def test_a_copy_process_whose_starter_is_gone_answers_nothing(tmp_path: str) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    names = [rel for rel in contents if rel.startswith("a/")]
+    dest = os.path.join(str(tmp_path), "dest")
+    os.makedirs(os.path.join(dest, "a"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # A process that has ended (and been reaped): its pid names no process.
+    copier = batch._CopyProcess(
+        ("upload", gone.pid, src, dest, [("a", [rel.split("/", 1)[1] for rel in names])]),
+        names)
+    copier.start(sys.executable)
+    assert copier.result() is None
+    assert os.listdir(os.path.join(dest, "a")) == []
+
+
+def test_a_copy_process_stops_when_its_starter_is_killed(tmp_path: str) -> None:
+    # A starter that starts a copy process of 20,000 files, says its pid and waits; kill -9
+    # it, and the copy process stops within _CHECK_EVERY files of noticing.
+    src = os.path.join(str(tmp_path), "src")
+    dest = os.path.join(str(tmp_path), "dest")
+    os.makedirs(src)
+    os.makedirs(dest)
+    names = [f"f{i:05d}" for i in range(20_000)]
+    for name in names:
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(b"x")
+    script = os.path.join(str(tmp_path), "starter.py")
+    with open(script, "w") as f:
+        f.write(
+            "import os, sys, time\n"
+            "from cairn._src.storage import batch\n"
+            f"names = sorted(os.listdir({src!r}))\n"
+            f"copier = batch._CopyProcess(('upload', os.getpid(), {src!r}, {dest!r}, "
+            "[('', names)]), names)\n"
+            "copier.start(sys.executable)\n"
+            "print(copier._process.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    starter = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE)
+    assert starter.stdout is not None
+    child = int(starter.stdout.readline())
+    starter.kill()
+    starter.wait()
+    while _exists(child):
+        time.sleep(0.05)
+    assert len(os.listdir(dest)) < len(names)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_no_copy_process_without_a_python_interpreter_to_run(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    for executable in (None, "", "/usr/bin/my-app"):
+        monkeypatch.setattr(sys, "executable", executable)
+        dest = os.path.join(str(tmp_path), f"dest-{executable and len(executable)}")
+        upload_directory(src, resolve(dest), max_workers=2)
+        assert read_tree(dest) == contents
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", sys.__dict__.get("_base_executable", "python"))
+    upload_directory(src, resolve(os.path.join(str(tmp_path), "frozen")), max_workers=2)
+    assert few_files_a_share == []
+
+
+def test_a_copy_process_finds_xxhash_where_this_process_does(
+        tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # With PYTHONSAFEPATH its first path entry is not the working directory, and a
+    # working directory holding a module of xxhash's name is not imported from.
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    monkeypatch.chdir(str(tmp_path))
+    with open(os.path.join(str(tmp_path), "xxhash.py"), "w") as f:
+        f.write("raise SystemExit('the working directory was imported from')\n")
+    src = os.path.join(str(tmp_path), "src")
+    contents = tree(src)
+    with caplog.at_level("WARNING", logger=batch.__name__):
+        upload_directory(src, resolve(os.path.join(str(tmp_path), "dest")), max_workers=2)
+    assert few_files_a_share == [1] and not caplog.records
+    assert read_tree(os.path.join(str(tmp_path), "dest")) == contents
+
+
+def test_the_cores_of_this_process_are_at_least_one() -> None:
+    assert 1 <= batch._cores() <= (os.cpu_count() or 1)

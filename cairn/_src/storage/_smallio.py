@@ -11,8 +11,9 @@ file and judges none damaged.
 
 The copy process reads one request from its standard input (``marshal``: it comes from
 the process that started it, with the same interpreter, never from storage) and writes
-one result to its standard output. It stops between files as soon as the process that
-started it is gone, so an orphan never writes on into a directory that was cleaned up.
+one result to its standard output. Once its parent is gone it stops within
+``_CHECK_EVERY`` files, answering nothing (exit status :data:`STOPPED`), so an orphan
+never writes on into a directory that was cleaned up.
 """
 
 from __future__ import annotations
@@ -194,18 +195,37 @@ def unlink(name: str, dir_fd: int) -> None:
         pass
 
 
+class StarterGone(Exception):
+    """The process that asked for this share is gone: stop, and answer nothing."""
+
+
 class _Starter:
-    """Whether the process that asked for a share still runs (always, in that process)."""
+    """Raises :class:`StarterGone` once the process that asked for this share (pid
+    ``starter``) is gone: at once when it is already, then when this process's parent
+    changes. Never raises in the process that asked (``starter`` None)."""
 
-    def __init__(self, pid: int | None) -> None:
-        self._pid = pid
+    def __init__(self, starter: int | None) -> None:
+        self._parent = None if starter is None else os.getppid()
         self._count = 0
+        if starter is not None and self._parent != starter and not _running(starter):
+            raise StarterGone  # Orphaned before it started (not merely started by a wrapper).
 
-    def gone(self) -> bool:
+    def check(self) -> None:
         self._count += 1
-        if self._pid is None or self._count % _CHECK_EVERY:
-            return False
-        return os.getppid() != self._pid
+        if self._parent is not None and not self._count % _CHECK_EVERY and (
+                os.getppid() != self._parent):
+            raise StarterGone
+
+
+def _running(pid: int) -> bool:
+    # As the lease's check of its holder (this module imports nothing of cairn's).
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # Someone else's process now, or not ours to signal: it exists.
+    return True
 
 
 def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
@@ -225,8 +245,7 @@ def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
                 continue
             source, target = pair
             for name in names:
-                if alive.gone():
-                    return entries, left
+                alive.check()
                 data = read_listed(name, source)
                 if data is None or not write(name, target, data, TRUNCATE_FLAGS):
                     left.append(relpath(directory, name))
@@ -239,12 +258,14 @@ def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
 
 def download_share(src_root: str, local_dir: str, groups: Sequence[Group], *,
                    prefix: str, progress: Callable[[int], None],
-                   starter: int | None = None) -> list[str]:
+                   starter: int | None = None) -> tuple[Entries, list[str]]:
     """Copy ``groups`` of ``(name, size, checksum or None)`` from the checkpoint directory
     ``src_root`` (no link followed) to ``local_dir``, whose directories exist. Each file
     is read only if it is a regular file of its size, compared with its checksum when one
     is given, written as ``prefix`` plus a counter in its directory and renamed once
-    complete. Returns the files left."""
+    complete. Returns (relpath -> (size, checksum given or "") of the files copied, the
+    files left)."""
+    copied: Entries = {}
     left: list[str] = []
     alive = _Starter(starter)
     count = 0
@@ -256,8 +277,7 @@ def download_share(src_root: str, local_dir: str, groups: Sequence[Group], *,
                 continue
             source, target = pair
             for name, size, checksum in items:
-                if alive.gone():
-                    return left
+                alive.check()
                 data = read(name, source, size, False)
                 if data is None or (checksum is not None and hexdigest(data) != checksum):
                     left.append(relpath(directory, name))
@@ -273,9 +293,10 @@ def download_share(src_root: str, local_dir: str, groups: Sequence[Group], *,
                     unlink(temporary, target)
                     left.append(relpath(directory, name))
                     continue
+                copied[relpath(directory, name)] = (size, checksum or "")
                 done += size
         progress(done)
-    return left
+    return copied, left
 
 
 def hash_share(root: str, groups: Sequence[Group], *, follow_links: bool,
@@ -292,8 +313,7 @@ def hash_share(root: str, groups: Sequence[Group], *, follow_links: bool,
                 left.extend(relpath(directory, item[0]) for item in items)
                 continue
             for name, size, want in items:
-                if alive.gone():
-                    return entries, left
+                alive.check()
                 data = read(name, source, size, follow_links)
                 if data is None:
                     left.append(relpath(directory, name))
@@ -306,8 +326,10 @@ def hash_share(root: str, groups: Sequence[Group], *, follow_links: bool,
     return entries, left
 
 
-def run_request(request: tuple[Any, ...]) -> Any:
-    """What a copy process answers to ``request``: ``(operation, starter pid, ...)``."""
+def run_request(request: tuple[Any, ...]) -> tuple[Entries, list[str], int]:
+    """What a copy process answers to ``request`` ``(operation, starter pid, ...)``:
+    (entries of the files finished, the files left, bytes copied). Raises
+    :class:`StarterGone`."""
     operation, starter, *args = request
     done = [0]
 
@@ -318,22 +340,29 @@ def run_request(request: tuple[Any, ...]) -> Any:
         local_dir, dest_root, groups = args
         entries, left = upload_share(local_dir, dest_root, groups, progress=count,
                                      starter=starter)
-        return entries, left, done[0]
-    if operation == "download":
+    elif operation == "download":
         src_root, local_dir, groups, prefix = args
-        left = download_share(src_root, local_dir, groups, prefix=prefix, progress=count,
-                              starter=starter)
-        return {}, left, done[0]
-    if operation == "hash":
+        entries, left = download_share(src_root, local_dir, groups, prefix=prefix,
+                                       progress=count, starter=starter)
+    elif operation == "hash":
         root, groups, follow_links = args
-        entries, left = hash_share(root, groups, follow_links=follow_links, starter=starter)
-        return entries, left, 0
-    raise ValueError(f"unknown operation {operation!r}")
+        entries, left = hash_share(root, groups, follow_links=follow_links,
+                                   starter=starter)
+    else:
+        raise ValueError(f"unknown operation {operation!r}")
+    return entries, left, done[0]
+
+
+# The exit status of a copy process that stopped because its starter is gone.
+STOPPED = 75
 
 
 def main() -> None:
     request = marshal.loads(sys.stdin.buffer.read())
-    result = run_request(request)
+    try:
+        result = run_request(request)
+    except StarterGone:
+        sys.exit(STOPPED)
     sys.stdout.buffer.write(marshal.dumps(result))
     sys.stdout.buffer.flush()
 

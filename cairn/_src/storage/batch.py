@@ -12,8 +12,10 @@ Creating a file is a few system calls, each too short for Python threads to shar
 interpreter well (threads were 2-3 times slower than one on tmpfs). So many files
 (:data:`MIN_SHARE_FILES` a share at least) are split into ``processes`` shares of equal
 count: the calling thread copies one and a copy process each of the others, on other
-cores. A copy process that cannot start, fails or answers what was not asked hands its
-whole share back (a download's temporaries in it removed), as if it had copied nothing.
+cores. When a copy process cannot start, fails, or answers other than for each file of
+its share exactly once, its share is copied by the calling thread after all (a
+download's temporaries in it removed first), and so is every share of later calls in
+this process: a warning says why, once.
 
 This path only ever finishes the expected case. A file it cannot finish as expected (a
 link, a FIFO or device, a size or checksum that differs, a file larger than
@@ -27,9 +29,11 @@ Not thread-safe per call (one caller thread per call); calls may run concurrentl
 from __future__ import annotations
 
 import io
+import json
 import logging
 import marshal
 import os
+import re
 import secrets
 import stat
 import subprocess
@@ -51,12 +55,19 @@ _log = logging.getLogger(__name__)
 # Fewer files than this a share do not pay for starting a copy process (about 50 ms,
 # the time to copy some 1,500 small files).
 MIN_SHARE_FILES = 4096
+# Beyond a few processes, creating files in one file system contends in its kernel.
+MAX_PROCESSES = 8
 
-# The copy process runs _smallio as a script, with nothing from the working directory
-# ahead of the standard library (python -P is 3.11+).
-_BOOTSTRAP = ("import sys; del sys.path[0]; import runpy; "
+# The copy process runs _smallio as a script, with this process's module path (the
+# working directory left out), so that it finds the same xxhash without importing cairn.
+_BOOTSTRAP = ("import sys, json, runpy; sys.path[:] = json.loads(sys.argv[2]); "
               "runpy.run_path(sys.argv[1], run_name='__main__')")
 _STDERR_SHOWN = 2000
+# An answer is at most a relative path, a size and a checksum a file asked for.
+_ANSWER_BYTES_PER_FILE = 4096
+
+# Set once a copy process has failed in this process: the next calls copy in-process.
+_copy_processes_failed = False
 
 
 def available() -> bool:
@@ -64,14 +75,36 @@ def available() -> bool:
     return _smallio.available() and CHECKSUM_ALGORITHM == "xxh3_128"
 
 
-def processes(max_workers: int | None) -> int:
-    """How many processes share many small files: the cores this process may run on, at
-    most ``max_workers``."""
+def _cores() -> int:
+    """The cores this process may use: its CPU affinity, within its cgroup's CPU quota."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def processes(max_workers: int | None) -> int:
+    """How many processes share many small files: the cores this process may use (its
+    CPU affinity and cgroup quota), at most ``max_workers`` and :data:`MAX_PROCESSES`."""
+    cores = min(_cores(), MAX_PROCESSES)
     return max(1, min(cores, max_workers or cores))
+
+
+def _interpreter() -> str | None:
+    """This process's Python interpreter, when copy processes can run it."""
+    executable = sys.executable
+    if (_copy_processes_failed or not executable or getattr(sys, "frozen", False)
+            or not os.path.basename(executable).lower().startswith("python")):
+        return None
+    return executable
 
 
 def _by_directory(rels: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
@@ -84,8 +117,9 @@ def _by_directory(rels: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
 
 
 def _shares(groups: Sequence[Group], count: int) -> list[list[Group]]:
-    """``groups`` split into at most ``count`` shares of about equal file count, each at
-    least :data:`MIN_SHARE_FILES` (a large directory is split between shares)."""
+    """``groups`` split into at most ``count`` shares of about equal file count (within
+    one file), none of them much under :data:`MIN_SHARE_FILES`; a large directory is
+    split between shares."""
     total = sum(len(items) for _, items in groups)
     count = max(1, min(count, total // MIN_SHARE_FILES))
     if count == 1:
@@ -110,66 +144,102 @@ def _scratch() -> io.BufferedRandom:
     """An anonymous file for a copy process's request or answer (no pipe: neither side
     waits for the other to read)."""
     if hasattr(os, "memfd_create"):
-        return open(os.memfd_create("cairn-small-files", os.MFD_CLOEXEC), "w+b")
+        try:
+            return open(os.memfd_create("cairn-small-files", os.MFD_CLOEXEC), "w+b")
+        except OSError:
+            pass
     return tempfile.TemporaryFile()
 
 
 class _CopyProcess:
-    """One share copied by another process (see :mod:`._smallio`)."""
+    """One share copied by another process (see :mod:`._smallio`): :meth:`start`, then
+    :meth:`result`, or :meth:`stop` (which may be called at any point)."""
 
     def __init__(self, request: tuple[Any, ...], rels: list[str]) -> None:
         self.rels = rels
+        self._request = request
+        self._process: subprocess.Popen[bytes] | None = None
+        self._answer: io.BufferedRandom | None = None
+        self._errors: io.BufferedRandom | None = None
+
+    def start(self, interpreter: str) -> None:
         self._answer = _scratch()
         self._errors = _scratch()
         with _scratch() as asked:
-            asked.write(marshal.dumps(request))
+            asked.write(marshal.dumps(self._request))
             asked.seek(0)
+            path = json.dumps([entry for entry in sys.path if entry])
             self._process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, _smallio.__file__],
+                [interpreter, "-c", _BOOTSTRAP, _smallio.__file__, path],
                 stdin=asked, stdout=self._answer, stderr=self._errors, close_fds=True)
 
     def result(self) -> tuple[dict[str, tuple[int, str]], list[str], int] | None:
-        """(entries, files left, bytes done), or None when the share was not copied."""
+        """(entries, files left, bytes done), or None when the share was not copied (the
+        reason logged)."""
+        assert self._process is not None and self._answer is not None
         try:
             code = self._process.wait()
-            if code == 0:
-                self._answer.seek(0)
-                answer = marshal.loads(self._answer.read())
-                if _well_formed(answer, set(self.rels)):
-                    return answer  # type: ignore[no-any-return]
-                _log.warning("A small-file copy process answered what it was not asked; "
-                             "its %d files go file by file.", len(self.rels))
+            if code != 0:
+                _failed("exited with status %s; its error output ends: %r", code,
+                        self._stderr_tail())
                 return None
-            self._errors.seek(0)
-            errors = self._errors.read()[-_STDERR_SHOWN:].decode(errors="replace")
-            _log.warning("A small-file copy process exited with status %s; its %d files "
-                         "go file by file. Its error output: %s", code, len(self.rels),
-                         errors.strip() or "(none)")
-            return None
+            size = os.fstat(self._answer.fileno()).st_size
+            if size > _ANSWER_BYTES_PER_FILE * (len(self.rels) + 1):
+                _failed("answered %d bytes for %d files", size, len(self.rels))
+                return None
+            self._answer.seek(0)
+            answer = marshal.loads(self._answer.read())
+            if not _answers(answer, self.rels):
+                _failed("answered about other files than the %d it was asked for",
+                        len(self.rels))
+                return None
+            return answer  # type: ignore[no-any-return]
         except (EOFError, ValueError, TypeError, OSError) as exc:
-            _log.warning("A small-file copy process gave an unreadable answer (%s); its %d "
-                         "files go file by file.", exc, len(self.rels))
+            _failed("gave an unreadable answer (%s)", exc)
             return None
         finally:
-            self._answer.close()
-            self._errors.close()
+            self._close()
+
+    def _stderr_tail(self) -> str:
+        assert self._errors is not None
+        size = os.fstat(self._errors.fileno()).st_size
+        self._errors.seek(max(0, size - _STDERR_SHOWN))
+        return self._errors.read().decode(errors="replace").strip()
 
     def stop(self) -> None:
-        if self._process.poll() is None:
+        if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait()
-        self._answer.close()
-        self._errors.close()
+        self._close()
+
+    def _close(self) -> None:
+        for scratch in (self._answer, self._errors):
+            if scratch is not None:
+                scratch.close()
 
 
-def _well_formed(answer: Any, asked: set[str]) -> bool:
-    if not (isinstance(answer, tuple) and len(answer) == 3):
+def _failed(reason: str, *args: object) -> None:
+    """Log why a copy process failed (a warning the first time in this process), and copy
+    in-process from now on."""
+    global _copy_processes_failed
+    level = logging.DEBUG if _copy_processes_failed else logging.WARNING
+    _copy_processes_failed = True
+    _log.log(level, "A small-file copy process " + reason + "; its files are copied by "
+             "this process, as are those of later transfers in it.", *args)
+
+
+def _answers(answer: Any, asked: list[str]) -> bool:
+    """Whether ``answer`` is (entries, left, bytes) that account for each file of
+    ``asked`` exactly once."""
+    if not (type(answer) is tuple and len(answer) == 3):
         return False
     entries, left, done = answer
-    return (isinstance(entries, dict) and isinstance(left, list) and isinstance(done, int)
-            and set(entries) <= asked and set(left) <= asked
-            and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int)
-                    and isinstance(v[1], str) for v in entries.values()))
+    if not (type(entries) is dict and type(left) is list and type(done) is int
+            and done >= 0 and len(entries) + len(left) == len(asked)):
+        return False
+    return set(entries).union(left) == set(asked) and all(
+        type(value) is tuple and len(value) == 2 and type(value[0]) is int
+        and value[0] >= 0 and type(value[1]) is str for value in entries.values())
 
 
 def _share_rels(share: Sequence[Group]) -> list[str]:
@@ -177,9 +247,12 @@ def _share_rels(share: Sequence[Group]) -> list[str]:
             for directory, items in share for item in items]
 
 
+Answer = tuple[dict[str, tuple[int, str]], list[str]]
+
+
 def _in_shares(
     shares: list[list[Group]],
-    local: Callable[[list[Group]], tuple[dict[str, tuple[int, str]], list[str]]],
+    local: Callable[[list[Group]], Answer],
     request: Callable[[list[Group]], tuple[Any, ...]],
     progress: Callable[[int], None],
     *,
@@ -187,45 +260,47 @@ def _in_shares(
     failed: Callable[[list[Group]], None] | None = None,
 ) -> tuple[dict[str, tuple[int, str]], set[str]]:
     """Run the first share with ``local`` (unless ``all_elsewhere``) and each other in a
-    copy process; (entries, files left) of them all."""
-    mine = [] if all_elsewhere else shares[:1]
-    elsewhere = shares[len(mine):]
-    started: list[tuple[list[Group], _CopyProcess | None]] = []
+    copy process; (entries, files left) of them all. A share whose copy process fails is
+    cleaned up with ``failed`` and copied with ``local`` after all."""
+    interpreter = _interpreter()
+    mine = shares if interpreter is None else [] if all_elsewhere else shares[:1]
+    started: list[tuple[list[Group], _CopyProcess]] = []
     entries: dict[str, tuple[int, str]] = {}
     left: set[str] = set()
+
+    def take(answer: Answer) -> None:
+        entries.update(answer[0])
+        left.update(answer[1])
+
     try:
-        for share in elsewhere:
+        for share in shares[len(mine):] if interpreter is not None else ():
             operation, *args = request(share)
+            process = _CopyProcess((operation, os.getpid(), *args), _share_rels(share))
+            started.append((share, process))
             try:
-                started.append((share, _CopyProcess((operation, os.getpid(), *args),
-                                                    _share_rels(share))))
-            except OSError as exc:
-                _log.warning("Cannot start a small-file copy process (%s); its files go "
-                             "file by file.", exc)
-                started.append((share, None))
+                process.start(interpreter)  # type: ignore[arg-type]
+            except Exception as exc:  # Not started: nothing to clean up.
+                _failed("could not start (%s)", exc)
+                started.pop()
+                mine.append(share)
         for share in mine:
-            got, not_done = local(share)
-            entries.update(got)
-            left.update(not_done)
+            take(local(share))
         while started:
             share, process = started[0]
-            result = None if process is None else process.result()
+            result = process.result()
             started.pop(0)
             if result is None:
-                if process is not None and failed is not None:
-                    failed(share)
-                left.update(_share_rels(share))
-                continue
-            got, not_done, done = result
-            entries.update(got)
-            left.update(not_done)
-            progress(done)
-    finally:
-        for share, process in started:
-            if process is not None:
-                process.stop()
                 if failed is not None:
                     failed(share)
+                take(local(share))
+                continue
+            take(result[:2])
+            progress(result[2])
+    finally:
+        for share, process in started:
+            process.stop()
+            if failed is not None:
+                failed(share)
     return entries, left
 
 
@@ -256,11 +331,13 @@ def download(
                 items.append((name, want, None))
         groups.append((directory, items))
     shares = _shares(groups, processes)
-    prefix_of = {id(share): f"{TEMPORARY_MARK}{secrets.token_hex(3)}" for share in shares}
+    # Long enough that no other transfer's temporary starts with it (theirs have 12 hex
+    # digits after the mark), so that cleaning up after a copy process removes only its own.
+    prefix_of = {id(share): f"{TEMPORARY_MARK}{secrets.token_hex(8)}-" for share in shares}
 
-    def local(share: list[Group]) -> tuple[dict[str, tuple[int, str]], list[str]]:
-        return {}, _smallio.download_share(src_root, local_dir, share,
-                                           prefix=prefix_of[id(share)], progress=progress)
+    def local(share: list[Group]) -> Answer:
+        return _smallio.download_share(src_root, local_dir, share,
+                                       prefix=prefix_of[id(share)], progress=progress)
 
     def failed(share: list[Group]) -> None:
         _remove_temporaries(local_dir, share, prefix_of[id(share)])
@@ -273,8 +350,9 @@ def download(
 
 
 def _remove_temporaries(local_dir: str, share: Sequence[Group], prefix: str) -> None:
-    """Remove what a copy process that did not finish left under ``prefix`` in the
-    directories of its ``share``."""
+    """Remove the temporaries (``prefix`` and six hex digits) that a copy process which did
+    not finish left in the directories of its ``share``."""
+    mine = re.compile(re.escape(prefix) + "[0-9a-f]{6}")
     for directory in dict.fromkeys(directory for directory, _ in share):
         with _smallio.opened_directory(local_dir, directory, follow_links=True) as fd:
             if fd is None:
@@ -284,7 +362,7 @@ def _remove_temporaries(local_dir: str, share: Sequence[Group], prefix: str) -> 
             except OSError:
                 continue
             for name in names:
-                if name.startswith(prefix):
+                if mine.fullmatch(name):
                     _smallio.unlink(name, fd)
 
 
