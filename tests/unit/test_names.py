@@ -88,3 +88,52 @@ def test_metrics_that_refer_to_themselves_are_a_report_error() -> None:
     metrics["self"] = metrics
     with pytest.raises(ReportError, match="is nested more than 64 levels deep"):
         validate_metrics(metrics)
+
+
+class _Name(str):
+    pass
+
+
+def _json_copy(metrics: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    copied: dict[str, Any] = json.loads(json.dumps(metrics, allow_nan=True))
+    return copied
+
+
+@pytest.mark.parametrize("metrics", [
+    {"step": 3, "loss": 0.25},
+    {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "-0": -0.0},
+    {"big": 10**40, "tiny": 5e-324, "third": 1 / 3, "flag": True, "off": False, "none": None},
+    {"text": "é\u2603\ud800", "": "empty key", "emoji": "\U0001f600"},
+    {},
+])
+def test_flat_metrics_copy_as_their_json_round_trip(metrics: dict[str, Any]) -> None:
+    import json
+
+    copied = validate_metrics(metrics)
+    expected = _json_copy(metrics)
+    assert copied is not metrics
+    assert list(copied) == list(expected)
+    # Same values and types (NaN compared by its text, -0.0 by its sign).
+    assert [(type(v), repr(v)) for v in copied.values()] == [
+        (type(v), repr(v)) for v in expected.values()]
+    assert json.dumps(copied, allow_nan=True) == json.dumps(expected, allow_nan=True)
+    metrics["added later"] = 1
+    assert "added later" not in copied
+
+
+def test_metrics_other_than_flat_plain_values_still_take_the_json_round_trip() -> None:
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    # A subclass of a plain type is not kept as itself: it comes back as the plain value.
+    copied = validate_metrics({"level": Level.HIGH, _Name("name"): 1, "nested": {"a": (1, 2)}})
+    assert copied == {"level": 2, "name": 1, "nested": {"a": [1, 2]}}
+    assert type(copied["level"]) is int and all(type(key) is str for key in copied)
+    with pytest.raises(ReportError, match="has the key 3 of type int"):
+        validate_metrics({3: 1.0})
+    with pytest.raises(ReportError, match=r"must be a dict of metric names to values, not list"):
+        validate_metrics([("loss", 1.0)])

@@ -9,6 +9,13 @@ if TYPE_CHECKING:
     from cairn._src.checkpoint.checkpoint import Checkpoint
 
 
+# The event of every metric-only handle: done at once and never cleared, so one set
+# event serves them all (a report is the hot path, and an Event costs a lock and a
+# condition to make and set).
+_DONE = threading.Event()
+_DONE.set()
+
+
 class ReportHandle:
     """The outcome of one ``report()`` call.
 
@@ -21,11 +28,9 @@ class ReportHandle:
     def __init__(self, index: int, *, has_checkpoint: bool) -> None:
         self.index = index
         self.has_checkpoint = has_checkpoint
-        self._event = threading.Event()
+        self._event = threading.Event() if has_checkpoint else _DONE
         self._checkpoint: Checkpoint | None = None
         self._error: BaseException | None = None
-        if not has_checkpoint:
-            self._event.set()
 
     def _resolve(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
         self._checkpoint = checkpoint

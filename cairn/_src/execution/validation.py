@@ -30,8 +30,18 @@ def _to_json_value(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+# Values whose JSON round trip gives back an equal value of the same type (NaN and the
+# infinities too, with allow_nan), so that a flat dict of them is its own plain copy.
+_PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
+
+
 def validate_metrics(metrics: object) -> dict[str, Any]:
     """A plain, JSON-serializable copy of ``metrics``, or :class:`ReportError`."""
+    if type(metrics) is dict and all(type(key) is str for key in metrics) and all(
+            type(value) in _PLAIN_TYPES for value in metrics.values()):
+        # The usual report (a flat dict of numbers and strings): the same copy as the JSON
+        # round trip below, in about a tenth of its time.
+        return dict(metrics)
     if not isinstance(metrics, Mapping):
         raise ReportError(
             f"report(metrics={_short(metrics)}) must be a dict of metric names to values, "
