@@ -227,6 +227,7 @@ def few_files_a_share(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_shares_have_equal_counts_and_split_a_large_directory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch, "MIN_SHARE_FILES", 3)
+    monkeypatch.setattr(batch, "_cores", lambda: 8)
     groups = [("a", list("0123456")), ("b", ["x"]), ("", ["y", "z"])]
     shares = batch._shares(groups, 3)
     assert [sum(len(items) for _, items in share) for share in shares] == [4, 4, 2]
@@ -260,7 +261,7 @@ def test_copy_processes_give_what_one_process_gives(
             os.makedirs(os.path.join(dest, directory))
         progress: list[int] = []
         entries, left = batch.upload(src, dest, small, progress=progress.append,
-                                     processes=processes)
+                                     max_workers=processes)
         assert not left and set(entries) == set(small)
         assert sum(progress) == sum(len(contents[rel]) for rel in small)
         assert read_tree(dest) == {rel: contents[rel] for rel in small}
@@ -272,10 +273,10 @@ def test_copy_processes_give_what_one_process_gives(
             os.makedirs(os.path.join(restored, directory))
         progress.clear()
         left = batch.download(dest, restored, entries, verify=True, progress=progress.append,
-                              processes=processes)
+                              max_workers=processes)
         assert not left and read_tree(restored) == read_tree(dest)
         assert sum(progress) == sum(len(contents[rel]) for rel in small)
-        hashed, left = batch.hash_files(restored, dict(entries), processes=processes)
+        hashed, left = batch.hash_files(restored, dict(entries), max_workers=processes)
         assert not left and hashed == entries
     assert len(few_files_a_share) == 3 * 2  # two copy processes for each of the three calls
 
@@ -468,3 +469,12 @@ def test_a_copy_process_finds_xxhash_where_this_process_does(
 
 def test_the_cores_of_this_process_are_at_least_one() -> None:
     assert 1 <= batch._cores() <= (os.cpu_count() or 1)
+
+
+def test_few_files_do_not_look_up_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_lookup() -> int:
+        raise AssertionError("the cores were looked up for a transfer of few files")
+
+    monkeypatch.setattr(batch, "_cores", no_lookup)
+    groups = [("a", [f"f{i}" for i in range(2 * batch.MIN_SHARE_FILES - 1)])]
+    assert batch._shares(groups, None) == [groups]

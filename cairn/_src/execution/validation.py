@@ -40,7 +40,7 @@ def validate_metrics(metrics: object) -> dict[str, Any]:
     if type(metrics) is dict and all(type(key) is str for key in metrics) and all(
             type(value) in _PLAIN_TYPES for value in metrics.values()):
         # The usual report (a flat dict of numbers and strings): the same copy as the JSON
-        # round trip below, in about a tenth of its time.
+        # round trip below, in under a tenth of its time.
         return dict(metrics)
     if not isinstance(metrics, Mapping):
         raise ReportError(

@@ -10,12 +10,12 @@ with a fixed sequence of calls on that directory's descriptor (:mod:`._smallio`)
 
 Creating a file is a few system calls, each too short for Python threads to share the
 interpreter well (threads were 2-3 times slower than one on tmpfs). So many files
-(:data:`MIN_SHARE_FILES` a share at least) are split into ``processes`` shares of equal
-count: the calling thread copies one and a copy process each of the others, on other
-cores. When a copy process cannot start, fails, or answers other than for each file of
-its share exactly once, its share is copied by the calling thread after all (a
-download's temporaries in it removed first), and so is every share of later calls in
-this process: a warning says why, once.
+(:data:`MIN_SHARE_FILES` a share at least) are split into shares of equal count, one a
+core (:func:`processes`): the calling thread copies one and a copy process each of the
+others, on other cores. When a copy process cannot start, fails, or answers other than
+for each file of its share exactly once, its share is copied by the calling thread after
+all (a download's temporaries in it removed first), and so is every share of later calls
+in this process: a warning says why, once.
 
 This path only ever finishes the expected case. A file it cannot finish as expected (a
 link, a FIFO or device, a size or checksum that differs, a file larger than
@@ -116,12 +116,14 @@ def _by_directory(rels: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
     return groups
 
 
-def _shares(groups: Sequence[Group], count: int) -> list[list[Group]]:
-    """``groups`` split into at most ``count`` shares of about equal file count (within
-    one file), none of them much under :data:`MIN_SHARE_FILES`; a large directory is
-    split between shares."""
+def _shares(groups: Sequence[Group], max_workers: int | None) -> list[list[Group]]:
+    """``groups`` split into at most :func:`processes` shares of about equal file count
+    (within one file), none of them much under :data:`MIN_SHARE_FILES`; a large directory
+    is split between shares. The cores are looked up only for that many files."""
     total = sum(len(items) for _, items in groups)
-    count = max(1, min(count, total // MIN_SHARE_FILES))
+    if total < 2 * MIN_SHARE_FILES:
+        return [list(groups)]
+    count = min(processes(max_workers), total // MIN_SHARE_FILES)
     if count == 1:
         return [list(groups)]
     size = -(-total // count)
@@ -262,8 +264,12 @@ def _in_shares(
     """Run the first share with ``local`` (unless ``all_elsewhere``) and each other in a
     copy process; (entries, files left) of them all. A share whose copy process fails is
     cleaned up with ``failed`` and copied with ``local`` after all."""
-    interpreter = _interpreter()
-    mine = shares if interpreter is None else [] if all_elsewhere else shares[:1]
+    interpreter = _interpreter() if len(shares) > 1 or all_elsewhere else None
+    elsewhere: list[list[Group]]
+    if interpreter is None:
+        mine, elsewhere = list(shares), []
+    else:
+        mine, elsewhere = ([], shares) if all_elsewhere else (shares[:1], shares[1:])
     started: list[tuple[list[Group], _CopyProcess]] = []
     entries: dict[str, tuple[int, str]] = {}
     left: set[str] = set()
@@ -273,7 +279,7 @@ def _in_shares(
         left.update(answer[1])
 
     try:
-        for share in shares[len(mine):] if interpreter is not None else ():
+        for share in elsewhere:
             operation, *args = request(share)
             process = _CopyProcess((operation, os.getpid(), *args), _share_rels(share))
             started.append((share, process))
@@ -311,7 +317,7 @@ def download(
     *,
     verify: bool,
     progress: Callable[[int], None],
-    processes: int = 1,
+    max_workers: int | None = None,
 ) -> set[str]:
     """Copy the small ``files`` (checked relpath -> expected entry or size) from the
     checkpoint directory ``src_root`` into ``local_dir``, whose directories exist.
@@ -330,7 +336,7 @@ def download(
             else:
                 items.append((name, want, None))
         groups.append((directory, items))
-    shares = _shares(groups, processes)
+    shares = _shares(groups, max_workers)
     # Long enough that no other transfer's temporary starts with it (theirs have 12 hex
     # digits after the mark), so that cleaning up after a copy process removes only its own.
     prefix_of = {id(share): f"{TEMPORARY_MARK}{secrets.token_hex(8)}-" for share in shares}
@@ -371,7 +377,7 @@ def hash_files(
     files: Mapping[str, FileEntry | None],
     *,
     follow_links: bool = False,
-    processes: int = 1,
+    max_workers: int | None = None,
 ) -> tuple[dict[str, FileEntry], set[str]]:
     """Read and hash the small ``files`` (checked relpath -> expected entry or None)
     under the local directory ``root``, in place.
@@ -388,7 +394,7 @@ def hash_files(
                          else (name, want.size, want.checksum))
         groups.append((directory, items))
     entries, left = _in_shares(
-        _shares(groups, processes),
+        _shares(groups, max_workers),
         lambda share: _smallio.hash_share(root, share, follow_links=follow_links),
         lambda share: ("hash", root, share, follow_links),
         lambda _: None)
@@ -401,7 +407,7 @@ def upload(
     names: Iterable[str],
     *,
     progress: Callable[[int], None],
-    processes: int = 1,
+    max_workers: int | None = None,
     background: bool = False,
 ) -> tuple[dict[str, FileEntry], set[str]]:
     """Copy the small files ``names`` (checked relpaths, already listed by
@@ -410,7 +416,7 @@ def upload(
 
     ``background``: other threads of this process keep running Python meanwhile, so
     copy processes take every share of many files (none is copied by the calling
-    thread), unless ``processes`` is 1.
+    thread), unless :func:`processes` is 1.
 
     Returns (the entries of the files copied, the files left for the per-file path).
     """
@@ -418,10 +424,10 @@ def upload(
                            for directory, group in _by_directory(names).items()]
     many = sum(len(group) for _, group in groups) >= MIN_SHARE_FILES
     entries, left = _in_shares(
-        _shares(groups, processes),
+        _shares(groups, max_workers),
         lambda share: _smallio.upload_share(local_dir, dest_root, share, progress=progress),
         lambda share: ("upload", local_dir, dest_root, share),
-        progress, all_elsewhere=background and many and processes > 1)
+        progress, all_elsewhere=background and many and processes(max_workers) > 1)
     return _entries(entries), left
 
 

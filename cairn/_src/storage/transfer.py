@@ -221,7 +221,7 @@ def upload_directory(
                  if known is None or known[rel] <= batch.SMALL_FILE_BYTES]
         if small:
             done, _ = batch.upload(local_dir, local_dest, small, progress=shared,
-                                   processes=batch.processes(max_workers),
+                                   max_workers=max_workers,
                                    background=background)
             names = [rel for rel in names if rel not in done]
     chunk, workers = _plan(fs, max_workers, None if known is None else [
@@ -357,7 +357,7 @@ def download_directory(
                  if _size_of(expected[original]) <= batch.SMALL_FILE_BYTES}
         if small:
             left = batch.download(src_root, local_dir, small, verify=verify, progress=shared,
-                                  processes=batch.processes(max_workers))
+                                  max_workers=max_workers)
             checked = {rel: original for rel, original in checked.items()
                        if rel not in small or rel in left}
     sizes = [_size_of(expected[original]) for original in checked.values()]
@@ -541,7 +541,7 @@ def compute_entries(
     if root is not None and batch.available():
         # Small files a directory at a time; what that path leaves goes file by file.
         done, _ = batch.hash_files(root, dict.fromkeys(names), follow_links=follow_links,
-                                   processes=batch.processes(max_workers))
+                                   max_workers=max_workers)
     tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links)
              for rel in names if rel not in done}
     results, errors = run_parallel(
@@ -641,7 +641,7 @@ def verify_directory(
             rel: entry for rel, entry in checked.items()
             if entry.size <= batch.SMALL_FILE_BYTES}
         if small:
-            good, _ = batch.hash_files(root, small, processes=batch.processes(max_workers))
+            good, _ = batch.hash_files(root, small, max_workers=max_workers)
             checked = {rel: entry for rel, entry in checked.items() if rel not in good}
     sizes = [entry.size for entry in checked.values()]
     threads = _plan(loc.filesystem, max_workers, sizes, transfer)[1]
