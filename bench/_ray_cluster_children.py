@@ -1,7 +1,6 @@
-"""The driver side of ``bench/ray_cluster.py``: one library, one measurement, N runs.
+"""The driver side of ``bench/ray_cluster.py``: one library, N runs of the fault job.
 
-    python bench/_ray_cluster_children.py --library {cairn,ray} --kind KIND \
-        --repeats N --work-dir DIR
+    python bench/_ray_cluster_children.py --library {cairn,ray} --repeats N --work-dir DIR
 
 Run by ``bench/ray_cluster.py`` in a process of its own, with ``RAY_ADDRESS`` naming the
 3-node ``ray.cluster_utils`` cluster that the parent started, so that Cairn and Ray Train
@@ -9,21 +8,23 @@ never share a driver process. It connects with ``ray.init(address=...)`` (timed 
 then runs ``N`` trainings of two workers one after another: Cairn with
 ``ScalingConfig(backend="ray", num_workers=2)``, Ray Train 2.60 with the v2
 ``DataParallelTrainer``, the same train function (it imports the API named in its config,
-same function names). What each run leaves is written as JSON to ``DIR/result.json``.
+same function names), ``FailureConfig(max_failures=2)``. What each run leaves is written
+as JSON to ``DIR/result.json``.
 
-Kinds:
+One run measures the three figures, one after another in one ``fit()``:
 
-* ``startup``: each rank writes ``time.time()`` at the first line of the function.
-* ``crash``: a SYNC checkpoint (rank 0, ``state.json`` with the step) every 0.5 s step;
-  in the first attempt rank 0 writes the wall time and calls ``os._exit(1)`` right after
-  the report of step :data:`FAULT_STEP` returned; ``FailureConfig(max_failures=1)``.
-* ``node_loss``: the same loop, but in the first attempt every rank writes its Ray node
-  and holds right after that report returned; the parent removes the node of a worker
-  and adds one back. Before each run after the first, this process waits for the
-  parent's ``go_<run>`` file (the cluster is whole again).
+* **start-up**: each rank of the first attempt writes ``time.time()`` at the first line
+  of the function;
+* **worker crash**: a SYNC checkpoint (rank 0, ``state.json`` with the step) every 0.5 s
+  step; in the first attempt rank 0 writes the wall time and calls ``os._exit(1)`` right
+  after the report of step :data:`CRASH_STEP` returned;
+* **node loss**: in the attempt after the crash, every rank writes its Ray node and holds
+  right after the report of step :data:`NODE_LOSS_STEP` returned; the parent removes the
+  node of a worker and adds one back. Before each run after the first, this process waits
+  for the parent's ``go_<run>`` file (the cluster is whole again).
 
-In both fault kinds every rank of the restarted attempt writes the wall time as soon as
-it has loaded its checkpoint, before its first step.
+Every rank of the attempt after a fault writes the wall time as soon as it has loaded its
+checkpoint, before its first step.
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ from typing import Any
 
 NUM_WORKERS = 2
 STEP_S = 0.5
-FAULT_STEP = 3  # the step whose report returns just before the crash or the node loss
+CRASH_STEP = 3  # the step whose report returns just before the crash
+NODE_LOSS_STEP = 6  # ... and just before the node loss, in the attempt after the crash
+STEPS_AFTER = 2  # steps after the last fault's step, once restored
+FAULTS = (("crash", CRASH_STEP), ("node_loss", NODE_LOSS_STEP))
+"""The faults of a run, in the order they happen: attempt ``i`` ends with fault ``i``."""
 HOLD_S = 600.0  # a rank that holds for the node loss gives up after this
 GO_TIMEOUT_S = 300.0
-KINDS = ("startup", "crash", "node_loss")
 LIBRARIES = ("cairn", "ray")
 
 logger = logging.getLogger("bench.ray_cluster_children")
@@ -75,36 +79,32 @@ def _node_id() -> str:
 
 
 # --------------------------------------------------------------------------------------
-# Train functions (they run in the workers on the cluster's nodes)
+# The train function (it runs in the workers on the cluster's nodes)
 # --------------------------------------------------------------------------------------
 
 
-def train_first_line(config: dict[str, Any]) -> None:
+def train_faults(config: dict[str, Any]) -> None:
+    """Steps with a SYNC checkpoint each; the faults of :data:`FAULTS`, one an attempt."""
     first_line = time.time()
-    rank = _api(config).get_context().get_world_rank()
-    _write_json(Path(config["out"], f"first_{rank}.json"), {"t": first_line})
-
-
-def train_fault(config: dict[str, Any]) -> None:
-    """Steps with a SYNC checkpoint each; a crash or a hold after :data:`FAULT_STEP`."""
     api = _api(config)
     rank = api.get_context().get_world_rank()
     out = Path(config["out"])
-    marker = out / "faulted"
     # Decided once, at the start: another rank's marker must not change this attempt.
-    first_attempt = not marker.exists()
+    happened = [name for name, _ in FAULTS if (out / f"{name}.happened").exists()]
+    pending = FAULTS[len(happened)] if len(happened) < len(FAULTS) else None
+    if not happened:
+        _write_json(out / f"first_{rank}.json", {"t": first_line})
     start = 0
     checkpoint = api.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             restored = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
         start = int(restored["step"]) + 1
-    if not first_attempt:
-        _write_json(out / f"restore_{rank}.json",
+    if happened:
+        _write_json(out / f"restore_{happened[-1]}_{rank}.json",
                     {"t": time.time(), "resumed_from_step": start - 1, "node": _node_id()})
-    fault_step = int(config["fault_step"])
-    for step in range(start, fault_step + 3):
-        time.sleep(float(config["step_s"]))
+    for step in range(start, FAULTS[-1][1] + 1 + STEPS_AFTER):
+        time.sleep(STEP_S)
         scratch = None
         checkpoint = None
         if rank == 0:
@@ -112,13 +112,13 @@ def train_fault(config: dict[str, Any]) -> None:
             Path(scratch, "state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
             checkpoint = api.Checkpoint.from_directory(scratch)
         api.report({"step": step}, checkpoint=checkpoint)  # SYNC, the default on both sides
-        if first_attempt and step == fault_step:
-            if config["fault"] == "crash" and rank == 0:
+        if pending is not None and step == pending[1]:
+            if pending[0] == "crash" and rank == 0:
                 _write_json(out / "crash.json", {"t": time.time(), "last_reported_step": step})
-                marker.touch()
+                (out / "crash.happened").touch()
                 os._exit(1)
-            if config["fault"] == "hold":
-                marker.touch()
+            if pending[0] == "node_loss":
+                (out / "node_loss.happened").touch()
                 _write_json(out / f"holding_{rank}.json",
                             {"t": time.time(), "step": step, "node": _node_id()})
                 # Until the node is removed and the group torn down; bounded.
@@ -179,44 +179,40 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def run_once(library: str, kind: str, run_dir: Path, index: int) -> dict[str, Any]:
+def run_once(library: str, run_dir: Path, index: int) -> dict[str, Any]:
+    """The start-up and both faults of one run; times are wall times (``time.time()``)."""
     out, scratch, storage = run_dir / "out", run_dir / "scratch", run_dir / "storage"
     for folder in (out, scratch, storage):
         folder.mkdir(parents=True, exist_ok=True)
-    name = f"{kind}-{index}"
-    if kind == "startup":
-        fit_wall, fit_s, _ = _fit(library, train_first_line, {"out": str(out)},
-                                  storage=storage, name=name, max_failures=0)
-        starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
-        if len(starts) != NUM_WORKERS:
-            raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
-        return {"fit_to_first_line_s": max(starts), "first_rank_s": min(starts), "fit_s": fit_s}
-    config = {"out": str(out), "scratch": str(scratch), "step_s": STEP_S,
-              "fault_step": FAULT_STEP, "fault": "crash" if kind == "crash" else "hold"}
-    _, fit_s, run_path = _fit(library, train_fault, config, storage=storage, name=name,
-                              max_failures=1)
-    restores = _read_rank_files(out, "restore")
-    if len(restores) != NUM_WORKERS:
-        raise RuntimeError(f"{len(restores)} of {NUM_WORKERS} ranks restored after the fault")
-    result: dict[str, Any] = {
-        "restore_t": max(r["t"] for r in restores),
-        "restore_first_rank_t": min(r["t"] for r in restores),
-        "resumed_from_step": min(int(r["resumed_from_step"]) for r in restores),
-        "last_reported_step": FAULT_STEP,
-        "restored_nodes": sorted({r["node"] for r in restores}),
-        "fit_s": fit_s,
-        "run_path": run_path,
-    }
-    if kind == "crash":
-        crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
-        result["fault_t"] = float(crash["t"])
+    config = {"out": str(out), "scratch": str(scratch)}
+    fit_wall, fit_s, run_path = _fit(library, train_faults, config, storage=storage,
+                                     name=f"faults-{index}", max_failures=len(FAULTS))
+    starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
+    if len(starts) != NUM_WORKERS:
+        raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
+    result: dict[str, Any] = {"fit_to_first_line_s": max(starts), "first_rank_s": min(starts),
+                              "fit_s": fit_s, "run_path": run_path}
+    for attempt, (fault, step) in enumerate(FAULTS, start=1):
+        restores = _read_rank_files(out, f"restore_{fault}")
+        if len(restores) != NUM_WORKERS:
+            raise RuntimeError(f"{len(restores)} of {NUM_WORKERS} ranks restored after the "
+                               f"{fault.replace('_', ' ')}")
+        result[fault] = {
+            "attempt": attempt,
+            "restore_t": max(r["t"] for r in restores),
+            "restore_first_rank_t": min(r["t"] for r in restores),
+            "resumed_from_step": min(int(r["resumed_from_step"]) for r in restores),
+            "last_reported_step": step,
+            "restored_nodes": sorted({r["node"] for r in restores}),
+        }
+    crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
+    result["crash"]["fault_t"] = float(crash["t"])
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One side of bench/ray_cluster.py.")
     parser.add_argument("--library", required=True, choices=LIBRARIES)
-    parser.add_argument("--kind", required=True, choices=KINDS)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work-dir", required=True)
     args = parser.parse_args(argv)
@@ -231,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"connect_s": time.perf_counter() - started, "runs": []}
     try:
         for index in range(args.repeats):
-            if args.kind == "node_loss" and index > 0:
+            if index > 0:
                 _wait_for(work / f"go_{index}", GO_TIMEOUT_S)
-            logger.info("%s %s run %d of %d", args.library, args.kind, index + 1, args.repeats)
-            result["runs"].append(run_once(args.library, args.kind, work / f"run{index}", index))
+            logger.info("%s run %d of %d", args.library, index + 1, args.repeats)
+            result["runs"].append(run_once(args.library, work / f"run{index}", index))
             _write_json(work / "result.json", result)
     finally:
         ray.shutdown()

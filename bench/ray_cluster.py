@@ -6,26 +6,26 @@ Usage::
 
 This process starts a ``ray.cluster_utils.Cluster`` on this machine (a head node and two
 more, one CPU and an 80 MiB object store each; so two workers always land on two nodes)
-and shuts it down at the end, whatever happened. Each measurement runs as a driver of
-its own (``bench/_ray_cluster_children.py``, connected with ``RAY_ADDRESS``), so the two
-libraries never share a driver process: Cairn with
-``ScalingConfig(backend="ray", num_workers=2)``, Ray Train with the v2
-``DataParallelTrainer``, the same train functions, ``FailureConfig(max_failures=1)``,
-local storage (every node shares this machine's file system). Cairn, then Ray, for each
-of:
+and shuts it down at the end, whatever happened. Each library runs as a driver of its own
+(``bench/_ray_cluster_children.py``, connected with ``RAY_ADDRESS``), so the two never
+share a driver process: Cairn with ``ScalingConfig(backend="ray", num_workers=2)``, Ray
+Train with the v2 ``DataParallelTrainer``, the same train function,
+``FailureConfig(max_failures=2)``, local storage (every node shares this machine's file
+system). Cairn, then Ray, each run measuring three figures in one ``fit()``:
 
 * **start-up**: ``fit()`` call to the first line of the train function on every rank
-  (the last rank's); the driver's ``ray.init(address=...)`` comes before and is noted
-  apart.
+  (the last rank's), in the first attempt; the driver's ``ray.init(address=...)`` comes
+  before and is noted apart.
 * **worker crash**: a SYNC checkpoint (rank 0) every 0.5 s step; in the first attempt
   rank 0 writes the wall time and calls ``os._exit(1)`` right after the report of step 3
   returned. Figure: that time to the moment every rank of the restarted attempt has loaded
   its checkpoint (before its first step).
-* **node loss**: the same loop, but every rank holds right after the report of step 3
-  returned; this process then removes the node of the highest rank not on the head node
-  (``cluster.remove_node``, Ray's default graceful stop of the node's processes), and
-  adds a node back at once, so the cluster's capacity returns (a replaced node). Figure:
-  the wall time just before ``remove_node`` to every rank restored.
+* **node loss**: the same loop goes on in the restarted attempt, and every rank holds
+  right after the report of step 6 returned; this process then removes the node of the
+  highest rank not on the head node (``cluster.remove_node``, Ray's default graceful stop
+  of the node's processes), and adds a node back at once, so the cluster's capacity
+  returns (a replaced node). Figure: the wall time just before ``remove_node`` to every
+  rank of the next attempt restored.
 
 Both fault rows have a "checkpoints behind" row: the step of the last SYNC report that
 returned against the step the run resumed from (one checkpoint per step). Each figure is
@@ -67,9 +67,11 @@ METRIC_CRASH_BEHIND = "checkpoints behind last SYNC report, worker crash"
 METRIC_NODE_LOSS = "node loss to first step after restore, 3-node cluster"
 METRIC_NODE_LOSS_BEHIND = "checkpoints behind last SYNC report, node loss"
 
+KINDS = ("startup", "crash", "node_loss")  # the figures of a run, in their order
+
 # Bounds on every wait, in seconds: a child's whole run (fixed part + per repetition),
 # and the wait for the ranks to hold before a node is removed.
-CHILD_TIMEOUT_S = {"startup": (90, 120), "crash": (90, 180), "node_loss": (90, 240)}
+CHILD_TIMEOUT_S = (90, 300)
 HOLDING_TIMEOUT_S = 300.0
 _POLL_S = 0.02
 
@@ -133,8 +135,8 @@ class _Cluster:
 # --------------------------------------------------------------------------------------
 
 
-def _child_timeout(kind: str, repeats: int) -> float:
-    fixed, per_run = CHILD_TIMEOUT_S[kind]
+def _child_timeout(repeats: int) -> float:
+    fixed, per_run = CHILD_TIMEOUT_S
     return float(fixed + per_run * repeats)
 
 
@@ -179,16 +181,16 @@ def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
     return removals
 
 
-def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
+def run_side(cluster: _Cluster, library: str, repeats: int,
              work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The child's result (``connect_s``, ``runs``) and, for node loss, the removals."""
+    """The child's result (``connect_s``, ``runs``) and the node removals, one a run."""
     work.mkdir(parents=True)
     log_path = work / "driver.log"
-    timeout_s = _child_timeout(kind, repeats)
+    timeout_s = _child_timeout(repeats)
     env = ray_ref._child_env()
     env["RAY_ADDRESS"] = cluster.address
     command = [sys.executable, str(Path(children.__file__).resolve()), "--library", library,
-               "--kind", kind, "--repeats", str(repeats), "--work-dir", str(work)]
+               "--repeats", str(repeats), "--work-dir", str(work)]
     started = time.perf_counter()
     removals: list[dict[str, Any]] = []
     with open(log_path, "wb") as log:
@@ -197,13 +199,12 @@ def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         try:
-            if kind == "node_loss":
-                removals = _remove_nodes(cluster, proc, work, repeats, deadline)
+            removals = _remove_nodes(cluster, proc, work, repeats, deadline)
             returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             ray_ref._kill_group(proc)
             raise ClusterBenchError(
-                f"{library} {kind} did not finish within {timeout_s:.0f} s (its driver's last "
+                f"{library} did not finish within {timeout_s:.0f} s (its driver's last "
                 f"line: {ray_ref._tail(log_path, 1)}); last lines of its driver's log:\n"
                 f"{ray_ref._tail(log_path)}") from None
         finally:
@@ -211,12 +212,12 @@ def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
     result_path = work / "result.json"
     if returncode != 0 or not result_path.exists():
         raise ClusterBenchError(
-            f"{library} {kind} failed (exit status {returncode}): {ray_ref._tail(log_path, 1)}"
+            f"{library} failed (exit status {returncode}): {ray_ref._tail(log_path, 1)}"
             f"\nlast lines of its driver's log:\n{ray_ref._tail(log_path)}")
     result = json.loads(result_path.read_text(encoding="utf-8"))
-    if kind == "node_loss" and len(removals) != len(result["runs"]):
+    if len(removals) != len(result["runs"]):
         raise ClusterBenchError(f"{len(removals)} node removals for {len(result['runs'])} runs")
-    logger.info("%s %s: %d runs in %.1f s", library, kind, len(result["runs"]),
+    logger.info("%s: %d runs in %.1f s", library, len(result["runs"]),
                 time.perf_counter() - started)
     return result, removals
 
@@ -226,7 +227,7 @@ def run_side(cluster: _Cluster, library: str, kind: str, repeats: int,
 # --------------------------------------------------------------------------------------
 
 
-def _cairn_phases(runs: list[dict[str, Any]], fault_times: list[float]) -> str:
+def _cairn_phases(runs: list[dict[str, Any]], fault_times: list[float], attempt: int) -> str:
     """Medians from the fault to Cairn's failure handled, new attempt, workers connected."""
     labels = {"failure": "failure handled", "attempt_start": "new attempt",
               "workers_ready": "workers connected"}
@@ -236,8 +237,10 @@ def _cairn_phases(runs: list[dict[str, Any]], fault_times: list[float]) -> str:
             continue
         events = _harness.read_run_events(run["run_path"])
         for kind in labels:
-            times = [float(e["t"]) for e in events if e.get("type") == kind
-                     and (kind == "failure" or e.get("attempt") == 1)]
+            # The failure is the fault's attempt's; the others the attempt after it.
+            wanted = attempt - 1 if kind == "failure" else attempt
+            times = [float(e["t"]) for e in events
+                     if e.get("type") == kind and e.get("attempt") == wanted]
             if times:
                 samples[kind].append(min(times) - fault_t)
     parts = [f"{label} +{_harness.median(samples[kind]):.2f}"
@@ -251,12 +254,14 @@ def _figures(kind: str, result: dict[str, Any],
     if kind == "startup":
         times = [float(r["fit_to_first_line_s"]) for r in runs]
         return {"times": times, "connect_s": float(result["connect_s"])}
-    fault_times = ([float(r["fault_t"]) for r in runs] if kind == "crash"
+    faults = [r[kind] for r in runs]
+    fault_times = ([float(f["fault_t"]) for f in faults] if kind == "crash"
                    else [float(m["t"]) for m in removals])
-    times = [float(r["restore_t"]) - t for r, t in zip(runs, fault_times, strict=True)]
-    behind = [int(r["last_reported_step"]) - int(r["resumed_from_step"]) for r in runs]
+    times = [float(f["restore_t"]) - t for f, t in zip(faults, fault_times, strict=True)]
+    behind = [int(f["last_reported_step"]) - int(f["resumed_from_step"]) for f in faults]
+    attempt = int(faults[0]["attempt"]) if faults else 1
     figures: dict[str, Any] = {"times": times, "behind": behind,
-                               "phases": _cairn_phases(runs, fault_times)}
+                               "phases": _cairn_phases(runs, fault_times, attempt)}
     if kind == "node_loss":
         figures["remove_s"] = [float(m["remove_s"]) for m in removals]
     return figures
@@ -282,14 +287,16 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
                     (("Cairn", cairn), ("Ray", ray)) if side is not None]
         return [Row(benchmark=BENCHMARK, metric=METRIC_STARTUP, cairn=value(cairn),
                     reference=value(ray),
-                    note=f"{note}; last rank's first line; driver's ray.init(address) "
+                    note=f"{note}; last rank's first line, first attempt of the fault run; "
+                    "driver's ray.init(address) "
                     f"before fit(), not in it: {', '.join(connects)} s")]
     metric, behind_metric = ((METRIC_CRASH, METRIC_CRASH_BEHIND) if kind == "crash"
                              else (METRIC_NODE_LOSS, METRIC_NODE_LOSS_BEHIND))
-    what = ("os._exit(1) on rank 0 right after a SYNC checkpoint report returned"
-            if kind == "crash" else
-            "remove_node of a worker's node right after a SYNC checkpoint report "
-            "returned, a node added back at once")
+    what = (f"os._exit(1) on rank 0 right after the SYNC checkpoint report of step "
+            f"{children.CRASH_STEP} returned" if kind == "crash" else
+            "in the attempt after the crash, remove_node of a worker's node right after "
+            f"the SYNC checkpoint report of step {children.NODE_LOSS_STEP} returned, a node "
+            "added back at once")
     extra = [what, "every rank restored"]
     if cairn is not None and cairn["phases"]:
         extra.append(cairn["phases"])
@@ -314,29 +321,26 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
 def measure(args: Any) -> list[Row]:
     repeats = 1 if getattr(args, "quick", False) else 3
     libraries = ["cairn"] if getattr(args, "no_ray", False) else ["cairn", "ray"]
-    rows: list[Row] = []
+    sides: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
     errors: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="cairn-bench-ray-cluster-") as tmp:
         logger.info("starting a %d-node Ray cluster", NUM_NODES)
         cluster = _Cluster()
         try:
             logger.info("cluster up in %.1f s at %s", cluster.start_s, cluster.address)
-            for kind in children.KINDS:
-                sides: dict[str, dict[str, Any]] = {}
-                for library in libraries:
-                    try:
-                        cluster.restore()
-                        result, removals = run_side(cluster, library, kind, repeats,
-                                                    Path(tmp, f"{kind}-{library}"))
-                        sides[library] = _figures(kind, result, removals)
-                    except Exception as exc:  # one side failing must not lose the others
-                        logger.exception("%s %s failed", library, kind)
-                        errors.append(_harness.error_row(
-                            BENCHMARK, exc, metric=f"{kind}, {_side_name(library)} error"))
-                if sides:
-                    rows.extend(_rows(kind, sides, repeats))
+            for library in libraries:
+                try:
+                    cluster.restore()
+                    result, removals = run_side(cluster, library, repeats, Path(tmp, library))
+                    for kind in KINDS:
+                        sides[kind][library] = _figures(kind, result, removals)
+                except Exception as exc:  # one side failing must not lose the other
+                    logger.exception("%s failed", library)
+                    errors.append(_harness.error_row(
+                        BENCHMARK, exc, metric=f"{_side_name(library)} error"))
         finally:
             cluster.shutdown()
+    rows = [row for kind in KINDS if sides[kind] for row in _rows(kind, sides[kind], repeats)]
     return rows + errors
 
 
