@@ -14,8 +14,9 @@ figure, or call :func:`reference_rows` for the same group, and Ray runs once.
 With ``--quick`` (:func:`prefetch`, which :func:`reference_rows` calls and ``run_all``
 calls up front for every group it will need) the start-up, report, transfer, snapshot
 and recovery figures come from one child instead of five: one ``ray.init``, the start-up
-fit first (so it still sees a fresh session), then the within-fit measurements as phases
-of one shared fit, then the fast-poll fit. The goodput job keeps a child (a fresh
+fit first (so it still sees a fresh session; the metric reports at the fast poll interval
+follow its first line), then the within-fit measurements as phases of one shared fit.
+The goodput job keeps a child (a fresh
 session) of its own, since its wall time includes its fit's start, which is faster in a
 session that has run a fit before. Why the shared session and fit do not bias the
 figures is in ``_ray_children._child_quick_session``. The results go into the same cache
@@ -284,7 +285,7 @@ QUICK_SESSION_GROUPS = ("startup", "report", "transfer", "snapshot", "recovery")
 """The groups whose ``--quick`` figures :func:`prefetch` measures in one shared session."""
 
 NUM_WORKERS = 2
-QUICK_METRIC_REPORTS, QUICK_FAST_POLL_REPORTS = 6, 100
+QUICK_METRIC_REPORTS, QUICK_FAST_POLL_REPORTS = 4, 100
 FULL_METRIC_REPORTS, FULL_FAST_POLL_REPORTS = 20, 200
 FAST_POLL_INTERVAL_S = 0.01
 CHECKPOINT_MIB, CHECKPOINT_FILES = 256, 8

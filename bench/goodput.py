@@ -6,7 +6,7 @@ Usage::
 
 Both sides run the identical job through ``goodput_train_loop`` (60 s of useful 0.25 s
 steps, a checkpoint every 5 s, rank 1 killed with ``os._exit(1)`` at 22.5 s and 47.5 s of
-progress; ``--quick``: 12 s, every 2.5 s, crashes at 4.5 s and 9.5 s), with
+progress; ``--quick``: 8 s, every 2 s, one crash at 5 s), with
 ``FailureConfig(max_failures=<crashes + 1>)``. Goodput is the harness's pure definition:
 distinct steps executed times the step length, over the wall time of ``fit()`` (call to
 return); a step executed again after a rollback counts once.

@@ -23,7 +23,7 @@ as before ranged reads) for the download, to show what the parallel ranges bring
 Cairn's notes also give the memory held at peak during one more upload and download
 (pyarrow's pool, sampled, plus Python's traced allocations), to show that transfers
 stream rather than buffer whole files. ``run(args)`` returns the rows for
-``bench/run_all.py`` (``quick``: 128 MiB, 1 repeat).
+``bench/run_all.py`` (``quick``: 64 MiB, 1 repeat).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     if args is None or isinstance(args, (list, tuple)):
         args = parse_args(args)
     quick = bool(getattr(args, "quick", False))
-    size_mib = float(getattr(args, "size_mib", 128.0 if quick else 1024.0))
+    size_mib = float(getattr(args, "size_mib", 64.0 if quick else 1024.0))
     num_files = int(getattr(args, "files", 1))
     repeat = int(getattr(args, "repeat", 1 if quick else 2))
     config = TransferConfig(part_size=int(getattr(args, "part_mib", 16)) << 20,
