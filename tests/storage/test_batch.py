@@ -324,17 +324,19 @@ def _copy_process_runs(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
     monkeypatch.setattr(batch, "_BOOTSTRAP", code)
 
 
-def test_a_copy_process_that_fails_leaves_its_share_to_this_process_without_temporaries(
+def test_a_copy_process_that_fails_leaves_its_share_to_this_process_whole(
         tmp_path: str, few_files_a_share: list[int], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     stored, contents, entries = stored_checkpoint(str(tmp_path))
-    # The copy process writes a temporary in each directory of its share, then dies. A
-    # user's file and another transfer's temporary with the same mark are not its own.
+    # The copy process half-writes the first file of each directory of its share (in the
+    # staging directory, under the file's name), then dies. A user's files with the
+    # temporary mark in the target are not its own.
     _copy_process_runs(monkeypatch, (
         "import marshal, os, sys\n"
-        "op, starter, src, dest, groups, prefix = marshal.loads(sys.stdin.buffer.read())\n"
-        "for directory, _ in groups:\n"
-        "    open(os.path.join(dest, directory, prefix + '000001'), 'wb').close()\n"
+        "op, starter, src, dest, groups = marshal.loads(sys.stdin.buffer.read())\n"
+        "for directory, items in groups:\n"
+        "    with open(os.path.join(dest, directory, items[0][0]), 'wb') as f:\n"
+        "        f.write(b'half')\n"
         "sys.stderr.write('copy failed on purpose\\n' + 'x' * 5000 + 'the end')\n"
         "sys.exit(3)\n"))
     restored = os.path.join(str(tmp_path), "restored")
@@ -346,7 +348,7 @@ def test_a_copy_process_that_fails_leaves_its_share_to_this_process_without_temp
     before = len(few_files_a_share)
     with caplog.at_level("WARNING", logger=batch.__name__):
         download_directory(resolve(stored), restored, files=entries, max_workers=2)
-    assert read_tree(restored) == {**contents, **theirs}  # no temporary of its own left
+    assert read_tree(restored) == {**contents, **theirs}  # nothing half-written left
     assert len(few_files_a_share) == before + 1
     assert "exited with status 3" in caplog.text and "the end" in caplog.text
     assert "copy failed on purpose" not in caplog.text  # only the end of its output

@@ -40,7 +40,7 @@ _LINK_ERRORS = frozenset({errno.ELOOP, errno.EMLINK})
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _READ_FLAGS = os.O_RDONLY | _NONBLOCK | _CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NONBLOCK | _CLOEXEC
-# O_EXCL | O_NOFOLLOW: never write through something that already has the temporary name.
+# O_EXCL | O_NOFOLLOW: never write through something that already has the name.
 NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 # An upload's destination is not committed yet: a retry truncates what a failed try wrote,
 # and a link planted under the name is not written through.
@@ -256,22 +256,22 @@ def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
     return entries, left
 
 
-def download_share(src_root: str, local_dir: str, groups: Sequence[Group], *,
-                   prefix: str, progress: Callable[[int], None],
+def download_share(src_root: str, staging: str, groups: Sequence[Group], *,
+                   progress: Callable[[int], None],
                    starter: int | None = None) -> tuple[Entries, list[str]]:
     """Copy ``groups`` of ``(name, size, checksum or None)`` from the checkpoint directory
-    ``src_root`` (no link followed) to ``local_dir``, whose directories exist. Each file
-    is read only if it is a regular file of its size, compared with its checksum when one
-    is given, written as ``prefix`` plus a counter in its directory and renamed once
-    complete. Returns (relpath -> (size, checksum given or "") of the files copied, the
+    ``src_root`` (no link followed) to ``staging``, a staging directory whose directories
+    exist, which no one else writes in and which is moved into place only once complete.
+    Each file is read only if it is a regular file of its size, compared with its
+    checksum when one is given, and written under its own name, which nothing there may
+    have yet. Returns (relpath -> (size, checksum given or "") of the files copied, the
     files left)."""
     copied: Entries = {}
     left: list[str] = []
     alive = _Starter(starter)
-    count = 0
     for directory, items in groups:
         done = 0
-        with _directories(src_root, local_dir, directory, follow_links=False) as pair:
+        with _directories(src_root, staging, directory, follow_links=False) as pair:
             if pair is None:
                 left.extend(relpath(directory, item[0]) for item in items)
                 continue
@@ -282,15 +282,7 @@ def download_share(src_root: str, local_dir: str, groups: Sequence[Group], *,
                 if data is None or (checksum is not None and hexdigest(data) != checksum):
                     left.append(relpath(directory, name))
                     continue
-                count += 1
-                temporary = f"{prefix}{count:06x}"
-                if not write(temporary, target, data, NEW_FLAGS):
-                    left.append(relpath(directory, name))
-                    continue
-                try:
-                    os.rename(temporary, name, src_dir_fd=target, dst_dir_fd=target)
-                except OSError:
-                    unlink(temporary, target)
+                if not write(name, target, data, NEW_FLAGS):
                     left.append(relpath(directory, name))
                     continue
                 copied[relpath(directory, name)] = (size, checksum or "")
@@ -341,9 +333,9 @@ def run_request(request: tuple[Any, ...]) -> tuple[Entries, list[str], int]:
         entries, left = upload_share(local_dir, dest_root, groups, progress=count,
                                      starter=starter)
     elif operation == "download":
-        src_root, local_dir, groups, prefix = args
-        entries, left = download_share(src_root, local_dir, groups, prefix=prefix,
-                                       progress=count, starter=starter)
+        src_root, staging, groups = args
+        entries, left = download_share(src_root, staging, groups, progress=count,
+                                       starter=starter)
     elif operation == "hash":
         root, groups, follow_links = args
         entries, left = hash_share(root, groups, follow_links=follow_links,

@@ -33,8 +33,6 @@ import json
 import logging
 import marshal
 import os
-import re
-import secrets
 import stat
 import subprocess
 import sys
@@ -45,7 +43,6 @@ from typing import Any
 from cairn._src.storage import _smallio
 from cairn._src.storage._smallio import SMALL_FILE_BYTES, Group
 from cairn._src.storage.checksum import CHECKSUM_ALGORITHM, FileEntry
-from cairn._src.storage.fileio import TEMPORARY_MARK
 
 __all__ = ["MIN_SHARE_FILES", "SMALL_FILE_BYTES", "available", "check_sizes", "download",
            "hash_files", "processes", "upload"]
@@ -312,7 +309,7 @@ def _in_shares(
 
 def download(
     src_root: str,
-    local_dir: str,
+    staging: str,
     files: Mapping[str, FileEntry | int],
     *,
     verify: bool,
@@ -320,11 +317,13 @@ def download(
     max_workers: int | None = None,
 ) -> set[str]:
     """Copy the small ``files`` (checked relpath -> expected entry or size) from the
-    checkpoint directory ``src_root`` into ``local_dir``, whose directories exist.
+    checkpoint directory ``src_root`` into ``staging``, the caller's staging directory:
+    its directories exist, no one else writes in it, and it is moved into place only
+    once complete (:func:`.transfer.download_directory`).
 
-    With ``verify`` the checksum of an entry is compared. Each file is written under a
-    temporary name in its directory and renamed once complete and verified. Returns the
-    files not copied, for the per-file path.
+    With ``verify`` the checksum of an entry is compared. Each file is written under its
+    own name, which nothing in ``staging`` may have yet. Returns the files not copied,
+    for the per-file path.
     """
     groups: list[Group] = []
     for directory, names in _by_directory(files).items():
@@ -336,40 +335,26 @@ def download(
             else:
                 items.append((name, want, None))
         groups.append((directory, items))
-    shares = _shares(groups, max_workers)
-    # Long enough that no other transfer's temporary starts with it (theirs have 12 hex
-    # digits after the mark), so that cleaning up after a copy process removes only its own.
-    prefix_of = {id(share): f"{TEMPORARY_MARK}{secrets.token_hex(8)}-" for share in shares}
 
     def local(share: list[Group]) -> Answer:
-        return _smallio.download_share(src_root, local_dir, share,
-                                       prefix=prefix_of[id(share)], progress=progress)
-
-    def failed(share: list[Group]) -> None:
-        _remove_temporaries(local_dir, share, prefix_of[id(share)])
+        return _smallio.download_share(src_root, staging, share, progress=progress)
 
     _, left = _in_shares(
-        shares, local,
-        lambda share: ("download", src_root, local_dir, share, prefix_of[id(share)]),
-        progress, failed=failed)
+        _shares(groups, max_workers), local,
+        lambda share: ("download", src_root, staging, share), progress,
+        failed=lambda share: _remove_share(staging, share))
     return left
 
 
-def _remove_temporaries(local_dir: str, share: Sequence[Group], prefix: str) -> None:
-    """Remove the temporaries (``prefix`` and six hex digits) that a copy process which did
-    not finish left in the directories of its ``share``."""
-    mine = re.compile(re.escape(prefix) + "[0-9a-f]{6}")
-    for directory in dict.fromkeys(directory for directory, _ in share):
-        with _smallio.opened_directory(local_dir, directory, follow_links=True) as fd:
+def _remove_share(staging: str, share: Sequence[Group]) -> None:
+    """Remove what a copy process which did not finish wrote of its ``share`` (a file
+    may be half-written), so that the share can be copied again."""
+    for directory, items in share:
+        with _smallio.opened_directory(staging, directory, follow_links=False) as fd:
             if fd is None:
                 continue
-            try:
-                names = os.listdir(fd)
-            except OSError:
-                continue
-            for name in names:
-                if mine.fullmatch(name):
-                    _smallio.unlink(name, fd)
+            for item in items:
+                _smallio.unlink(item[0], fd)
 
 
 def hash_files(

@@ -13,9 +13,12 @@ Thread-safety: every function here may be called from several threads at once; t
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import logging
 import os
+import secrets
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
@@ -322,9 +325,13 @@ def download_directory(
     directory that :func:`list_local_files` accepts), at most the expected size plus one
     byte. A size that differs raises :class:`ChecksumMismatchError` naming the file; with
     ``verify`` the checksum is compared too while the file streams. Every file is written
-    under a short temporary name in its directory (it fits wherever the final name does)
-    and renamed once complete and verified, so no half-written file ever has its final
-    name. Unsafe relative paths (``..``, absolute) raise :class:`UnsafePathError` before
+    into a staging directory inside ``local_dir`` (``.cairn-tmp-restore-`` and 16 hex
+    digits, mode 0700), which is moved into place once every file is complete and
+    verified: an entry that ``local_dir`` lacks by one rename (a whole directory at once),
+    a file over the one there, a directory into the one there. So no half-written file
+    ever has its final name, a failed download adds nothing to ``local_dir`` (the
+    staging directory is removed), and the small files need no rename each. Unsafe
+    relative paths (``..``, absolute) raise :class:`UnsafePathError` before
     anything is written. From remote storage a file of at least
     ``transfer.multipart_threshold`` bytes is read as parallel ranged requests, hashed and
     written in order (:mod:`.ranged`); ``transfer`` defaults to the process's
@@ -345,18 +352,38 @@ def download_directory(
     else:
         expected = dict(list_files(src, retry))
     checked = {check_relative_path(rel, argument="files"): rel for rel in expected}
-    directories = {os.path.join(local_dir, *parent.split("/"))
-                   for parent in {rel.rpartition("/")[0] for rel in checked} if parent}
-    for directory in sorted(directories | {local_dir}):
-        os.makedirs(directory, exist_ok=True)
-    shared = Progress(progress)
+    parents = {parent for parent in {rel.rpartition("/")[0] for rel in checked} if parent}
+    os.makedirs(local_dir, exist_ok=True)
+    _check_nothing_in_the_way(local_dir, parents)
+    staging = os.path.join(local_dir, f"{TEMPORARY_MARK}restore-{secrets.token_hex(8)}")
+    os.mkdir(staging, 0o700)
+    try:
+        for parent in sorted(parents):
+            os.makedirs(os.path.join(staging, *parent.split("/")), exist_ok=True)
+        _download_into(src, staging, local_dir, expected, checked, follow_links=follow_links,
+                       verify=verify, retry=retry, max_workers=max_workers,
+                       progress=Progress(progress), transfer=transfer)
+        _move_into(staging, local_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _download_into(src: StorageLocation, staging: str, local_dir: str,
+                   expected: Mapping[str, FileEntry | int], checked: dict[str, str], *,
+                   follow_links: bool, verify: bool, retry: RetryPolicy,
+                   max_workers: int | None, progress: Progress,
+                   transfer: TransferConfig) -> None:
+    """The files of :func:`download_directory` (``checked``: checked relpath -> the
+    name in ``expected``) into ``staging``, whose directories exist; errors name the
+    file's place in ``local_dir``."""
+    shared = progress
     src_root = local_os_path(src)
     if src_root is not None and not follow_links and batch.available():
         # Small files a directory at a time; what that path leaves goes file by file.
         small = {rel: expected[original] for rel, original in checked.items()
                  if _size_of(expected[original]) <= batch.SMALL_FILE_BYTES}
         if small:
-            left = batch.download(src_root, local_dir, small, verify=verify, progress=shared,
+            left = batch.download(src_root, staging, small, verify=verify, progress=shared,
                                   max_workers=max_workers)
             checked = {rel: original for rel, original in checked.items()
                        if rel not in small or rel in left}
@@ -365,8 +392,8 @@ def download_directory(
     fetcher = _fetcher(src, sizes, transfer, retry)
 
     def task_for(rel: str, want: FileEntry | int) -> Callable[[Cancelled], None]:
-        final = os.path.join(local_dir, *rel.split("/"))
-        what = f"download {src.join(rel).display()} to {final!r}"
+        final = os.path.join(staging, *rel.split("/"))
+        what = f"download {src.join(rel).display()} to {os.path.join(local_dir, *rel.split('/'))!r}"
         want_size = want.size if isinstance(want, FileEntry) else want
         ranged = _FirstTry(fetcher)
 
@@ -414,6 +441,57 @@ def download_directory(
         "Downloaded %s from %s to %s in %.3fs", plural(len(tasks), "file"), src.display(),
         local_dir, time.perf_counter() - started,
     )
+
+
+def _check_nothing_in_the_way(local_dir: str, parents: Iterable[str]) -> None:
+    """Raise :class:`FileExistsError` before anything is downloaded when something that
+    is not a directory has the name of a directory of the checkpoint in ``local_dir``."""
+    ancestors = {parent[:cut] for parent in parents
+                 for cut in [i for i, c in enumerate(parent) if c == "/"] + [len(parent)]}
+    for ancestor in sorted(ancestors):
+        path = os.path.join(local_dir, *ancestor.split("/"))
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise FileExistsError(
+                errno.EEXIST, f"Cannot download into {local_dir!r}: {ancestor!r} is a "
+                "directory of the checkpoint, and something else has its name there", path)
+
+
+def _move_into(staging: str, target: str) -> None:
+    """Move what ``staging`` holds into the directory ``target`` (see
+    :func:`download_directory`); a directory of ``target`` may be a user's link to one."""
+    with os.scandir(staging) as entries:
+        found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for name, is_dir in found:
+        source, destination = os.path.join(staging, name), os.path.join(target, name)
+        if is_dir and os.path.isdir(destination):
+            _move_into(source, destination)
+            continue
+        try:
+            os.replace(source, destination)
+        except OSError as exc:
+            if is_dir and exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
+                    destination):
+                _move_into(source, destination)  # made there meanwhile: merge into it
+            elif exc.errno == errno.EXDEV:
+                _copy_into(source, destination, is_dir)  # another file system under target
+            else:
+                raise
+
+
+def _copy_into(source: str, destination: str, is_dir: bool) -> None:
+    """:func:`_move_into` across file systems: a file copied to a temporary next to
+    ``destination`` and renamed, a directory made and filled."""
+    if is_dir:
+        os.makedirs(destination, exist_ok=True)
+        _move_into(source, destination)
+        return
+    temporary = _temporary_sibling(destination)
+    try:
+        shutil.copyfile(source, temporary, follow_symlinks=False)
+        os.replace(temporary, destination)
+    except BaseException:
+        _remove_local(temporary)
+        raise
 
 
 def _size_of(want: FileEntry | int) -> int:
