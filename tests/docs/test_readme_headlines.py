@@ -31,9 +31,8 @@ def test_headlines_match_the_named_section_of_the_results_page() -> None:
         if line.startswith("|") and not line.startswith("|--"):
             row = cells(line)
             rows[row[1]] = row
-    table = readme[match.end():readme.index("## A tour")]
-    headlines = [cells(line) for line in table.splitlines()
-                 if line.startswith("|") and not line.startswith("| ---")][1:]
+    table = _first_table(readme[match.end():readme.index("## A tour")])
+    headlines = [cells(line) for line in table if not line.startswith("| ---")][1:]
     assert len(headlines) >= 5
     for metric, cairn, _, ratio in headlines:
         assert metric in rows, f"{metric!r} is not a metric of the section"
@@ -42,3 +41,37 @@ def test_headlines_match_the_named_section_of_the_results_page() -> None:
         measured = float(row[2])
         shown = seconds(cairn) if row[5] == "s" else float(cairn)
         assert abs(shown - measured) <= 0.05 * measured, (metric, cairn, row[2])
+
+
+def _first_table(text: str) -> list[str]:
+    """The lines of the first Markdown table in ``text``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def _section_rows(page: str, heading: str) -> dict[str, list[str]]:
+    marker = f"## {heading}\n"
+    assert marker in page, f"docs/benchmarks.md has no section {heading!r}"
+    section = page[page.index(marker) + len(marker):].split("\n## ", 1)[0]
+    return {cells(line)[1]: cells(line) for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|--")}
+
+
+def test_the_at_scale_headlines_match_the_sections_they_name() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("At scale (checkpoints on S3")
+    table = _first_table(readme[start:readme.index("## A tour")])
+    rows = [cells(line) for line in table if not line.startswith("| ---")][1:]
+    assert len(rows) >= 8
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for metric, heading, cairn, reference, ratio in rows:
+        found = _section_rows(page, heading)
+        assert metric in found, f"{metric!r} is not a metric of section {heading!r}"
+        row = found[metric]
+        assert ratio == row[6], f"{metric}: README says {ratio}, the page {row[6]}"
+        # The figures as the page prints them, with the unit after them.
+        assert cairn.rsplit(" ", 1)[0] == row[2], (metric, cairn, row[2])
+        assert reference.rsplit(" ", 1)[0].rsplit(" ", 1)[-1] == row[3], (
+            metric, reference, row[3])
