@@ -7,7 +7,9 @@ downloaded) on 2 worker processes joined by torch.distributed (gloo, DDP). Every
 each rank takes an in-memory snapshot of the whole training state (model, optimizer, LR
 schedule, RNGs, data-loader position) with ``cairn.torch.report_snapshot``: the train loop
 waits only for a memory copy while the upload thread serializes, uploads, verifies and
-commits it. On the first attempt rank 1 is killed with SIGKILL in the middle of an epoch;
+commits it. On the first attempt rank 1 is killed with SIGKILL in the middle of an epoch,
+once the snapshots before it are committed (on a busy machine the last one could still be
+uploading, and the restart would then begin from the one before it, or from scratch);
 Cairn kills the group, restarts it and resumes from the latest committed snapshot. Then
 the demo prints the result, the kept checkpoints, the test accuracy of the final
 checkpoint restored in this process, and the goodput summary.
@@ -109,6 +111,8 @@ def train_digits(config: dict[str, Any]) -> dict[str, Any]:
         total, batches = 0.0, 0
         for batch, (inputs, targets) in enumerate(loader):
             if (attempt, rank, epoch, batch) == (0, 1, config["crash_epoch"], 10):
+                for handle in handles:  # a committed snapshot to resume from, however slow
+                    handle.wait()
                 print(f"injecting a crash: kill -9 of rank 1 at epoch {epoch}, batch {batch}",
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
