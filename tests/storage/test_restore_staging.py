@@ -4,9 +4,11 @@ a failed one adds nothing, a finished one merges into what the target already ho
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,29 @@ def test_a_linked_directory_of_the_target_is_written_into(
     assert (out / "d0").is_symlink()
     assert read_tree(elsewhere) == {rel.split("/", 1)[1]: data for rel, data in
                                     contents.items() if rel.startswith("d0/")}
+
+
+def test_a_linked_directory_on_another_file_system_is_filled_by_copies(
+        stored: tuple[str, dict[str, bytes], dict[str, FileEntry]], tmp_path: Path) -> None:
+    # The target's d1 links to a directory on tmpfs: renames from the staging directory
+    # into it fail with EXDEV, so its files (and d1/deep) are copied there instead.
+    location, contents, entries = stored
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a file system of its own")
+    elsewhere = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        (out / "d1").symlink_to(elsewhere, target_is_directory=True)
+        download_directory(resolve(location), str(out), files=entries)
+        assert read_tree(out) == {rel: data for rel, data in contents.items()
+                                  if not rel.startswith("d1/")}
+        assert read_tree(elsewhere) == {rel.split("/", 1)[1]: data for rel, data in
+                                        contents.items() if rel.startswith("d1/")}
+        assert not [p for p in elsewhere.rglob("*") if TEMPORARY_MARK in p.name]
+    finally:
+        shutil.rmtree(elsewhere)
 
 
 def test_a_file_in_the_way_of_a_directory_fails_before_any_copy(

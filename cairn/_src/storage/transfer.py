@@ -362,7 +362,7 @@ def download_directory(
             os.makedirs(os.path.join(staging, *parent.split("/")), exist_ok=True)
         _download_into(src, staging, local_dir, expected, checked, follow_links=follow_links,
                        verify=verify, retry=retry, max_workers=max_workers,
-                       progress=Progress(progress), transfer=transfer)
+                       shared=Progress(progress), transfer=transfer)
         _move_into(staging, local_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -371,12 +371,11 @@ def download_directory(
 def _download_into(src: StorageLocation, staging: str, local_dir: str,
                    expected: Mapping[str, FileEntry | int], checked: dict[str, str], *,
                    follow_links: bool, verify: bool, retry: RetryPolicy,
-                   max_workers: int | None, progress: Progress,
+                   max_workers: int | None, shared: Progress,
                    transfer: TransferConfig) -> None:
     """The files of :func:`download_directory` (``checked``: checked relpath -> the
     name in ``expected``) into ``staging``, whose directories exist; errors name the
-    file's place in ``local_dir``."""
-    shared = progress
+    file's place in ``local_dir``; ``shared`` counts the bytes."""
     src_root = local_os_path(src)
     if src_root is not None and not follow_links and batch.available():
         # Small files a directory at a time; what that path leaves goes file by file.
