@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -480,3 +482,43 @@ def test_few_files_do_not_look_up_the_cores(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(batch, "_cores", no_lookup)
     groups = [("a", [f"f{i}" for i in range(2 * batch.MIN_SHARE_FILES - 1)])]
     assert batch._shares(groups, None) == [groups]
+
+
+def test_a_background_upload_to_local_storage_copies_on_one_thread(
+        tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files too large for the small-file path: each is hashed on the thread that copies
+    # it. In the foreground they spread over the cores; in the background one thread
+    # copies them all, so the train loop hands the GIL to one copy thread, not several.
+    from cairn._src.storage import transfer
+    from cairn._src.storage.checksum import new_hasher
+
+    src = os.path.join(str(tmp_path), "src")
+    os.makedirs(src)
+    contents = {f"shard_{i}.bin": os.urandom((1 << 20) + i) for i in range(4)}
+    for name, data in contents.items():
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(data)
+    copiers: dict[bool, set[int]] = {False: set(), True: set()}
+    background = False
+    started = threading.Barrier(2, timeout=5)
+
+    def recording_hasher() -> Any:
+        copiers[background].add(threading.get_ident())
+        if not background:
+            # Two files at once prove the foreground runs threads side by side.
+            try:
+                started.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return new_hasher()
+
+    monkeypatch.setattr(transfer, "new_hasher", recording_hasher)
+    entries = {}
+    for background in (False, True):
+        dest = os.path.join(str(tmp_path), f"dest-{background}")
+        entries[background] = upload_directory(src, resolve(dest), background=background,
+                                               max_workers=2)
+        assert read_tree(dest) == contents
+    assert entries[True] == entries[False]
+    assert len(copiers[False]) == 2
+    assert len(copiers[True]) == 1

@@ -22,3 +22,16 @@ def test_small_local_files_use_one_thread_and_large_ones_the_cores() -> None:
 def test_remote_storage_uses_every_allowed_thread_whatever_the_sizes() -> None:
     remote = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
     assert _plan(remote, 8, [1024] * 10_000)[1] == 8
+
+
+def test_a_background_copy_to_local_storage_uses_one_thread_and_large_chunks() -> None:
+    local = pafs.LocalFileSystem()
+    for max_workers in (None, 1, 8):
+        assert _plan(local, max_workers, [64 << 20] * 8, background=True) == (16 << 20, 1)
+    assert _plan(local, None, background=True) == (16 << 20, 1)  # sizes unknown
+
+
+def test_a_background_copy_to_remote_storage_keeps_its_concurrency() -> None:
+    remote = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
+    assert _plan(remote, None, [64 << 20] * 8, background=True) == _plan(
+        remote, None, [64 << 20] * 8)

@@ -97,16 +97,23 @@ _RANGED_TYPES = frozenset({"s3", "gcs", "abfs", "hdfs"})
 
 
 def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | None = None,
-          config: TransferConfig | None = None) -> tuple[int, int]:
+          config: TransferConfig | None = None, *, background: bool = False) -> tuple[int, int]:
     """(chunk bytes, threads) for transfers with ``fs`` on the other side of local disk.
 
     Local to local, a copy is bound by CPU and memory bandwidth: more threads than cores
     only contend (bench/transfer.py: 8 threads were 20-60% slower than 2 on 2 cores), and
     for small files (``sizes``, when known, averaging under 256 KiB) one thread is
-    fastest. Remote stores are bound by request latency: ``config``'s part size and
-    concurrency (the process default when None) unless ``max_workers`` says otherwise.
+    fastest. ``background`` (an ASYNC upload beside a train loop that runs Python): one
+    thread moving 16 MiB chunks. Each chunk takes the GIL back three times, and a second
+    copy thread makes the loop hand the GIL over twice as often and wait behind both (a
+    pure-Python step's p90 during a 512 MiB copy on 2 cores: 1.04x with one niced thread,
+    2.06x with two at normal priority, p99 1.56 ms against 9.22 ms with two niced ones).
+    Remote stores are bound by request latency: ``config``'s part size and concurrency
+    (the process default when None) unless ``max_workers`` says otherwise.
     """
     if local_root(fs) is not None:
+        if background:
+            return BACKGROUND_CHUNK_BYTES, 1
         threads = max(2, os.cpu_count() or 1)
         if max_workers is not None:
             threads = min(max_workers, threads)
@@ -189,12 +196,14 @@ def upload_directory(
     bytes are written; a file that is retried takes its bytes back with a negative delta.
     A failed upload may leave files at ``dest``: they are not committed until a manifest
     names them. ``background``: the process's other threads keep running Python meanwhile
-    (an ASYNC upload), so copies move chunks of at least 16 MiB, taking the GIL less often.
+    (an ASYNC upload), so a copy to local storage runs on one thread in 16 MiB chunks,
+    taking the GIL less often and never from two copy threads in turn (see :func:`_plan`).
     To remote storage (``transfer``: the process default, see :mod:`.tuning`) the files
     copied at once share ``part_size * max_concurrency`` bytes: each is written through a
     buffer of up to half its share, at most ``part_size``, and waits for its background
     parts whenever the rest of its share is on its way. ``max_workers`` (default: the cores
-    locally, ``max_concurrency`` remotely, never more) files are copied at a time.
+    locally, one locally in the background, ``max_concurrency`` remotely, never more) files
+    are copied at a time.
     """
     if max_workers is not None:
         check_workers(max_workers)
@@ -228,7 +237,7 @@ def upload_directory(
                                    background=background)
             names = [rel for rel in names if rel not in done]
     chunk, workers = _plan(fs, max_workers, None if known is None else [
-        known[rel] for rel in names], transfer)
+        known[rel] for rel in names], transfer, background=background)
     window = None
     if local_dest is None:
         tuning.ensure_io_threads(transfer)
@@ -238,8 +247,6 @@ def upload_directory(
         share = transfer.memory_bytes // in_parallel
         chunk = min(chunk, max(LOCAL_CHUNK_BYTES, share // 2))
         window = max(chunk, share - chunk)
-    elif background:
-        chunk = max(chunk, BACKGROUND_CHUNK_BYTES)
 
     def task_for(rel: str) -> Callable[[Cancelled], FileEntry]:
         source_path = os.path.join(local_dir, *rel.split("/"))
