@@ -157,6 +157,28 @@ def test_a_file_and_a_file_under_it_are_refused() -> None:
     with pytest.raises(UnsafePathError, match=r"lists both 'a' and 'a/b'"):
         make(files={"a": ENTRY, "a/b": ENTRY})
     make(files={"a": ENTRY, "ab/c": ENTRY, "a.b/c": ENTRY})  # Prefixes of names are fine.
+    # Among many names in a few directories, a file that is an ancestor of another's
+    # directory, at any depth, is still found and named.
+    many = {f"d{i % 10}/e{i % 3}/f{i}": ENTRY for i in range(3000)}
+    make(files=many)
+    for clash in ("d4", "d4/e1"):
+        with pytest.raises(UnsafePathError, match=rf"lists both '{clash}' and '{clash}/"):
+            make(files={**many, clash: ENTRY})
+
+
+def test_a_bad_key_or_entry_among_many_built_in_code_is_named() -> None:
+    # Keys are checked all at once; the one that fails is still named.
+    many = {f"d{i % 10}/f{i}": ENTRY for i in range(1000)}
+    for key, match in (("d1/./x", r"Manifest\.files key 'd1/\./x' is not in normal form; "
+                                  r"use 'd1/x'\."),
+                       ("../x", r"Manifest\.files key='\.\./x' contains a '\.\.' component"),
+                       ("_cairn_manifest.json", r"must not list the manifest itself")):
+        with pytest.raises((UnsafePathError, ConfigError), match=match):
+            make(files={**many, key: ENTRY})
+    with pytest.raises(ConfigError, match=r"Manifest\.files\['d0/x'\]=\(1, 'ab'\) must be a "
+                                          r"FileEntry\(size, checksum\)\."):
+        make(files={**many, "d0/x": (1, "ab")})  # type: ignore[dict-item]
+    assert len(make(files={**many, "d0/line\nbreak": ENTRY}).files) == 1001
 
 
 def test_json_nested_beyond_the_parser_is_a_manifest_error() -> None:

@@ -139,6 +139,33 @@ def test_the_quick_accept_agrees_with_the_full_check(monkeypatch: pytest.MonkeyP
     assert {rel: paths.check_relative_path(rel) for rel in quick} == quick
 
 
+def test_the_check_of_many_names_at_once_agrees_with_the_check_of_each() -> None:
+    # Every name of up to five pieces from an alphabet of separators, dots, a newline (the
+    # joiner) and letters, alone and in random groups: all of them accepted at once
+    # exactly when each is accepted unchanged (a name with a newline goes name by name).
+    import itertools
+    import random
+
+    from cairn._src.storage.paths import are_normal_relative_paths, is_normal_relative_path
+
+    def each(names: list[str]) -> bool:
+        return all(is_normal_relative_path(rel) and "\n" not in rel for rel in names)
+
+    alphabet = ["a", "/", ".", "..", "\\", "\x00", "\n", "é"]
+    for length in range(6):
+        for pieces in itertools.product(alphabet, repeat=length):
+            rel = "".join(pieces)
+            assert are_normal_relative_paths([rel]) == each([rel]), rel
+    chooser = random.Random(7)
+    for _ in range(5000):
+        names = ["".join(chooser.choices(alphabet, k=chooser.randint(0, 4)))
+                 for _ in range(chooser.randint(1, 4))]
+        assert are_normal_relative_paths(names) == each(names), names
+    assert are_normal_relative_paths([]) and are_normal_relative_paths({"a/b": 1, ".x/y": 2})
+    assert not are_normal_relative_paths(["a", 1])  # type: ignore[list-item]
+    assert not are_normal_relative_paths(["a/b", "a/./b"])
+
+
 def test_listing_asks_the_system_only_when_the_owner_bits_do_not_say_readable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The owner's read permission is its mode bits; anything else (another owner, no

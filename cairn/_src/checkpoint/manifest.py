@@ -31,9 +31,9 @@ from cairn._src.storage.checksum import ALGORITHMS, CHECKSUM_ALGORITHM, FileEntr
 from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import (
+    are_normal_relative_paths,
     check_absolute_path,
     check_relative_path,
-    is_normal_relative_path,
 )
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 from cairn._src.text import plural
@@ -45,7 +45,8 @@ MANIFEST_VERSION = 1
 _READABLE_VERSIONS = (1,)
 _HINT = "The checkpoint is damaged; delete it or restore the manifest from a backup."
 
-_LOWER_HEX = re.compile(r"[0-9a-f]*")
+# Checksums joined by "\n": each 32 lowercase hex digits.
+_CHECKSUMS = re.compile(r"[0-9a-f]{32}(?:\n[0-9a-f]{32})*")
 
 _FILE_ENTRY = schema.Object(
     {"size": schema.COUNT, "checksum": schema.CHECKSUM},
@@ -126,6 +127,16 @@ def check_no_file_under_file(names: Iterable[str], *, argument: str) -> None:
     in the total length of the names.
     """
     files = set(names)
+    # Most names share few directories: look for a file among those directories and their
+    # ancestors first (100,000 names in 1,000 directories: 1,000 walks, not 100,000).
+    directories = {rel.rpartition("/")[0] for rel in files}
+    ancestors: set[str] = set()
+    for directory in directories:
+        while directory and directory not in ancestors:
+            ancestors.add(directory)
+            directory = directory.rpartition("/")[0]
+    if files.isdisjoint(ancestors):
+        return
     for rel in files:
         cut = rel.rfind("/")
         while cut > 0:
@@ -163,20 +174,9 @@ class Manifest:
                 f"Manifest.files={_short(self.files)} must be a dict of relative path -> "
                 "FileEntry."
             )
-        for rel, entry in self.files.items():
-            if check_relative_path(rel, argument="Manifest.files key") != rel:
-                raise UnsafePathError(
-                    f"Manifest.files key {rel!r} is not in normal form; use "
-                    f"{check_relative_path(rel)!r}."
-                )
-            if rel == MANIFEST_NAME:
-                raise ConfigError(
-                    f"Manifest.files must not list the manifest itself ({MANIFEST_NAME!r})."
-                )
-            if not isinstance(entry, FileEntry):
-                raise ConfigError(
-                    f"Manifest.files[{rel!r}]={entry!r} must be a FileEntry(size, checksum)."
-                )
+        if not (are_normal_relative_paths(self.files) and MANIFEST_NAME not in self.files
+                and all(isinstance(entry, FileEntry) for entry in self.files.values())):
+            self._check_each_file()  # Names the entry that is wrong.
         check_no_file_under_file(self.files, argument="Manifest.files")
         # Values read back may be nested deeper than users may report now (older data).
         check_json_value(self.metadata, argument="Manifest.metadata",
@@ -216,6 +216,24 @@ class Manifest:
             raise ConfigError(
                 f"Manifest.created_at={self.created_at!r} must be a finite number of seconds."
             )
+
+    def _check_each_file(self) -> None:
+        """Raise for the first entry of ``files`` that is not a normal relative path to a
+        :class:`FileEntry` other than the manifest itself."""
+        for rel, entry in self.files.items():
+            if check_relative_path(rel, argument="Manifest.files key") != rel:
+                raise UnsafePathError(
+                    f"Manifest.files key {rel!r} is not in normal form; use "
+                    f"{check_relative_path(rel)!r}."
+                )
+            if rel == MANIFEST_NAME:
+                raise ConfigError(
+                    f"Manifest.files must not list the manifest itself ({MANIFEST_NAME!r})."
+                )
+            if not isinstance(entry, FileEntry):
+                raise ConfigError(
+                    f"Manifest.files[{rel!r}]={entry!r} must be a FileEntry(size, checksum)."
+                )
 
     @property
     def total_bytes(self) -> int:
@@ -290,9 +308,9 @@ class Manifest:
 def _file_entries(raw: object) -> dict[str, FileEntry] | None:
     """The ``files`` of a manifest document as entries when every one is as the schema
     wants it (a path in normal form -> ``{"size": int >= 0, "checksum": 32 lowercase hex
-    digits}``), else None. The same rules as ``MANIFEST_SCHEMA``'s in one pass, the
-    checksums matched at once (100,000 entries: 0.44 s to read the manifest where the
-    schema's walk took 0.53 s)."""
+    digits}``), else None. The same rules as ``MANIFEST_SCHEMA``'s, each checked over all
+    entries at once: the checksums by one match of them joined, the paths by
+    :func:`are_normal_relative_paths`."""
     if type(raw) is not dict:
         return None
     entries: dict[str, FileEntry] = {}
@@ -300,13 +318,15 @@ def _file_entries(raw: object) -> dict[str, FileEntry] | None:
         if type(item) is not dict:
             return None
         size, checksum = item.get("size"), item.get("checksum")
-        if (type(size) is not int or size < 0 or type(checksum) is not str
-                or len(checksum) != 32 or not is_normal_relative_path(rel)):
+        if type(size) is not int or size < 0 or type(checksum) is not str:
             return None
-        entries[rel] = FileEntry(size=size, checksum=checksum)
-    if _LOWER_HEX.fullmatch("".join(entry.checksum for entry in entries.values())) is None:
+        entries[rel] = FileEntry(size, checksum)
+    checksums = "\n".join(entry.checksum for entry in entries.values())
+    # As many blocks of 32 as entries: no checksum holds a newline of its own.
+    if entries and (len(checksums) != 33 * len(entries) - 1
+                    or _CHECKSUMS.fullmatch(checksums) is None):
         return None
-    return entries
+    return entries if are_normal_relative_paths(entries) else None
 
 
 def read_manifest(

@@ -13,6 +13,7 @@ import os
 import posixpath
 import socket
 import stat
+from collections.abc import Collection
 
 from cairn._src.errors import (
     CheckpointNotFoundError,
@@ -72,6 +73,25 @@ def is_normal_relative_path(rel: str) -> bool:
         return check_relative_path(rel) == rel
     except UnsafePathError:
         return False
+
+
+def are_normal_relative_paths(names: Collection[str]) -> bool:
+    """Whether every one of ``names`` is a str that :func:`is_normal_relative_path`
+    accepts, decided by a few scans of them all joined, not name by name (a manifest of
+    100,000 files). False when one is not, and also when a name holds a newline: the
+    caller then checks each name, and names the one that is wrong."""
+    if not names:
+        return True
+    try:
+        joined = "\n".join(names)
+    except TypeError:  # Not all of them are str.
+        return False
+    if joined.count("\n") != len(names) - 1 or "\\" in joined or "\x00" in joined:
+        return False
+    # Every name between slashes: a component that is empty, "." or ".." shows as one of
+    # these (a scan each, far faster than a regular expression tried at every position).
+    slashed = "/" + joined.replace("\n", "/") + "/"
+    return "//" not in slashed and "/./" not in slashed and "/../" not in slashed
 
 
 def _is_plain(rel: str) -> bool:
