@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -266,3 +267,22 @@ def test_target_path_must_be_normalized_absolute(bad: str) -> None:
 def test_target_path_and_target_uri_exclude_each_other() -> None:
     with pytest.raises(ConfigError, match="are both set; a reference has one location"):
         make(target_path="/data/x", target_uri="s3://b/x")
+
+
+def test_keys_that_are_not_plain_str_in_a_plain_dict_are_checked_one_by_one() -> None:
+    # A dict subclass may iterate over other keys than its items, and a str subclass may
+    # hash other than it compares: neither gets past the checks made all at once.
+    class OtherKeys(dict):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(["ok"])
+
+    class HashedApart(str):
+        def __hash__(self) -> int:
+            return 0
+
+        __eq__ = str.__eq__
+
+    with pytest.raises(UnsafePathError, match=r"contains a '\.\.' component"):
+        make(files=OtherKeys({"../evil": ENTRY}))
+    with pytest.raises(ConfigError, match=r"must not list the manifest itself"):
+        make(files={HashedApart("_cairn_manifest.json"): ENTRY})

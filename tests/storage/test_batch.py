@@ -517,7 +517,7 @@ def test_a_background_upload_to_local_storage_copies_on_one_thread(
     for background in (False, True):
         dest = os.path.join(str(tmp_path), f"dest-{background}")
         entries[background] = upload_directory(src, resolve(dest), background=background,
-                                               max_workers=2)
+                                               max_workers=None if background else 2)
         assert read_tree(dest) == contents
     assert entries[True] == entries[False]
     assert len(copiers[False]) == 2

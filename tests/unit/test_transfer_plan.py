@@ -26,9 +26,12 @@ def test_remote_storage_uses_every_allowed_thread_whatever_the_sizes() -> None:
 
 def test_a_background_copy_to_local_storage_uses_one_thread_and_large_chunks() -> None:
     local = pafs.LocalFileSystem()
-    for max_workers in (None, 1, 8):
-        assert _plan(local, max_workers, [64 << 20] * 8, background=True) == (16 << 20, 1)
+    assert _plan(local, None, [64 << 20] * 8, background=True) == (16 << 20, 1)
     assert _plan(local, None, background=True) == (16 << 20, 1)  # sizes unknown
+    # A caller that asks for more threads gets them, up to the cores, as in the foreground.
+    cores = max(2, os.cpu_count() or 1)
+    assert _plan(local, 8, [64 << 20] * 8, background=True) == (16 << 20, min(8, cores))
+    assert _plan(local, 8, [1024] * 100, background=True) == (16 << 20, 1)
 
 
 def test_a_background_copy_to_remote_storage_keeps_its_concurrency() -> None:

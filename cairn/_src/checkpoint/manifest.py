@@ -174,7 +174,10 @@ class Manifest:
                 f"Manifest.files={_short(self.files)} must be a dict of relative path -> "
                 "FileEntry."
             )
-        if not (are_normal_relative_paths(self.files) and MANIFEST_NAME not in self.files
+        # All entries at once when they are plain: a dict of str keys (a subclass could
+        # iterate or hash other than it compares), each a normal path to a FileEntry.
+        if not (type(self.files) is dict and all(type(rel) is str for rel in self.files)
+                and are_normal_relative_paths(self.files) and MANIFEST_NAME not in self.files
                 and all(isinstance(entry, FileEntry) for entry in self.files.values())):
             self._check_each_file()  # Names the entry that is wrong.
         check_no_file_under_file(self.files, argument="Manifest.files")

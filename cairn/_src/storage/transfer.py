@@ -103,24 +103,25 @@ def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | N
     Local to local, a copy is bound by CPU and memory bandwidth: more threads than cores
     only contend (bench/transfer.py: 8 threads were 20-60% slower than 2 on 2 cores), and
     for small files (``sizes``, when known, averaging under 256 KiB) one thread is
-    fastest. ``background`` (an ASYNC upload beside a train loop that runs Python): one
-    thread moving 16 MiB chunks. Each chunk takes the GIL back three times, and a second
-    copy thread makes the loop hand the GIL over twice as often and wait behind both (a
-    pure-Python step's p90 during a 512 MiB copy on 2 cores: 1.04x with one niced thread,
-    2.06x with two at normal priority, p99 1.56 ms against 9.22 ms with two niced ones).
+    fastest. ``background`` (an ASYNC upload beside a train loop that runs Python): 16 MiB
+    chunks, on one thread unless ``max_workers`` says otherwise. Each chunk takes the GIL
+    back three times, and a second copy thread makes the loop hand the GIL over twice as
+    often and wait behind both (a pure-Python step's p90 during a 512 MiB copy on 2 cores:
+    1.04x with one niced thread, 2.06x with two at normal priority, p99 1.56 ms against
+    9.22 ms with two niced ones).
     Remote stores are bound by request latency: ``config``'s part size and concurrency
     (the process default when None) unless ``max_workers`` says otherwise.
     """
     if local_root(fs) is not None:
-        if background:
-            return BACKGROUND_CHUNK_BYTES, 1
         threads = max(2, os.cpu_count() or 1)
         if max_workers is not None:
             threads = min(max_workers, threads)
+        elif background:
+            threads = 1
         known = list(sizes) if sizes is not None else []
         if known and sum(known) < _SMALL_FILE_BYTES * len(known):
             threads = 1
-        return LOCAL_CHUNK_BYTES, threads
+        return (BACKGROUND_CHUNK_BYTES if background else LOCAL_CHUNK_BYTES), threads
     config = config or tuning.current()
     threads = config.max_concurrency
     if max_workers is not None:
@@ -196,8 +197,9 @@ def upload_directory(
     bytes are written; a file that is retried takes its bytes back with a negative delta.
     A failed upload may leave files at ``dest``: they are not committed until a manifest
     names them. ``background``: the process's other threads keep running Python meanwhile
-    (an ASYNC upload), so a copy to local storage runs on one thread in 16 MiB chunks,
-    taking the GIL less often and never from two copy threads in turn (see :func:`_plan`).
+    (an ASYNC upload), so a copy to local storage runs on one thread (unless
+    ``max_workers`` is given) in 16 MiB chunks, taking the GIL less often and never from
+    two copy threads in turn (see :func:`_plan`).
     To remote storage (``transfer``: the process default, see :mod:`.tuning`) the files
     copied at once share ``part_size * max_concurrency`` bytes: each is written through a
     buffer of up to half its share, at most ``part_size``, and waits for its background
