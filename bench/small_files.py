@@ -116,11 +116,11 @@ def measure(files: int, size: int, per_dir: int, scratch: str,
                                files=manifest.files, retry=RETRY)
 
         def emptied(action: Callable[[], Any]) -> float:
-            # The restore writes where the reference's copies do, emptied first as they
-            # are: a file system that has just freed a tree of these files makes the next
-            # one faster than one that must grow (tmpfs: 0.97-1.05 s against 1.2-2.0 s
-            # for the same restore into a name not used before, as this benchmark did
-            # until 2026-12-05).
+            # Each of Cairn's phases starts, as each of the reference's does, with "copy"
+            # emptied; the restore writes there. A file system that has just freed a tree
+            # of these files makes the next one faster than one that must grow (tmpfs:
+            # 0.97-1.05 s against 1.2-2.0 s for the same restore into a name not used
+            # before, as this benchmark did until 2026-12-05).
             shutil.rmtree(os.path.join(scratch, "copy"), ignore_errors=True)
             return timed(action)
 
