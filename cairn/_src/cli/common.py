@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index
@@ -34,9 +35,25 @@ def live_lease(run: StorageLocation) -> LeaseInfo | None:
     return lease if is_live(lease) else None
 
 
+# C0 and C1 control characters and DEL: names and values read from storage can carry ESC or
+# BEL, which a terminal would obey (erase a line, move the cursor) instead of print.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return ascii(match.group())[1:-1]
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with every control character escaped as Python writes it (``\\x1b``,
+    ``\\n``), for human-readable output of anything read from storage. ``--json`` output
+    needs no such step: JSON escapes control characters itself."""
+    return _CONTROL.sub(_escape, str(text))
+
+
 def format_metrics(metrics: dict[str, Any], limit: int = 60) -> str:
-    text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in metrics.items())
+    text = printable(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in metrics.items()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
