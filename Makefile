@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.cairn-installed
+# What `make demo` needs (Cairn and torch); `make test` adds the rest on top.
+DEMO_STAMP := $(VENV)/.cairn-demo-installed
 
 .PHONY: demo test test-under-load lint typecheck unit bench install clean
 
@@ -10,9 +12,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# Reinstall when the package's metadata or the pins change.
-$(STAMP): pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproject.toml | $(BIN)/python
+# Reinstall when the package's metadata or the pins change. torch is pinned to the CPU wheel
+# (an unpinned torch downloads a CUDA build of several GB).
+$(DEMO_STAMP): pyproject.toml requirements/constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[torch]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP) pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev,torch,ray,pandas,plot,huggingface,lightning]'
 	# The example store of docs/custom-storage.md, registered as xyz:// by its entry point.
 	$(BIN)/python -m pip install -q --no-deps -e examples/xyzstorage
@@ -20,7 +27,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproj
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)

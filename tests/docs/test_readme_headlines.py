@@ -31,7 +31,7 @@ def test_headlines_match_the_named_section_of_the_results_page() -> None:
         if line.startswith("|") and not line.startswith("|--"):
             row = cells(line)
             rows[row[1]] = row
-    table = _first_table(readme[match.end():readme.index("## A tour")])
+    table = _first_table(readme[match.end():])
     headlines = [cells(line) for line in table if not line.startswith("| ---")][1:]
     assert len(headlines) >= 5
     for metric, cairn, _, ratio in headlines:
@@ -62,7 +62,7 @@ def _section_rows(page: str, heading: str) -> dict[str, list[str]]:
 def test_the_at_scale_headlines_match_the_sections_they_name() -> None:
     readme = (ROOT / "README.md").read_text()
     start = readme.index("At scale (checkpoints on S3")
-    table = _first_table(readme[start:readme.index("## A tour")])
+    table = _first_table(readme[start:])
     rows = [cells(line) for line in table if not line.startswith("| ---")][1:]
     assert len(rows) >= 8
     page = (ROOT / "docs" / "benchmarks.md").read_text()
@@ -75,3 +75,13 @@ def test_the_at_scale_headlines_match_the_sections_they_name() -> None:
         assert cairn.rsplit(" ", 1)[0] == row[2], (metric, cairn, row[2])
         assert reference.rsplit(" ", 1)[0].rsplit(" ", 1)[-1] == row[3], (
             metric, reference, row[3])
+
+
+def test_a_newcomer_reads_the_commands_then_the_tour_then_the_contract_then_the_figures() -> None:
+    readme = (ROOT / "README.md").read_text()
+    order = [readme.index(marker) for marker in
+             ("make demo", "## A tour", "## The contract", "## Performance")]
+    assert order == sorted(order)
+    before_the_tour = readme[:readme.index("## A tour")]
+    assert "|" not in before_the_tour, "a table comes before the tour"
+    assert "(#performance)" in before_the_tour and "docs/benchmarks.md" in before_the_tour
