@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from cairn._src import migration
 from cairn._src.errors import ConfigDeprecationError, ConfigError
+from cairn._src.field_types import check_field_types
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
 
@@ -129,6 +130,8 @@ class ScalingConfig:
                 f"ScalingConfig.tls={self.tls!r} must be True (encrypt the control channel), "
                 "False, or None (the CAIRN_TLS environment variable decides; unset: off)."
             )
+        # Before the checks below read use_gpu: "false" is truthy.
+        check_field_types(self)
         if self.accelerator_type is not None and not (
             isinstance(self.accelerator_type, str) and self.accelerator_type
         ):
@@ -303,6 +306,7 @@ class CheckpointConfig:
                 f"CheckpointConfig.local_tier_dir={self.local_tier_dir!r} must be an "
                 "absolute path (the same on every node) or None."
             )
+        check_field_types(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,6 +339,7 @@ class FailureConfig:
             raise ConfigError(
                 f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."
             )
+        check_field_types(self)
 
 
 def default_storage_path() -> str:
@@ -455,6 +460,7 @@ class RunConfig:
                 f"RunConfig.storage_transfer={self.storage_transfer!r} must be a "
                 "cairn.storage.TransferConfig or None (None: the process's settings)."
             )
+        check_field_types(self)
         self._merge_worker_runtime_env()
 
     def _merge_worker_runtime_env(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cairn._src.errors import ConfigError
+from cairn._src.field_types import check_field_types
 
 BACKENDS = ("gloo", "nccl")
 """``torch.distributed`` backends ``TorchConfig(backend=...)`` accepts."""
@@ -41,3 +42,4 @@ class TorchConfig:
             raise ConfigError(
                 f"TorchConfig.timeout_s={self.timeout_s!r} must be a number > 0 (seconds)."
             )
+        check_field_types(self)

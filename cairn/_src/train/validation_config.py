@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cairn._src.errors import ConfigError
+from cairn._src.field_types import check_field_types
 
 if TYPE_CHECKING:
     from cairn._src.checkpoint.checkpoint import Checkpoint
@@ -71,6 +72,7 @@ class ValidationTaskConfig:
                 f"ValidationTaskConfig.timeout_s={self.timeout_s!r} must be None (no timeout) "
                 "or a number of seconds > 0."
             )
+        check_field_types(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"fn_kwargs": dict(self.fn_kwargs or {}), "timeout_s": self.timeout_s}
