@@ -41,6 +41,7 @@ from cairn._src.storage.uris import scheme_of
 from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.datasets import check_datasets
+from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
 from cairn._src.train.validation_config import ValidationConfig
 
@@ -100,6 +101,10 @@ class Trainer:
             raise ConfigError(
                 f"train_loop_config={train_loop_config!r} must be a dict or None."
             )
+        # Pickled for the workers when fit() starts them: what cannot be is named here.
+        check_train_fn_picklable(train_loop_per_worker)
+        if train_loop_config is not None:
+            check_config_picklable(train_loop_config)
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
             raise ConfigError(f"scaling_config={scaling_config!r} must be a ScalingConfig.")
         if run_config is not None and not isinstance(run_config, RunConfig):
