@@ -414,6 +414,12 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string."
             )
+        if self.storage_path is not None and not os.fspath(self.storage_path):
+            raise ConfigError(
+                f"RunConfig.storage_path={self.storage_path!r} is empty; pass a directory or "
+                "a URI such as 's3://bucket/runs', or leave it out (None) for the default "
+                "(the CAIRN_STORAGE_PATH environment variable, else ~/cairn_results)."
+            )
         if not isinstance(self.checkpoint_config, CheckpointConfig):
             raise ConfigError(
                 f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a "

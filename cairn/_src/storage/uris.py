@@ -22,6 +22,8 @@ from pyarrow.fs import FSSpecHandler
 SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # "scheme:" followed by anything but "//": a URI with a malformed separator, or a path.
 _ALMOST_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?!//)(.*)$", re.DOTALL)
+# "scheme//" with the colon left out: read as a path, it is a directory named "scheme".
+_NO_COLON_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)//(.*)$", re.DOTALL)
 # Query parameters whose values are credentials. Matched as substrings of the lower-cased
 # name, so 'aws_secret_access_key' and 'x-amz-security-token' are caught too.
 _SECRET_WORDS = (
@@ -102,6 +104,18 @@ def typo_correction(text: str, known_schemes: frozenset[str] | set[str]) -> str 
     if scheme.lower() == "file":
         return f"{scheme}:///{rest.lstrip('/')}"
     return f"{scheme}://{rest.lstrip('/')}"
+
+
+def missing_colon_correction(text: str,
+                              known_schemes: frozenset[str] | set[str]) -> str | None:
+    """The URI ``text`` was probably meant to be when its first path component is one of
+    ``known_schemes`` followed by ``//`` (``s3//bucket/x`` gives ``s3://bucket/x``,
+    ``file//tmp/x`` gives ``file:///tmp/x``); else ``None``."""
+    match = _NO_COLON_URI_RE.match(text)
+    if match is None or match.group(1).lower() not in known_schemes:
+        return None
+    scheme, rest = match.group(1), match.group(2).lstrip("/")
+    return f"{scheme}:///{rest}" if scheme.lower() == "file" else f"{scheme}://{rest}"
 
 
 def redact(uri: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
@@ -32,12 +33,14 @@ from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage import tuning
 from cairn._src.storage.location import (
     StorageLocation,
+    _known_scheme_set,
     check_picklable,
     check_uri_typo,
     resolve,
 )
+from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.uris import scheme_of
+from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
 from cairn._src.text import plural
 from cairn._src.train.callbacks import call_hooks
 from cairn._src.train.datasets import check_datasets
@@ -161,6 +164,7 @@ class Trainer:
 
     def _fit(self) -> Result:
         run = self._run_location()
+        _create_local_run_directory(run, self._storage_path)
         retry = self.run_config.storage_retry
         # The start-up has a budget of its own (RunConfig.startup_retry): a driver started
         # during a storage outage may wait for it longer than any later call would.
@@ -290,7 +294,48 @@ def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str
     if filesystem is not None or scheme_of(text) is not None:
         return text
     check_uri_typo(text, argument="RunConfig.storage_path")
+    corrected = missing_colon_correction(text.partition("?")[0], _known_scheme_set())
+    if corrected is not None:
+        raise ConfigError(
+            f"RunConfig.storage_path={public_uri(text)!r} is not a valid URI: a scheme is "
+            f"followed by '://'; did you mean {public_uri(corrected)!r}? (A local directory "
+            "with that name can be written as './' followed by it.)"
+        )
     return os.path.abspath(os.path.expanduser(text))
+
+
+def _create_local_run_directory(run: StorageLocation, storage_path: str) -> None:
+    """Create the run directory on local storage, or raise :class:`ConfigError` naming
+    ``storage_path`` and the system's reason (``/proc/x``, a path under a file, a
+    directory this process may not write to). A failure leaves no directory it created.
+    """
+    path = local_os_path(run)
+    if path is None:
+        return  # remote storage: its errors come with the start-up's retries
+    missing = []
+    ancestor = path
+    while not os.path.lexists(ancestor):
+        missing.append(ancestor)
+        parent = os.path.dirname(ancestor)
+        if parent == ancestor:
+            break
+        ancestor = parent
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+    except OSError as exc:
+        for created in missing:  # innermost first
+            try:
+                os.rmdir(created)
+            except OSError:
+                pass
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"RunConfig.storage_path={storage_path!r} cannot hold runs: the run directory "
+            f"{path!r} cannot be created or written to ({reason}). Pass a directory this "
+            "process can create and write to, or a storage URI such as 's3://bucket/runs'."
+        ) from exc
 
 
 def _log_run_start(name: str, run: StorageLocation, manager: CheckpointManager) -> None:
