@@ -57,6 +57,11 @@ MAX_PROCESSES = 8
 
 # The copy process runs _smallio as a script, with this process's module path (the
 # working directory left out), so that it finds the same xxhash without importing cairn.
+# It starts isolated (-I): with a plain -c the working directory would come first on its
+# path until the bootstrap sets it, and a json.py or runpy.py there (anyone may write a
+# shared working directory) would run inside `cairn verify` or to_directory(). -I also
+# leaves out PYTHON* variables and the user's site directory; the path given is complete.
+_ISOLATED = "-I"
 _BOOTSTRAP = ("import sys, json, runpy; sys.path[:] = json.loads(sys.argv[2]); "
               "runpy.run_path(sys.argv[1], run_name='__main__')")
 _STDERR_SHOWN = 2000
@@ -169,7 +174,7 @@ class _CopyProcess:
             asked.seek(0)
             path = json.dumps([entry for entry in sys.path if entry])
             self._process = subprocess.Popen(
-                [interpreter, "-c", _BOOTSTRAP, _smallio.__file__, path],
+                [interpreter, _ISOLATED, "-c", _BOOTSTRAP, _smallio.__file__, path],
                 stdin=asked, stdout=self._answer, stderr=self._errors, close_fds=True)
 
     def result(self) -> tuple[dict[str, tuple[int, str]], list[str], int] | None:
