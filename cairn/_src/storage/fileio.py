@@ -177,22 +177,63 @@ def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict
     bounded reader refuses them when the files are read.
     """
     files: dict[str, int] = {}
+    skipped: list[str] = []
     local = local_root(loc.filesystem) is not None
     for info in _select(loc, True, retry):
         if info.type == pafs.FileType.File:
-            files[_relative(loc.path, info.path)] = int(info.size or 0)
+            relative = _relative(loc.path, info.path)
+            if all(is_listed_name_safe(part) for part in relative.split("/")):
+                files[relative] = int(info.size or 0)
+            else:
+                skipped.append(relative)
         elif local and info.type == pafs.FileType.Unknown:
             raise StorageError(
                 f"{info.path!r} in {loc.display()} is not a regular file (a FIFO, socket or "
                 "device, or a link to one); checkpoints may contain regular files and "
                 "directories only."
             )
+    _warn_skipped(skipped, loc)
     return files
 
 
+def _warn_skipped(skipped: list[str], loc: StorageLocation) -> None:
+    if skipped:
+        shown = ", ".join(repr(name) for name in sorted(skipped)[:_SKIPPED_SHOWN])
+        more = "" if len(skipped) <= _SKIPPED_SHOWN else ", ..."
+        logger.warning("Skipped %d names under %s that are not safe path components: %s%s",
+                       len(skipped), loc.display(), shown, more)
+
+
+def is_listed_name_safe(name: str) -> bool:
+    """Whether ``name``, as a listing gave it, is one path component that stays where it
+    is: not empty, ``.`` or ``..``, and without ``/``, ``\\`` or NUL.
+
+    Storage is untrusted input: anyone who can write a bucket can make it list ``..``
+    under a run (an S3 key ``runs/run/../planted.txt``). Control characters are allowed:
+    they are legal in names and cannot leave the directory (messages escape them).
+    """
+    return bool(name) and name not in (".", "..") and not any(
+        ch in name for ch in _UNSAFE_NAME_CHARACTERS)
+
+
+_UNSAFE_NAME_CHARACTERS = "/\\\x00"
+# How many of the skipped names a warning quotes.
+_SKIPPED_SHOWN = 5
+
+
 def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
-    """Sorted names of the immediate children (files and directories) of ``loc``."""
-    return sorted(info.base_name for info in _select(loc, False, retry))
+    """Sorted names of the immediate children (files and directories) of ``loc``.
+
+    Names that are not safe single path components (:func:`is_listed_name_safe`) are
+    left out, with one warning per call that counts them.
+    """
+    names: list[str] = []
+    skipped: list[str] = []
+    for info in _select(loc, False, retry):
+        name = info.base_name
+        (names if is_listed_name_safe(name) else skipped).append(name)
+    _warn_skipped(skipped, loc)
+    return sorted(names)
 
 
 def delete_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:

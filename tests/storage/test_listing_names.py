@@ -1,0 +1,62 @@
+"""Names in a listing that are not safe single path components are skipped (issue 26,
+item 3): anyone who can write a bucket can create the key ``runs/run/../planted.txt``,
+and the store then lists ``..`` under the run."""
+
+from __future__ import annotations
+
+import io
+import logging
+import uuid
+from typing import Any
+
+import pytest
+
+from cairn import CheckpointConfig
+from cairn._src.checkpoint.index import RunIndex, rebuild_index
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage.fileio import list_dir_names, list_files
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.retry import RetryPolicy
+
+RETRY = RetryPolicy(max_attempts=2, initial_backoff_s=0.0)
+
+
+@pytest.fixture
+def planted_run(dict_store: Any) -> StorageLocation:
+    """A run directory on the ``dictstore://`` store whose listing holds ``..``, a name
+    with a backslash, and one real entry."""
+    prefix = f"bucket/{uuid.uuid4().hex[:10]}/run"
+    for key in (f"{prefix}/../planted.txt", f"{prefix}/a\\b/x.txt",
+                f"{prefix}/events/../x.jsonl", f"{prefix}/checkpoint_000001/../../y",
+                f"{prefix}/user_logs/log.txt"):
+        dict_store.write(key, io.BytesIO(b"planted"))
+    return resolve(f"dictstore://{prefix}")
+
+
+def test_unsafe_names_are_skipped_with_one_counted_warning(
+        planted_run: StorageLocation, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="cairn.storage.fileio"):
+        names = list_dir_names(planted_run, RETRY)
+    assert names == ["checkpoint_000001", "events", "user_logs"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("Skipped 2 names under ")
+    assert "not safe path components: '..', 'a\\\\b'" in warnings[0]
+
+
+def test_recursive_listings_skip_paths_through_unsafe_names(
+        planted_run: StorageLocation, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="cairn.storage.fileio"):
+        files = list_files(planted_run.join("checkpoint_000001"), RETRY)
+    assert files == {}
+    assert "Skipped 1 names under" in caplog.text and "'../../y'" in caplog.text
+
+
+def test_a_run_listing_dot_dot_still_starts(planted_run: StorageLocation) -> None:
+    # What fit() does at start: reconcile, rebuild the index, read the logs.
+    manager = CheckpointManager(planted_run, CheckpointConfig(), RETRY, RunIndex(),
+                                SegmentLog(planted_run.join("metrics"), RETRY))
+    manager.reconcile()
+    assert rebuild_index(planted_run, RETRY).checkpoints == ()
+    assert read_log(planted_run.join("events"), RETRY) == []
