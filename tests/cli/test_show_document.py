@@ -138,3 +138,36 @@ def test_a_failed_run_without_per_rank_errors_shows_its_reason(
     doc_schema.check(doc, "show")
     assert doc["error"] == {"type": "", "ranks": [1], "message": "rank 1 exited with signal 9"}
     assert doc["retention"] is None
+
+
+FRAME_EVENTS: list[Any] = [
+    {"type": "session_start", "t": 100.0},
+    {"type": "attempt_start", "attempt": 0, "t": 100.0},
+    {"type": "failure", "attempt": 0, "t": 101.0, "ranks": [1, 0],
+     "reason": "[rank 1] ValueError: boom\x1b[2J (and 1 more)",
+     "errors": [
+         {"type": "ValueError", "ranks": [1], "message": "boom\x1b[2J",
+          "frame": {"file": "/home/me/train.py", "line": 17, "function": "train_func"}},
+         {"type": "RuntimeError", "ranks": [0], "message": "lost\x07 peer",
+          "frame": {"file": "/home/me/train.py", "line": "17", "function": "f"}},
+         {"type": "OSError", "ranks": [2], "message": "gone", "frame": ["not", "a frame"]},
+     ]},
+    # A run written before frames were recorded.
+    {"type": "failure", "attempt": 1, "t": 102.0, "ranks": [0],
+     "reason": "[rank 0] KeyError: 'k'",
+     "errors": [{"type": "KeyError", "ranks": [0], "message": "'k'"}]},
+]
+
+
+def test_each_failed_rank_names_where_it_failed() -> None:
+    doc = show_document(resolve("/runs/r"), RunIndex(attempts=2), FRAME_EVENTS, None)
+    first, second = doc["failures"]
+    assert [e["frame"] for e in first["errors"]] == [
+        {"file": "/home/me/train.py", "line": 17, "function": "train_func"}, None, None]
+    assert second["errors"][0]["frame"] is None
+    text = "\n".join(format_show(doc))
+    assert "rank 1 failed at /home/me/train.py:17, in train_func" in text, text
+    # Text read from storage is printed with its control characters escaped.
+    assert "\x1b" not in text and "\x07" not in text
+    assert "[rank 1] ValueError: boom\\x1b[2J (and 1 more)" in text
+    assert "rank 0: RuntimeError: lost\\x07 peer" in text

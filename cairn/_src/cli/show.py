@@ -18,7 +18,15 @@ from typing import Any
 
 from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
 from cairn._src.checkpoint.retention import retention_reasons, score_of
-from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run, print_json
+from cairn._src.cli.common import (
+    RETRY,
+    format_metrics,
+    live_lease,
+    open_run,
+    print_json,
+    printable,
+)
+from cairn._src.execution.code_locations import describe_frame, read_frame
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.lease import LeaseInfo
 from cairn._src.run.segment_log import read_log
@@ -91,17 +99,41 @@ def _driver(lease: LeaseInfo | None) -> dict[str, Any] | None:
     return {"host": lease.host, "pid": int(lease.pid), "heartbeat_at": float(lease.heartbeat_at)}
 
 
-def _failure(failure: FailureInfo, counted: bool) -> dict[str, Any]:
+def _failure(failure: FailureInfo, counted: bool,
+             frames: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+    errors = [{**e.as_dict(), "frame": frames.get(e.ranks[0]) if e.ranks else None}
+              for e in failure.errors]
     return {"attempt": failure.attempt, "t": failure.t, "ranks": list(failure.ranks),
-            "reason": failure.reason, "errors": [e.as_dict() for e in failure.errors],
-            "counted": counted}
+            "reason": failure.reason, "errors": errors, "counted": counted}
 
 
-def _counted(events: Iterable[object]) -> list[bool]:
-    """For each failure event, in the order run_history lists them: whether it counts
-    against ``max_failures`` (not when a rank found the resume checkpoint damaged)."""
-    return [event.get("counted") is not False for event in events
+def _failure_events(events: Iterable[object]) -> list[Mapping[str, Any]]:
+    """The failure events, in the order run_history lists them."""
+    return [event for event in events
             if isinstance(event, Mapping) and event.get("type") == "failure"]
+
+
+def _counted(event: Mapping[str, Any]) -> bool:
+    """Whether a failure counts against ``max_failures`` (not when a rank found the resume
+    checkpoint damaged)."""
+    return event.get("counted") is not False
+
+
+def _frames(event: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """rank -> where that rank failed (``{"file", "line", "function"}``), for the ranks
+    whose error recorded it (runs written before frames were recorded have none)."""
+    errors = event.get("errors")
+    frames: dict[int, dict[str, Any]] = {}
+    for error in errors if isinstance(errors, (list, tuple)) else ():
+        if not isinstance(error, Mapping) or not isinstance(error.get("ranks"), (list, tuple)):
+            continue
+        frame = read_frame(error.get("frame"))
+        if frame is None:
+            continue
+        for rank in error["ranks"]:
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                frames.setdefault(rank, frame)
+    return frames
 
 
 def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, Any]],
@@ -130,8 +162,8 @@ def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, 
         "retention": None if index.retention is None else {
             "num_to_keep": retention.num_to_keep, "score_attribute": retention.score_attribute,
             "score_order": retention.score_order},
-        "failures": [_failure(f, counted) for f, counted in
-                     zip(history.failures, _counted(events), strict=True)],
+        "failures": [_failure(f, _counted(event), _frames(event)) for f, event in
+                     zip(history.failures, _failure_events(events), strict=True)],
         "checkpoints": [_checkpoint(r, retention, statuses.get(r.dir_name, "COMMITTED"), why)
                         for r, why in zip(records, reasons, strict=True)],
         "dropped_as_damaged": _dropped_as_damaged(events, {r.dir_name for r in records}),
@@ -160,7 +192,7 @@ def _shorten(line: str) -> str:
 
 def _message_lines(message: str) -> list[str]:
     lines = message.splitlines() or [""]
-    shown = [_shorten(line) for line in lines[:MESSAGE_LINES]]
+    shown = [_shorten(printable(line)) for line in lines[:MESSAGE_LINES]]
     if len(lines) > MESSAGE_LINES:
         shown.append(f"... {plural(len(lines) - MESSAGE_LINES, 'more line')} (--json has all)")
     return shown
@@ -170,6 +202,7 @@ def _retention_text(retention: dict[str, Any] | None) -> str:
     if retention is None:
         return "not recorded (the run was written by an older Cairn): every checkpoint kept"
     n, attribute = retention["num_to_keep"], retention["score_attribute"]
+    attribute = None if attribute is None else printable(attribute)
     if n is None:
         return "every checkpoint (no num_to_keep)"
     if attribute is None:
@@ -181,12 +214,12 @@ def _retention_text(retention: dict[str, Any] | None) -> str:
 
 def format_show(doc: dict[str, Any]) -> list[str]:
     """The text of ``cairn show``: the lines of ``doc`` for people."""
-    out = [f"{'run':<10} {doc['run']}"]
+    out = [f"{'run':<10} {printable(doc['run'])}"]
     error: dict[str, Any] | None = doc["error"]
     status = doc["status"]
     if error is not None:
         first, *rest = _message_lines(error["message"])
-        kind = error["type"] or "error"
+        kind = printable(error["type"]) or "error"
         out.append(f"{'status':<10} {status}: {kind} on {_ranks(error['ranks'])}: {first}")
         out += [f"{'':<10}   {line}" for line in rest]
     elif status == "interrupted":
@@ -202,7 +235,8 @@ def format_show(doc: dict[str, Any]) -> list[str]:
     out.append(f"{'driver':<10} {where}")
     out.append(f"{'started':<10} {_when(doc['started_at'])}   last event "
                f"{_when(doc['last_event_at'])}")
-    out.append(f"{'resumed':<10} {doc['resumed_from'] or '-'}   latest {doc['latest'] or '-'}"
+    out.append(f"{'resumed':<10} {printable(doc['resumed_from'] or '-')}   latest "
+               f"{printable(doc['latest'] or '-')}"
                f"   next report {doc['next_report']}")
     out.append(f"{'keeps':<10} {_retention_text(doc['retention'])}")
     if doc["failures"]:
@@ -210,16 +244,23 @@ def format_show(doc: dict[str, Any]) -> list[str]:
         out.append(f"failures ({len(doc['failures'])}):")
     for failure in doc["failures"]:
         attempt = "-" if failure["attempt"] is None else failure["attempt"]
+        reason = printable(failure["reason"])
         out.append(f"  {_when(failure['t'])}  attempt {attempt}  {_ranks(failure['ranks'])}: "
-                   f"{_shorten(failure['reason'] or '(no reason recorded)')}"
+                   f"{_shorten(reason or '(no reason recorded)')}"
                    + ("" if failure["counted"] else
                       " (not counted: the checkpoint it resumed from was damaged)"))
         for rank_error in failure["errors"]:
-            # Each rank's error, unless the reason (the grouped first lines) says it all.
+            # Each rank's error, unless the reason (the grouped first lines) says it all,
+            # and where it failed.
             first, *rest = _message_lines(rank_error["message"])
-            detail = f"{rank_error['type']}: {first}"
-            if detail not in failure["reason"]:
-                out.append(f"      {_ranks(rank_error['ranks'])}: {detail}")
+            detail = f"{printable(rank_error['type'])}: {first}"
+            frame = rank_error["frame"]
+            where = "" if frame is None else _shorten(printable(describe_frame(frame)))
+            if detail not in reason:
+                out.append(f"      {_ranks(rank_error['ranks'])}: {detail}"
+                           + (f" (at {where})" if where else ""))
+            elif where:
+                out.append(f"      {_ranks(rank_error['ranks'])} failed at {where}")
             out += [f"        {line}" for line in rest]
     out.append("")
     checkpoints = doc["checkpoints"]
@@ -227,23 +268,25 @@ def format_show(doc: dict[str, Any]) -> list[str]:
         out.append("no committed checkpoints")
     else:
         attribute = (doc["retention"] or {}).get("score_attribute")
-        score_head = _shorten(attribute or "score")[:12]
+        score_head = _shorten(printable(attribute or "score"))[:12]
         out.append(f"{'checkpoint':<24} {'report':>6} {'MiB':>9} {score_head:>12}  "
                    f"{'status':<18} {'where':<5}  {'metrics':<30}  kept because")
         for c in checkpoints:
             score = "-" if c["score"] is None else f"{c['score']:.4g}"
+            name = printable(c["dir_name"])
             out.append(
-                f"{c['dir_name']:<24} {c['report_index']:>6} {c['size_bytes'] / 2**20:>9.2f} "
+                f"{name:<24} {c['report_index']:>6} {c['size_bytes'] / 2**20:>9.2f} "
                 f"{score:>12}  {c['status'].lower().replace('_', ' '):<18} "
                 f"{'run' if c['location'] == 'run' else 'ref':<5}  "
                 f"{format_metrics(c['metrics'], 30):<30}  "
-                f"{'; '.join(r['text'] for r in c['kept_because']) or 'not kept: dropped next'}")
+                + printable('; '.join(r['text'] for r in c['kept_because'])
+                            or 'not kept: dropped next'))
         for c in checkpoints:
             if c["target"] is not None:
-                out.append(f"  {c['dir_name']} refers to {c['target']}")
+                out.append(f"  {printable(c['dir_name'])} refers to {printable(c['target'])}")
     for dropped in doc["dropped_as_damaged"]:
-        out.append(f"dropped as damaged at a resume: {dropped['dir_name']} "
-                   f"({_shorten(dropped['reason'])})")
+        out.append(f"dropped as damaged at a resume: {printable(dropped['dir_name'])} "
+                   f"({_shorten(printable(dropped['reason']))})")
     return out
 
 

@@ -38,10 +38,15 @@ from cairn._src.errors import (
 from cairn._src.execution.attempt import Attempt, placement
 from cairn._src.execution.backend import make_backend
 from cairn._src.execution.channel_security import tls_enabled
+from cairn._src.execution.code_locations import dumps_with_locations
 from cairn._src.execution.commit_pipeline import CommitPipeline
 from cairn._src.execution.connections import WorkerChannels
 from cairn._src.execution.controller_services import AttemptServices
-from cairn._src.execution.failure_errors import error_summary, worker_group_error
+from cairn._src.execution.failure_errors import (
+    error_summary,
+    failure_records,
+    worker_group_error,
+)
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.execution.live_view import LiveView
 from cairn._src.execution.local_backend import Bootstrap
@@ -172,7 +177,9 @@ class Controller:
         self._last_metrics: dict[str, Any] = {}
         self._last_error: dict[str, Any] | None = None
         self._payload = (
-            cloudpickle.dumps(spec.train_fn),
+            # File names and line numbers of the user's code survive the trip, for the
+            # tracebacks of failed ranks (code_locations).
+            dumps_with_locations(spec.train_fn),
             cloudpickle.dumps(spec.config),
             _pickle_registrations(),
             cloudpickle.dumps(run_config.storage_retry),
@@ -519,6 +526,7 @@ class Controller:
             attempt.failures.append(WorkerFailure(
                 rank=message.rank, summary=f"{message.error_type}: {message.message}",
                 traceback=message.traceback, exception=message.exception,
+                frame=getattr(message, "frame", None),
             ))
 
     def _send(self, attempt: Attempt, rank: int, message: object) -> None:
@@ -649,8 +657,7 @@ class Controller:
             self._manager.save_index(failures=failures,
                                      next_report_index=self._next_report_index)
         now = time.time()
-        errors = [error_summary(exc, ranks=(rank,))
-                  for rank, exc in error.worker_failures.items()]
+        errors = failure_records(attempt.failures, error)
         self._last_error = _run_error(errors) or error_summary(error, ranks=failure.ranks)
         self._events.append({
             "type": "failure", "attempt": attempt.number, "t": now,
@@ -729,11 +736,11 @@ class Controller:
 
 def _run_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The error a failed run reads back with (``Result.from_path``, ``cairn show``): the
-    lowest failed rank's own exception, as the user's train function raised it, with every
-    rank that failed the same way."""
+    first cause's own exception (``errors`` come causes first), as the user's train
+    function raised it, with every rank that failed the same way."""
     if not errors:
         return None
     first = errors[0]
     ranks = [rank for error in errors if (error["type"], error["message"]) == (
         first["type"], first["message"]) for rank in error["ranks"]]
-    return {**first, "ranks": sorted(ranks)}
+    return {"type": first["type"], "ranks": sorted(ranks), "message": first["message"]}

@@ -10,7 +10,7 @@ from typing import Any
 import cloudpickle
 
 from cairn._src.errors import WorkerGroupError, WorkerProcessError
-from cairn._src.execution.worker_errors import WorkerFailure
+from cairn._src.execution.worker_errors import WorkerFailure, ordered_ranks
 from cairn._src.storage.uris import redact_text
 
 logger = logging.getLogger("cairn.failure_errors")
@@ -67,3 +67,19 @@ def error_summary(error: BaseException, ranks: Sequence[int]) -> dict[str, Any]:
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 3] + "..."
     return {"type": name, "ranks": sorted(int(r) for r in ranks), "message": message}
+
+
+def failure_records(failures: Sequence[WorkerFailure],
+                    error: WorkerGroupError) -> list[dict[str, Any]]:
+    """Each failed rank's error as the event log keeps it (:func:`error_summary` plus
+    ``"frame"``: where it failed, or None), the causes first (the rank that died before
+    the ranks whose collective then lost it; see ``worker_errors.cause_order``)."""
+    frames: dict[int, dict[str, Any] | None] = {}
+    for failure in failures:
+        if frames.get(failure.rank) is None:
+            frames[failure.rank] = failure.frame
+    exceptions = error.worker_failures
+    ranks = [r for r in ordered_ranks(list(failures)) if r in exceptions]
+    ranks += [r for r in exceptions if r not in ranks]
+    return [{**error_summary(exceptions[rank], ranks=(rank,)), "frame": frames.get(rank)}
+            for rank in ranks]

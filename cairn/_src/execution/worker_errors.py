@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 # Errors a rank raises when a peer of a collective is gone (gloo, NCCL, sockets).
 _LOST_PEER = re.compile(
@@ -28,6 +29,8 @@ class WorkerFailure:
     summary: str
     traceback: str
     exception: bytes | None = None
+    # Where it failed: {"file", "line", "function"} (code_locations.failing_frame), or None.
+    frame: dict[str, Any] | None = None
 
 
 def cause_order(failure: WorkerFailure) -> int:

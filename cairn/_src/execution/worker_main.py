@@ -22,10 +22,14 @@ from typing import Any
 import cloudpickle
 
 from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
+from cairn._src.execution.code_locations import (
+    LocatedErrorMessage,
+    failing_frame,
+    loads_located,
+)
 from cairn._src.execution.local_backend import abort_connection, disable_nagle
 from cairn._src.execution.messages import (
     DoneMessage,
-    ErrorMessage,
     SetupMessage,
     TimingMessage,
 )
@@ -70,7 +74,7 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
         try:
             hooks = cloudpickle.loads(setup.setup_hooks)
-            train_fn = cloudpickle.loads(setup.train_fn)
+            train_fn = loads_located(setup.train_fn)
             config = cloudpickle.loads(setup.config)
         except Exception as exc:
             # The same in every attempt: a module the worker cannot import, say.
@@ -89,13 +93,14 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
             hook(session.context)
     except BaseException as exc:
         fatal = isinstance(exc, FATAL_ERRORS)
-        message = ErrorMessage(
+        message = LocatedErrorMessage(
             rank=rank,
             error_type=type(exc).__name__,
             message=str(exc),
             traceback="".join(traceback.format_exception(exc)),
             exception=_pickle_exception(exc),
             fatal=fatal,
+            frame=failing_frame(exc),
         )
         session.close()
         session.send(message)
