@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,12 +36,43 @@ def _to_json_value(value: Any) -> Any:
 _PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
 
 
-def validate_metrics(metrics: object) -> dict[str, Any]:
-    """A plain, JSON-serializable copy of ``metrics``, or :class:`ReportError`."""
+# C0 controls, DEL and C1 controls: never in a name Cairn writes (a terminal would obey them
+# when `cairn show` prints the name, and a log line could be forged with a newline).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_keys(value: Any, what: str) -> None:
+    """Raise :class:`ReportError` for a dict key, at any depth, holding a control
+    character. ``value`` is plain JSON data (dicts, lists, scalars)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _CONTROL.search(key)
+            if found is not None:
+                raise ReportError(
+                    f"{what} has the metric name {key!a}, which holds the control "
+                    f"character {found.group()!a}; metric names may not hold control "
+                    "characters (U+0000-U+001F, U+007F-U+009F): rename the metric."
+                )
+            _check_keys(item, what)
+    elif isinstance(value, list):
+        for item in value:
+            _check_keys(item, what)
+
+
+def validate_metrics(metrics: object, *, what: str = "report(metrics=...)") -> dict[str, Any]:
+    """A plain, JSON-serializable copy of ``metrics``, or :class:`ReportError` (``what``
+    names where the metrics come from in its message).
+
+    Refused: anything but a dict with str keys, nesting deeper than the run's schema
+    keeps, values JSON cannot hold, and metric names (dict keys at any depth) that hold
+    a control character. NaN and the infinities are accepted (a loss may be NaN).
+    """
     if type(metrics) is dict and all(type(key) is str for key in metrics) and all(
             type(value) in _PLAIN_TYPES for value in metrics.values()):
         # The usual report (a flat dict of numbers and strings): the same copy as the JSON
         # round trip below, in under a tenth of its time.
+        if _CONTROL.search("".join(metrics)):
+            _check_keys(metrics, what)
         return dict(metrics)
     if not isinstance(metrics, Mapping):
         raise ReportError(
@@ -50,14 +82,14 @@ def validate_metrics(metrics: object) -> dict[str, Any]:
     for key in metrics:
         if not isinstance(key, str):
             raise ReportError(
-                f"report(metrics=...) has the key {key!r} of type {type(key).__name__}; "
+                f"{what} has the key {key!r} of type {type(key).__name__}; "
                 "metric names must be strings."
             )
     if nesting_depth(metrics, MAX_USER_DEPTH) > MAX_USER_DEPTH:
         # Measured without recursion: json.dumps would raise RecursionError, which is
         # not a bad-input error and would be retried as a worker failure.
         raise ReportError(
-            f"report(metrics=...) is nested more than {MAX_USER_DEPTH} levels deep; "
+            f"{what} is nested more than {MAX_USER_DEPTH} levels deep; "
             "report flat metrics (for example 'a/b/c' keys instead of nested dicts)."
         )
     try:
@@ -68,12 +100,13 @@ def validate_metrics(metrics: object) -> dict[str, Any]:
                 json.dumps(value, default=_to_json_value, allow_nan=True)
             except (TypeError, ValueError) as exc:
                 raise ReportError(
-                    f"report(metrics=...) has the value {_short(value)} for {key!r} "
+                    f"{what} has the value {_short(value)} for {key!r} "
                     f"({type(value).__name__}), which cannot be serialized: report numbers, "
                     "strings, booleans, None, or lists and dicts of them."
                 ) from exc
         raise
     result: dict[str, Any] = json.loads(text)
+    _check_keys(result, what)
     return result
 
 
@@ -88,19 +121,20 @@ def score_value(metrics: Mapping[str, Any], attribute: str) -> Any:
     return value
 
 
-def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None) -> None:
+def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None, *,
+                          what: str = "report(metrics=...)") -> None:
     if attribute is None:
         return
     value = score_value(metrics, attribute)
     if value is None:
         raise ReportError(
-            f"report(metrics=...) has no {attribute!r}, the checkpoint_score_attribute of "
+            f"{what} has no {attribute!r}, the checkpoint_score_attribute of "
             f"this run's CheckpointConfig; a checkpoint report must include it. "
             f"Metrics given: {sorted(metrics)}."
         )
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ReportError(
-            f"report(metrics=...) has {attribute!r}={value!r}; the "
+            f"{what} has {attribute!r}={value!r}; the "
             "checkpoint_score_attribute must be a number (not NaN)."
         )
 
@@ -114,8 +148,11 @@ def check_dir_name(name: object) -> str:
     ``checkpoint_dir_name`` may need.
     """
     if not isinstance(name, str) or not has_safe_characters(name):
+        control = _CONTROL.search(name) if isinstance(name, str) else None
+        held = ("" if control is None else
+                f" (it holds the control character {control.group()!a})")
         raise ReportError(
-            f"report(checkpoint_dir_name={_short(name)}) is not a safe directory name: use "
+            f"report(checkpoint_dir_name={_short(name)}) is not a safe directory name{held}: use "
             "one path component of letters, digits and '_', '-', '.', '=' (not starting "
             "with '.' or '-', no '..', no whitespace, at most 200 characters)."
         )

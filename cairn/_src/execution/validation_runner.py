@@ -35,8 +35,13 @@ from typing import Any
 from cairn._src.checkpoint.index import CheckpointRecord
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.retention import RetentionPolicy
+from cairn._src.errors import ReportError
 from cairn._src.execution.reports import ReadyCheckpoint
-from cairn._src.execution.validation import validate_metrics
+from cairn._src.execution.validation import (
+    check_score_attribute,
+    score_value,
+    validate_metrics,
+)
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.train.reported import ReportedCheckpointStatus
@@ -253,11 +258,21 @@ class ValidationRunner:
             logger.error("The validation function returned %s for %s; it must return a dict "
                          "of metrics", type(value).__name__, job.dir_name)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        # The checks report() makes of metrics: a score retention cannot rank by (NaN, a
+        # string) would otherwise re-rank the checkpoints with it.
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        what = f"The validation function {name} returned metrics for {job.dir_name} that"
         try:
-            return ReportedCheckpointStatus.VALIDATED, validate_metrics(value)
-        except Exception as exc:
-            logger.error("The validation metrics of %s cannot be stored: %s", job.dir_name, exc)
+            metrics = validate_metrics(value, what=what)
+            attribute = self._manager.config.checkpoint_score_attribute
+            if attribute is not None and score_value(metrics, attribute) is not None:
+                check_score_attribute(metrics, attribute, what=what)
+        except ReportError as exc:
+            logger.error("%s The validation is VALIDATION_FAILED: its metrics are not "
+                         "merged into %s, which keeps its reported metrics and its place "
+                         "in retention; the run goes on.", exc, job.dir_name)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        return ReportedCheckpointStatus.VALIDATED, metrics
 
     def _apply(self, job: _Job, status: ReportedCheckpointStatus, metrics: dict[str, Any],
                done: threading.Event) -> None:
