@@ -104,8 +104,7 @@ def train_digits(config: dict[str, Any]) -> dict[str, Any]:
                                     scheduler=scheduler, data_loader=loader)
         step = state.step
         if rank == 0:
-            print(f"attempt {attempt}: resumed from {os.path.basename(checkpoint.path)} "
-                  f"(epoch {loader.epoch}, step {step})")
+            print(resume_line(attempt, os.path.basename(checkpoint.path), loader.epoch, step))
     handles = []
     for epoch in range(loader.epoch, config["epochs"]):
         total, batches = 0.0, 0
@@ -136,6 +135,13 @@ def train_digits(config: dict[str, Any]) -> dict[str, Any]:
     for handle in handles:
         handle.wait()
     return {"step": step, "test_accuracy": accuracy(model, test_set)}
+
+
+def resume_line(attempt: int, dir_name: str, next_epoch: int, step: int) -> str:
+    """The line rank 0 prints when it resumes: the checkpoint holds the state after epoch
+    ``next_epoch - 1``, the epoch its metrics (and the list of kept checkpoints) name."""
+    return (f"attempt {attempt}: resumed from {dir_name} (after epoch {next_epoch - 1}, "
+            f"step {step}; continuing with epoch {next_epoch})")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -147,3 +147,18 @@ def test_intervals_serialize() -> None:
     assert Interval(0.0, 1.0, "training").as_dict() == {"start": 0.0, "end": 1.0,
                                                         "category": "training"}
     assert build_timeline(FAILED_RUN).as_dict()["lanes"][0]["attempt"] == 0
+
+
+def test_the_rank_that_died_comes_first_in_the_failure_note() -> None:
+    timeline = build_timeline([
+        {"type": "session_start", "t": 0.0},
+        {"type": "attempt_start", "attempt": 0, "t": 0.0},
+        {"type": "failure", "attempt": 0, "t": 5.0, "ranks": [2, 0], "reason": "x",
+         "errors": [{"type": "RuntimeError", "ranks": [0], "message": "Connection closed by peer"},
+                    {"type": "cairn.WorkerProcessError", "ranks": [2],
+                     "message": "Worker rank 2 (pid 9) was killed by SIGKILL"}]},
+        {"type": "session_end", "t": 5.5, "status": "failed"},
+    ])
+    mark = timeline.failures[0]
+    assert mark.label == "rank 2: WorkerProcessError; rank 0: RuntimeError"
+    assert "(Worker rank 2 (pid 9) was killed by SIGKILL)" in mark.detail

@@ -139,3 +139,20 @@ def test_records_without_an_attempt_belong_to_the_attempt_started_by_then() -> N
                {"report_index": 2, "time": 107.0, "metrics": {"loss": 0.5}}]
     plot = build_plot("demo", records, EVENTS, {}, ["loss"])
     assert [s.attempt for s in plot.series_of("loss")] == [0, 1]
+
+
+def test_the_rank_that_died_comes_before_the_knock_on_error() -> None:
+    # Rank 1 was killed; rank 0 then lost its gloo peer. The event's ranks name the cause
+    # first, its errors are by rank (as runs written before the fix have them).
+    failure = {"type": "failure", "attempt": 0, "t": 105.0, "ranks": [1, 0],
+               "reason": "[rank 1] Worker rank 1 (pid 9) was killed by SIGKILL (and 1 more)",
+               "errors": [{"type": "RuntimeError", "ranks": [0],
+                           "message": "[../gloo/transport/tcp/pair.cc] Connection closed by peer"},
+                          {"type": "cairn.WorkerProcessError", "ranks": [1],
+                           "message": "Worker rank 1 (pid 9) was killed by SIGKILL"}]}
+    events = [failure if e["type"] == "failure" else e for e in EVENTS]
+    restart = build_plot("demo", RECORDS, events, KEPT, ["loss"], "step").restarts[0]
+    assert restart.label == "rank 1: WorkerProcessError; rank 0: RuntimeError"
+    assert restart.detail.startswith(
+        "rank 1: WorkerProcessError; rank 0: RuntimeError (Worker rank 1 (pid 9) was killed")
+    assert [e.ranks for e in restart.errors] == [(1,), (0,)]

@@ -136,9 +136,12 @@ class WorkerProcess:
 
     node_id = "local"
 
-    def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool) -> None:
+    def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool,
+                 oom_kills_at_start: int | None = None) -> None:
         self.rank = rank
         self.process = process
+        # The OOM killer's count when the worker started (oom_kill_count), or None.
+        self._oom_kills_at_start = oom_kills_at_start
         self.exit_watcher = _ExitWatcher(process)
         self._forwarder: threading.Thread | None = None
         if forward_output and process.stdout is not None:
@@ -164,8 +167,7 @@ class WorkerProcess:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            hint = " (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-            return f"was killed by {name}{hint}"
+            return describe_signal(-code, name, self._oom_kills_at_start, oom_kill_count())
         return f"exited with code {code}"
 
     def wait_exit(self, timeout: float) -> bool:
@@ -178,6 +180,73 @@ class WorkerProcess:
     def flush_output(self, timeout: float = 2.0) -> None:
         if self._forwarder is not None:
             self._forwarder.join(timeout)
+
+
+def describe_signal(signum: int, name: str, oom_kills_before: int | None,
+                    oom_kills_after: int | None) -> str:
+    """How a worker a signal ended was killed (``"was killed by SIGTERM"``).
+
+    A SIGKILL comes from another process (``kill -9``, a job scheduler) or from the
+    kernel's OOM killer: it is blamed on memory only when the OOM killer's count
+    (:func:`oom_kill_count`) went up while the worker ran.
+    """
+    if signum != signal.SIGKILL:
+        return f"was killed by {name}"
+    if oom_kills_before is not None and oom_kills_after is not None and (
+            oom_kills_after > oom_kills_before):
+        return (f"was killed by {name}: out of memory (the OOM killer; its count went from "
+                f"{oom_kills_before} to {oom_kills_after} while the worker ran)")
+    return f"was killed by {name}, sent by another process or the kernel's OOM killer"
+
+
+# Where the OOM killer's count is: cgroup v2, cgroup v1 (both "oom_kill N" lines), and the
+# whole kernel's (/proc/vmstat, Linux 4.13+) when this process's cgroup does not say.
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def oom_kill_count(proc_root: str = "/proc", cgroup_root: str = _CGROUP_ROOT) -> int | None:
+    """How many processes the OOM killer has killed in this process's memory cgroup
+    (workers are children in the same cgroup), else on the whole machine; None where
+    neither can be read (not Linux)."""
+    for path in _cgroup_counter_files(proc_root, cgroup_root):
+        count = _read_counter(path, "oom_kill")
+        if count is not None:
+            return count
+    return _read_counter(os.path.join(proc_root, "vmstat"), "oom_kill")
+
+
+def _cgroup_counter_files(proc_root: str, cgroup_root: str) -> list[str]:
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        relative = path.lstrip("/")
+        if controllers == "":
+            files.append(os.path.join(cgroup_root, relative, "memory.events"))
+        elif "memory" in controllers.split(","):
+            files.append(os.path.join(cgroup_root, "memory", relative, "memory.oom_control"))
+    # cgroup v1 first: on a hybrid system the v2 hierarchy holds no memory controller.
+    return sorted(files, key=lambda p: not p.endswith("memory.oom_control"))
+
+
+def _read_counter(path: str, key: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read(65536)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def _forward_output(rank: int, stream: IO[bytes]) -> None:
@@ -285,6 +354,7 @@ class LocalBackend:
             logger.info("Handing attempt %d to %d warm standby workers", bootstrap.attempt,
                         num_workers)
         self.workers = []
+        oom_kills = oom_kill_count()
         for rank in range(num_workers):
             process = spares[rank] if spares is not None else self._spawn(rank, num_workers,
                                                                          merged)
@@ -302,7 +372,7 @@ class LocalBackend:
                     process.stdin.close()
                 except OSError:
                     pass
-            self.workers.append(WorkerProcess(rank, process, self._forward_output))
+            self.workers.append(WorkerProcess(rank, process, self._forward_output, oom_kills))
         logger.info("Started %d local workers (pids %s)", num_workers,
                     ", ".join(str(w.pid) for w in self.workers))
         return list(self.workers)

@@ -104,6 +104,19 @@ class Timeline:
                 "commits": list(self.commits)}
 
 
+def cause_first(errors: Iterable[ErrorInfo], ranks: object) -> tuple[ErrorInfo, ...]:
+    """``errors`` in the order of the failure event's ``ranks``, which name the rank that
+    died first before the ranks that then failed in a collective (the controller writes
+    them so); errors of ranks it does not name keep their place after those."""
+    order: dict[int, int] = {}
+    for position, rank in enumerate(ranks if isinstance(ranks, (list, tuple)) else ()):
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            order.setdefault(rank, position)
+    listed = list(errors)
+    return tuple(sorted(listed, key=lambda e: min(
+        (order[r] for r in e.ranks if r in order), default=len(order))))
+
+
 def describe_failure(errors: Iterable[ErrorInfo], reason: str) -> tuple[str, str]:
     """A short label (``"rank 1: WorkerProcessError"``) and a one-line detail (with the
     first error's message) for a failure, from its per-rank errors or else its reason."""
@@ -203,6 +216,7 @@ def build_timeline(events: Iterable[object]) -> Timeline:
             for error in parsed:
                 ranks.update(error.ranks)
             failed_ranks = event.get("ranks", ())
+            parsed = cause_first(parsed, failed_ranks)
             if isinstance(failed_ranks, (list, tuple)):
                 ranks.update(r for r in failed_ranks if _count(r) is not None)
             reason = event.get("reason")

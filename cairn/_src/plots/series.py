@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.errors import ConfigError
-from cairn._src.goodput.timeline import describe_failure
+from cairn._src.goodput.timeline import cause_first, describe_failure
 from cairn._src.run.status import ErrorInfo
 
 X_AXES = ("report", "step", "time")
@@ -282,6 +282,7 @@ def _restarts(ordered: list[tuple[float, Mapping[str, Any]]], rows: list[_Record
         errors_raw = event.get("errors", ())
         errors = tuple(e for e in map(ErrorInfo.parse, errors_raw) if e is not None) \
             if isinstance(errors_raw, (list, tuple)) else ()
+        errors = cause_first(errors, event.get("ranks", ()))
         reason = event.get("reason")
         reason = reason if isinstance(reason, str) else ""
         label, detail = describe_failure(errors, reason)
