@@ -24,6 +24,7 @@ otherwise decide from the locations alone.
 from __future__ import annotations
 
 import os
+import stat
 
 from cairn._src.errors import ReportError
 from cairn._src.run.layout import EVENTS_DIR, MANIFEST_NAME, METRICS_DIR
@@ -78,8 +79,53 @@ def check_reference(
         )
     else:
         check_persisted_uri(location.uri, what=f"{what}: the checkpoint's URI")
+    _check_regular_files_only(location, what=what)
     _check_not_cairn_data(location, run, retry, what=what)
     return location
+
+
+def _special_entry(directory: str) -> tuple[str, str] | None:
+    """The first entry below ``directory`` (links not followed) that is neither a regular
+    file nor a directory, and what it is; None when there is none."""
+    stack = [directory]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.is_symlink():
+                    return entry.path, "a symbolic link"
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif not entry.is_file(follow_symlinks=False):
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+                            if stat.S_ISSOCK(mode) else "a device")
+                    return entry.path, kind
+    return None
+
+
+def _check_regular_files_only(location: StorageLocation, *, what: str) -> None:
+    """Raise :class:`ReportError` when a local reference holds a link, FIFO, socket or
+    device: the commit reads a reference in place and refuses them, which would fail the
+    run; refused here, the train function can catch the error and go on."""
+    root = local_root(location.filesystem)
+    if root is None:
+        return  # object stores and remote file systems hold no links or devices
+    path = local_os_join(root, location.path)
+    if not os.path.isdir(path):
+        return  # report() says it does not exist
+    try:
+        found = _special_entry(path)
+    except OSError as exc:
+        raise ReportError(f"{what}: {location.display()} cannot be listed ({exc}).") from exc
+    if found is not None:
+        entry, kind = found
+        raise ReportError(
+            f"{what}: {entry!r} is {kind}. A checkpoint registered by reference is read in "
+            "place and may hold regular files and directories only: copy the data into the "
+            "directory instead of linking to it, or report it with "
+            "checkpoint_upload_mode=SYNC or ASYNC, which copy what a link inside the "
+            "directory points to."
+        )
 
 
 def rebind_to_run(location: StorageLocation, run: StorageLocation, *,
