@@ -58,6 +58,9 @@ def _read_rank_files(out_dir: Path, tag: str) -> list[dict[str, Any]]:
 def _init_ray(num_workers: int) -> float:
     import ray
 
+    # Ray binds its node to 127.0.0.1 when multi-host clusters are off: no benchmark traffic
+    # on the machine's network interface.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     started = time.perf_counter()
     ray.init(
         num_cpus=max(2, num_workers),

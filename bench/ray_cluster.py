@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,9 @@ class _Cluster:
     def __init__(self) -> None:
         from ray import cluster_utils
 
+        # Every node binds to 127.0.0.1 (Ray picks the loopback address when multi-host
+        # clusters are off), and the Cairn and Ray drivers started below inherit it.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         started = time.perf_counter()
         self.cluster = cluster_utils.Cluster(
             initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False}

@@ -41,6 +41,12 @@ os.environ.setdefault("CAIRN_PROGRESS", "0")
 # cluster the tests start (in this process or in subprocesses, which inherit this) runs
 # its workers at normal priority instead.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# Every Ray cluster the tests start binds to 127.0.0.1, so no test traffic uses the machine's
+# network interface. Ray picks the loopback address for its nodes (GCS, raylets, workers)
+# when multi-host clusters are off; `node_ip_address="127.0.0.1"` alone is not enough, as
+# Ray resolves a loopback address to the interface's for a cluster. Set here, before any
+# ray.init(), so every cluster_utils node and every subprocess driver inherits it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 S3_BUCKET = "cairn-test"
 DICTSTORE_SCHEME = "dictstore"
