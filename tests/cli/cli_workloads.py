@@ -43,3 +43,13 @@ def three_files(config: dict[str, Any]) -> None:
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(name * 10)
         cairn.report({"step": 0}, checkpoint=cairn.Checkpoint.from_directory(tmp))
+
+
+def checkpoint_until_lease_gone(config: dict[str, Any]) -> None:
+    """Reports two checkpoints, waits until the run's lease file ``config["lease"]`` is
+    gone (broken by hand), then reports a third checkpoint, which the driver must refuse."""
+    train({"steps": 2})
+    driver = os.getppid()
+    while os.path.exists(config["lease"]) and os.getppid() == driver:
+        time.sleep(0.02)
+    train({"steps": 1})

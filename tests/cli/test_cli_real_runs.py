@@ -178,8 +178,11 @@ def test_show_a_failed_run_gives_the_error_and_every_failure(
     assert [(f["attempt"], f["ranks"]) for f in doc["failures"]] == [(0, [1]), (1, [1])]
     for failure in doc["failures"]:
         assert failure["reason"] == "[rank 1] ValueError: rank one gives up"
-        assert failure["errors"] == [{"type": "ValueError", "ranks": [1],
-                                      "message": "rank one gives up"}]
+        [error] = failure["errors"]
+        frame = error.pop("frame")
+        assert error == {"type": "ValueError", "ranks": [1], "message": "rank one gives up"}
+        assert os.path.basename(frame["file"]) == "cli_workloads.py"
+        assert frame["function"] == "fail_on_rank_one"
         assert isinstance(failure["t"], float) and failure["counted"] is True
     assert doc["failures"][0]["t"] < doc["failures"][1]["t"]
     # Without num_to_keep, every checkpoint is kept; the second attempt resumed from the
@@ -277,7 +280,7 @@ def test_prune_dry_run_says_what_is_kept_and_why(
     code, out, _ = cli(capsys, "prune", runs["finished"], "--keep", "1", "--score", "loss",
                        "--dry-run")
     assert code == 0
-    assert "ordering by --order max (the default)" in out
+    assert out.startswith("ranking by loss (max), the run's own checkpoint_score_order\n")
     assert "would keep checkpoint_000001: #1 of the best 1 by loss (max)" in out
     assert "would keep checkpoint_000004: the latest checkpoint" in out
     assert "would drop checkpoint_000002" in out
@@ -293,14 +296,15 @@ def test_prune_keeps_the_checkpoint_the_run_resumed_from(
     assert "would keep checkpoint_000001: the run's last attempt resumed from it" in out
     assert "0 checkpoints to drop, 2 kept" in out
     run = copy_of(runs, "finished", tmp_path)
+    # Without --score, the run's own ranking: the best by loss (max) and the latest stay.
     doc = cli_json(capsys, "prune", "prune", run, "--keep", "1")
-    assert doc["dry_run"] is False and doc["score"] is None
-    assert [d["dir_name"] for d in doc["dropped"]] == ["checkpoint_000001", "checkpoint_000002"]
+    assert doc["dry_run"] is False and (doc["score"], doc["order"]) == ("loss", "max")
+    assert [d["dir_name"] for d in doc["dropped"]] == ["checkpoint_000002"]
     assert all(d["deleted"] for d in doc["dropped"])
     assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == [
-        "checkpoint_000004"]
+        "checkpoint_000001", "checkpoint_000004"]
     code, out, _ = cli(capsys, "prune", run, "--keep", "1")
-    assert code == 0 and out.endswith("0 checkpoints to drop, 1 kept\n")
+    assert code == 0 and out.endswith("0 checkpoints to drop, 2 kept\n")
 
 
 def test_prune_keeps_a_checkpoint_whose_validation_is_pending(
@@ -314,24 +318,27 @@ def test_prune_keeps_a_checkpoint_whose_validation_is_pending(
     events = SegmentLog(resolve(run).join(EVENTS_DIR), RETRY)
     events.append({"type": "validation_requested", "t": 1.0, "dir_name": "checkpoint_000001"})
     events.flush()
-    doc = cli_json(capsys, "prune", "prune", run, "--keep", "1")
+    doc = cli_json(capsys, "prune", "prune", run, "--keep", "1", "--score", "loss",
+                   "--order", "min")
     assert [(k["dir_name"], [r["code"] for r in k["kept_because"]]) for k in doc["kept"]] == [
         ("checkpoint_000001", ["pending_validation"]),
-        ("checkpoint_000004", ["latest_n", "latest"])]
+        ("checkpoint_000004", ["best", "latest"])]
     assert [d["dir_name"] for d in doc["dropped"]] == ["checkpoint_000002"]
     assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == [
         "checkpoint_000001", "checkpoint_000004"]
-    code, out, _ = cli(capsys, "prune", run, "--keep", "1", "--dry-run")
+    code, out, _ = cli(capsys, "prune", run, "--keep", "1", "--score", "loss", "--order", "min",
+                       "--dry-run")
     assert code == 0 and "would keep checkpoint_000001: its validation is pending" in out
 
 
 def test_prune_refuses_a_running_run(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
     doc = cli_json(capsys, "error", "prune", runs["running"], "--keep", "1", code=2)
     assert doc["command"] == "prune"
-    assert f"pid {runs.running_pid}) holds this run" in doc["error"]
+    assert f"pid {runs.running_pid}, heartbeat " in doc["error"]
     code, out, err = cli(capsys, "prune", runs["running"], "--keep", "1", "--dry-run")
     assert code == 2 and out == ""
-    assert err.startswith("cairn prune: error: A live driver") and len(err.splitlines()) == 1
+    assert err.startswith("cairn prune: error: The run at ") and len(err.splitlines()) == 1
+    assert " is live: held by host " in err
 
 
 # --- rebuild-index, lease break, errors ----------------------------------------------------

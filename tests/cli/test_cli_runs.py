@@ -71,7 +71,7 @@ def test_rebuild_index_refuses_a_path_that_holds_no_run(
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_prune_refuses_a_metric_the_run_lacks_and_states_the_default_order(
+def test_prune_refuses_a_metric_the_run_lacks_and_guesses_no_order(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import cli_workloads
 
@@ -81,11 +81,12 @@ def test_prune_refuses_a_metric_the_run_lacks_and_states_the_default_order(
     assert main(["prune", run, "--keep", "1", "--score", "acc", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "--score='acc'" in err and "loss, step" in err
-    assert main(["prune", run, "--keep", "1", "--score", "loss", "--dry-run"]) == 0
-    assert "ordering by --order max (the default)" in capsys.readouterr().out
+    # The run records no score attribute: no order is guessed for loss.
+    assert main(["prune", run, "--keep", "1", "--score", "loss", "--dry-run"]) == 2
+    assert "--score='loss' needs --order max or --order min" in capsys.readouterr().err
     assert main(["prune", run, "--keep", "1", "--score", "loss", "--order", "min",
                  "--dry-run"]) == 0
-    assert "the default" not in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("ranking by loss (min)\n")
 
 
 def _failing(config: dict[str, object]) -> None:

@@ -1,10 +1,14 @@
-"""What every ``cairn`` subcommand shares: the retry budget and opening a run."""
+"""What every ``cairn`` subcommand shares: the retry budget, opening a run, the refusal of
+a run that a live driver holds, and escaping what storage says before a terminal shows it."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index
@@ -13,7 +17,10 @@ from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.lease import LeaseInfo, is_live
 from cairn._src.storage.fileio import read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.paths import is_normal_relative_path
 from cairn._src.storage.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
 
 RETRY = RetryPolicy()
 
@@ -35,6 +42,51 @@ def live_lease(run: StorageLocation) -> LeaseInfo | None:
     return lease if is_live(lease) else None
 
 
+def heartbeat_age_s(lease: LeaseInfo, *, now: float | None = None) -> float:
+    """Seconds since ``lease``'s last heartbeat (0 for one written in the future)."""
+    return max(0.0, (time.time() if now is None else now) - lease.heartbeat_at)
+
+
+def live_run_error(run: StorageLocation, lease: LeaseInfo, advice: str) -> CairnError:
+    """The one refusal of every command that must not touch a run a live driver holds
+    (``prune``, ``rebuild-index``, ``lease break`` without ``--force``): who holds it, how
+    fresh its heartbeat is, and ``advice`` on what to do."""
+    return CairnError(
+        f"The run at {run.display()} is live: held by host {lease.host}, pid {lease.pid}, "
+        f"heartbeat {heartbeat_age_s(lease):.0f} s ago (a lease expires {lease.ttl_s:g} s "
+        f"after its last heartbeat when its driver is gone). {advice}")
+
+
+def refuse_live_run(run: StorageLocation, advice: str) -> None:
+    """Raise :func:`live_run_error` when a live driver holds ``run``."""
+    lease = live_lease(run)
+    if lease is not None:
+        raise live_run_error(run, lease, advice)
+
+
+def is_single_component(name: str) -> bool:
+    """Whether ``name``, as a listing returned it, is one safe path component: not empty,
+    ``.`` or ``..``, without ``/``, backslash or NUL (the rule of
+    :func:`~cairn._src.storage.paths.check_relative_path`, for one component)."""
+    return "/" not in name and is_normal_relative_path(name)
+
+
+def safe_names(names: Iterable[str], where: StorageLocation) -> list[str]:
+    """``names`` listed under ``where`` without those that are not single safe components
+    (an object store lists a key ``runs/../x`` as a child ``..`` of ``runs``): anyone who
+    can write the bucket can plant one, and joining it would leave ``where``. One warning
+    counts the skipped names."""
+    kept: list[str] = []
+    skipped: list[str] = []
+    for name in names:
+        (kept if is_single_component(name) else skipped).append(name)
+    if skipped:
+        logger.warning("Skipped %d listed name(s) under %s that are not a single safe path "
+                       "component: %s", len(skipped), printable(where.display()),
+                       printable(", ".join(map(repr, skipped[:5]))))
+    return kept
+
+
 # C0 and C1 control characters and DEL: names and values read from storage can carry ESC or
 # BEL, which a terminal would obey (erase a line, move the cursor) instead of print.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -49,6 +101,11 @@ def printable(text: object) -> str:
     ``\\n``), for human-readable output of anything read from storage. ``--json`` output
     needs no such step: JSON escapes control characters itself."""
     return _CONTROL.sub(_escape, str(text))
+
+
+def printable_lines(text: object) -> str:
+    """:func:`printable` line by line: the line breaks of ``text`` stay line breaks."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def format_metrics(metrics: dict[str, Any], limit: int = 60) -> str:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from cairn._src.cli import plots, runs, show
+from cairn._src.cli.common import printable
 from cairn._src.errors import CairnError
 
 
@@ -47,10 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:
-        # The reader went away (``cairn ls X | head -1``): no traceback, and no second
-        # error when the interpreter flushes stdout at exit.
+        # The reader went away (``cairn ls X | head -1``): no traceback, no error line, and
+        # no second error when the interpreter flushes stdout at exit (what is still
+        # buffered goes to /dev/null). 141 is what a shell reports for a command SIGPIPE
+        # ended.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 141
 
 
@@ -60,6 +64,8 @@ def _main(argv: Sequence[str] | None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         code: int = args.func(args)
+    except BrokenPipeError:
+        raise  # before OSError: a closed pipe ends the command quietly, in main()
     except CairnError as exc:
         return _error(args, str(exc))
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
@@ -74,7 +80,8 @@ def _error(args: argparse.Namespace, message: str) -> int:
     """Exit code 2 with the one-line error on stderr; with ``--json``, stdout gets it too,
     as ``{"error": ...}``, so a program reading stdout gets JSON either way."""
     message = " ".join(message.split())
-    print(f"cairn {args.command}: error: {message}", file=sys.stderr)
+    # Messages quote names read from storage: escaped for the terminal, whole in the JSON.
+    print(f"cairn {args.command}: error: {printable(message)}", file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps({"error": message, "command": args.command}))
     return 2

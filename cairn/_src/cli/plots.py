@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cairn._src.cli.common import RETRY, open_run
+from cairn._src.cli.common import RETRY, open_run, printable, printable_lines
 from cairn._src.errors import ConfigError
 from cairn._src.goodput.summary import summarize
 from cairn._src.goodput.timeline import build_timeline
@@ -39,9 +39,10 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     summary = summarize(events)
     if args.out:
         drawing.draw_timeline(build_timeline(events), summary, _run_name(run), args.out)
-    print(json.dumps(summary.as_dict(), indent=1) if args.json else summary.format())
+    print(json.dumps(summary.as_dict(), indent=1) if args.json
+          else printable_lines(summary.format()))
     if args.out and not args.json:
-        print(f"wrote {args.out}")
+        print(f"wrote {printable(args.out)}")
     return 0
 
 
@@ -77,14 +78,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
         print(json.dumps(plot.as_dict(), indent=1))
         return 0
     if args.out:
-        print(f"wrote {args.out}")
+        print(f"wrote {printable(args.out)}")
         return 0
     for metric in metrics:
         values = [y for series in plot.series_of(metric) for y in series.y]
         if not values:
-            print(f"{metric}: no report has a value for --x {args.x}")
+            print(f"{printable(metric)}: no report has a value for --x {args.x}")
             continue
-        print(f"{metric}: {len(values)} reports, first {values[0]:.4g}, "
+        print(f"{printable(metric)}: {len(values)} reports, first {values[0]:.4g}, "
               f"last {values[-1]:.4g}, min {min(values):.4g}, max {max(values):.4g}")
         print(sparkline(values))
     return 0

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
     Retention,
+    RunIndex,
     read_index,
     rebuild_index,
     write_index,
@@ -22,13 +23,24 @@ from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
 from cairn._src.checkpoint.retention import retention_reasons
-from cairn._src.cli.common import RETRY, format_metrics, live_lease, open_run, print_json
+from cairn._src.cli.common import (
+    RETRY,
+    format_metrics,
+    heartbeat_age_s,
+    live_lease,
+    live_run_error,
+    open_run,
+    print_json,
+    printable,
+    refuse_live_run,
+    safe_names,
+)
 from cairn._src.cli.show import checkpoint_statuses
 from cairn._src.config import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
-from cairn._src.run.lease import break_lease
+from cairn._src.run.lease import LeaseInfo, break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.run.status import run_history
 from cairn._src.storage.checksum import FileEntry
@@ -51,7 +63,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     def say(line: str) -> None:
         if not args.json:
-            print(line)
+            print(printable(line))
 
     with VerifyProgress(records, shown=not args.json and sys.stderr.isatty()) as progress:
         for record in records:
@@ -129,7 +141,7 @@ class VerifyProgress:
             # Lines on stdout go above the bar when both are the terminal; a redirected
             # stdout is left alone.
             redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
-        self._task = self._progress.add_task(records[0].dir_name,
+        self._task = self._progress.add_task(_bar_text(records[0].dir_name),
                                              total=max(1, sum(self._sizes.values())))
 
     def __enter__(self) -> VerifyProgress:
@@ -144,12 +156,21 @@ class VerifyProgress:
     def start(self, record: CheckpointRecord) -> None:
         """``record``'s verification starts: the bar stands at the bytes before it."""
         if self._progress is not None:
-            self._progress.update(self._task, description=record.dir_name, completed=self._done)
+            self._progress.update(self._task, description=_bar_text(record.dir_name),
+                                  completed=self._done)
             self._done += self._sizes.get(record.dir_name, 0)
 
     def advance(self, size: int) -> None:
         if self._progress is not None:
             self._progress.advance(self._task, max(0, size))
+
+
+def _bar_text(name: str) -> str:
+    """``name`` as the bar's text: control characters escaped, and rich's markup too (a
+    name ``[bold]`` is printed as itself)."""
+    from rich.markup import escape
+
+    return escape(printable(name))
 
 
 # With the bar, a checkpoint is verified in parts of about this size, so the bar moves
@@ -182,40 +203,72 @@ def verify_files(view: CheckpointView, files: Mapping[str, FileEntry],
         raise
 
 
+def prune_ranking(args: argparse.Namespace, index: RunIndex
+                  ) -> tuple[str | None, Literal["max", "min"], str]:
+    """The metric and order ``prune`` ranks by, and a line that says where they come from.
+
+    The run's own ranking (``checkpoint_score_attribute`` and ``checkpoint_score_order``,
+    as the index recorded them) is the default: ``--score`` of that attribute takes its
+    order, and no ``--score`` ranks as the run does. Any other metric needs ``--order``:
+    guessing ``max`` for a loss would keep the worst checkpoints and delete the best.
+    """
+    recorded = index.retention
+    attribute = recorded.score_attribute if recorded is not None else None
+    run_order: Literal["max", "min"] = (
+        "min" if recorded is not None and recorded.score_order == "min" else "max")
+    if args.score is None:
+        if args.order is not None:
+            raise CairnError(f"--order={args.order} needs --score METRIC: it says whether a "
+                             "higher or a lower METRIC is better; pass both, or neither to "
+                             "rank as the run does.")
+        if attribute is None:
+            return None, "max", (f"keeping the latest {args.keep} (the run ranks by no "
+                                 "score: no checkpoint_score_attribute recorded)")
+        return attribute, run_order, (
+            f"ranking by {attribute} ({run_order}), the run's own checkpoint_score_attribute "
+            "and checkpoint_score_order (--score and --order choose another)")
+    known = sorted({k for r in index.checkpoints for k in r.metrics})
+    if args.score not in known:
+        raise CairnError(f"--score={args.score!r} is not a metric of this run's "
+                         f"checkpoints; they have: {', '.join(known) or 'no metrics'}.")
+    if args.order is not None:
+        return args.score, args.order, f"ranking by {args.score} ({args.order})"
+    if args.score == attribute:
+        return attribute, run_order, (f"ranking by {attribute} ({run_order}), the run's own "
+                                      "checkpoint_score_order")
+    ranks = (f"the run ranks by {attribute} ({run_order})" if attribute is not None
+             else "the run recorded no checkpoint_score_attribute")
+    raise CairnError(f"--score={args.score!r} needs --order max or --order min ({ranks}, so "
+                     f"no order is known for {args.score}): pass --order max to keep the "
+                     f"highest {args.score}, --order min to keep the lowest.")
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
-    lease = live_lease(run)
-    if lease is not None:
-        raise CairnError(f"A live driver (host {lease.host}, pid {lease.pid}) holds this run; "
-                         "prune it when the run has stopped (`cairn lease break RUN` clears "
-                         "the lease of a driver that is gone).")
+    refuse_live_run(run, "Prune it when the run has stopped; nothing changed.")
     if args.keep < 1:
         raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
-    if args.score is not None:
-        known = sorted({k for r in index.checkpoints for k in r.metrics})
-        if args.score not in known:
-            raise CairnError(f"--score={args.score!r} is not a metric of this run's "
-                             f"checkpoints; they have: {', '.join(known) or 'no metrics'}.")
-    order: Literal["max", "min"] = args.order or "max"
-    if args.score is not None and args.order is None and not args.json:
-        print(f"ordering by --order {order} (the default)")
+    score, order, ranking = prune_ranking(args, index)
+    if not args.json:
+        print(printable(ranking))
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
     events = read_log(run.join(EVENTS_DIR), RETRY)
     # A validation that had not finished when the driver stopped runs again when the run
     # continues: its checkpoint stays, as the driver's own retention keeps it.
     pending = {name for name, status in checkpoint_statuses(events).items()
                if status == "PENDING_VALIDATION"}
-    reasons = retention_reasons(records, Retention(args.keep, args.score, order),
+    reasons = retention_reasons(records, Retention(args.keep, score, order),
                                 resumed_from=index.resumed_from, pending=pending)
     kept = [(r, why) for r, why in zip(records, reasons, strict=True) if why]
     dropped = [r for r, why in zip(records, reasons, strict=True) if not why]
     deleted: dict[str, bool] = {}
     if not args.json:
         for record, why in kept:
-            print(f"{'would keep' if args.dry_run else 'keeping':<10} {record.dir_name}: "
-                  f"{'; '.join(reason.text for reason in why)}")
+            print(printable(f"{'would keep' if args.dry_run else 'keeping':<10} "
+                            f"{record.dir_name}: {'; '.join(reason.text for reason in why)}"))
         for record in dropped:
-            print(f"{'would drop' if args.dry_run else 'dropping':<10} {record.dir_name}")
+            print(printable(f"{'would drop' if args.dry_run else 'dropping':<10} "
+                            f"{record.dir_name}"))
     if not args.dry_run and dropped:
         # Index first, deletion after: a crash in between leaves only unreferenced data.
         write_index(run, index.with_changes(checkpoints=tuple(r for r, _ in kept)), RETRY)
@@ -227,12 +280,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
             deleted[record.dir_name] = manager.delete_owned(
                 record, delete_references=args.delete_references)
             if not deleted[record.dir_name] and not args.json:
-                print(f"left in place: {record.dir_name} (not a checkpoint directory this run "
-                      "owns; see the warning above)")
+                print(f"left in place: {printable(record.dir_name)} (not a checkpoint "
+                      "directory this run owns; see the warning above)")
     if args.json:
         print_json({
             "run": run.display(), "dry_run": bool(args.dry_run), "keep": int(args.keep),
-            "score": args.score, "order": order,
+            "score": score, "order": order,
             "kept": [{"dir_name": r.dir_name, "report_index": int(r.report_index),
                       "kept_because": [reason.as_dict() for reason in why]} for r, why in kept],
             "dropped": [{"dir_name": r.dir_name, "report_index": int(r.report_index),
@@ -245,8 +298,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+FORCE_HELP = ("remove the lease even though its heartbeat is fresh: a driver still running "
+              "the run finds its lease gone at its next commit or renewal, stops committing "
+              "checkpoints and fails with RunLeaseError (fit() again continues the run)")
+
+
 def cmd_lease_break(args: argparse.Namespace) -> int:
     run = resolve(args.run)
+    live: LeaseInfo | None = live_lease(run)
+    if live is not None and not args.force:
+        raise live_run_error(run, live, (
+            "Break the lease when its driver has stopped, or let it expire; "
+            f"`cairn lease break --force {run.display()}` removes it anyway, and a driver "
+            "still running then stops committing checkpoints and fails."))
     previous = break_lease(run, RETRY)
     if args.json:
         print_json({"run": run.display(), "previous": None if previous is None else {
@@ -254,17 +318,19 @@ def cmd_lease_break(args: argparse.Namespace) -> int:
             "heartbeat_at": float(previous.heartbeat_at)}})
         return 0
     if previous is None:
-        print(f"cleared the lease of {run.display()} (there was no readable lease)")
-    else:
-        print(f"cleared the lease of {run.display()} (was host {previous.host}, pid "
-              f"{previous.pid}, heartbeat {previous.heartbeat_at:.0f})")
+        print(f"cleared the lease of {printable(run.display())} (there was no readable lease)")
+        return 0
+    print(printable(f"cleared the lease of {run.display()} (was host {previous.host}, pid "
+                    f"{previous.pid}, heartbeat {heartbeat_age_s(previous):.0f} s ago)"))
+    if live is not None:
+        print(printable(f"the driver (host {live.host}, pid {live.pid}) looked live: if it "
+                        "still runs, it stops committing checkpoints and fails"))
     return 0
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
     run = resolve(args.run)
-    if live_lease(run) is not None:
-        raise CairnError("A live driver holds this run; rebuild the index when it has stopped.")
+    refuse_live_run(run, "Rebuild its index when the run has stopped; nothing written.")
     if not is_dir(run, RETRY):
         raise CairnError(f"{run.display()} does not exist (or is not a directory).")
     index = rebuild_index(run, RETRY)
@@ -276,7 +342,7 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"run": run.display(), "checkpoints": len(index.checkpoints)})
         return 0
-    print(f"rebuilt the index of {run.display()}: "
+    print(f"rebuilt the index of {printable(run.display())}: "
           f"{plural(len(index.checkpoints), 'checkpoint')}")
     return 0
 
@@ -309,25 +375,26 @@ def cmd_ls(args: argparse.Namespace) -> int:
     storage = resolve(args.storage)
     if not is_dir(storage, RETRY):
         raise CairnError(f"STORAGE={args.storage!r} does not exist (or is not a directory).")
-    entries = [e for e in (_ls_entry(storage, n) for n in sorted(list_dir_names(storage, RETRY)))
-               if e is not None]
+    names = safe_names(list_dir_names(storage, RETRY), storage)
+    entries = [e for e in (_ls_entry(storage, n) for n in sorted(names)) if e is not None]
     entries.sort(key=lambda e: e.get("last_activity") or 0.0, reverse=True)
     if args.json:
         print_json({"storage": storage.display(), "runs": entries})
         return 0
     if not entries:
-        print(f"no runs under {storage.display()}")
+        print(f"no runs under {printable(storage.display())}")
         return 0
     now = time.time()
     print(f"{'name':<24} {'status':<11} {'attempts':>8} {'failures':>8} {'last report':<16} "
           f"{'MiB':>9}  metrics")
     for e in entries:
+        name = printable(e["name"])
         if e["status"] == "unreadable":
-            print(f"{e['name']:<24} {'unreadable':<11} {e['reason']}")
+            print(f"{name:<24} {'unreadable':<11} {printable(e['reason'])}")
             continue
         age = (f"{e['last_report']} ({_age(now - e['last_activity'])} ago)"
                if e["last_report"] is not None and e["last_activity"] else "-")
-        print(f"{e['name']:<24} {e['status']:<11} {e['attempts']:>8} {e['failures']:>8} "
+        print(f"{name:<24} {e['status']:<11} {e['attempts']:>8} {e['failures']:>8} "
               f"{age:<16} {e['size_bytes'] / 2**20:>9.2f}  "
               f"{format_metrics(e['last_metrics'], 40)}")
     return 0
@@ -365,9 +432,12 @@ def register(commands: Any) -> None:
     prune = command("prune", "Keep the best (or latest) N checkpoints, delete the rest.")
     prune.add_argument("--keep", type=int, required=True,
                        help="how many checkpoints to keep")
-    prune.add_argument("--score", help="metric to rank by (default: the latest are kept)")
+    prune.add_argument("--score", help="metric to rank by (default: the run's own "
+                       "checkpoint_score_attribute, or the latest N when it has none)")
     prune.add_argument("--order", choices=("max", "min"), default=None,
-                       help="with --score: keep the highest (max, the default) or lowest")
+                       help="with --score: keep the highest (max) or lowest (min); default: "
+                       "the run's own checkpoint_score_order for its score attribute, "
+                       "required for any other metric")
     prune.add_argument("--delete-references", action="store_true",
                        help="also delete NO_UPLOAD data outside the run directory")
     prune.add_argument("--dry-run", action="store_true",
@@ -382,7 +452,9 @@ def register(commands: Any) -> None:
     lease_commands = lease.add_subparsers(dest="lease_command", required=True)
     lease_break = lease_commands.add_parser(
         "break", help="Clear a run's lease by hand (only when no driver runs it).",
-        description="Clear a run's lease by hand (only when no driver runs it).")
+        description="Clear a run's lease by hand (only when no driver runs it): a lease "
+        "whose heartbeat is fresh is refused without --force.")
     lease_break.add_argument("run", help="the run directory: a path or URI")
+    lease_break.add_argument("--force", action="store_true", help=FORCE_HELP)
     lease_break.add_argument("--json", action="store_true", help="print the result as JSON")
     lease_break.set_defaults(func=cmd_lease_break)

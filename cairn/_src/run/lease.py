@@ -9,7 +9,7 @@ generation) when it starts and renews it every ``ttl_s / 3`` seconds.
   the pid says (pids are reused). An invalid lease (pid 0 or below, a ttl of 0, below or
   above :data:`MAX_TTL_S`, a heartbeat further in the future than its ttl, wrong types) is
   taken over too, with a warning naming what is wrong. ``cairn lease break RUN`` clears a
-  lease by hand.
+  lease by hand (one whose heartbeat is fresh only with ``--force``).
 * **Two drivers starting together.** Each new holder claims the next generation by
   creating ``_cairn_lease.<generation>`` exclusively (``O_EXCL`` on a local or POSIX file
   system): of two drivers that read the lease as free at once, one creates the claim and
@@ -48,7 +48,8 @@ CLAIM_PREFIX = "_cairn_lease."
 # A ttl above this is not one Cairn writes (the default is 30 s): such a lease is invalid.
 MAX_TTL_S = 3600.0
 _SETTLE_S = 0.05
-BREAK_HINT = "`cairn lease break {run}` clears it by hand once no driver runs it"
+BREAK_HINT = ("`cairn lease break {run}` clears it by hand once no driver runs it (with --force "
+              "while its heartbeat is fresh)")
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,12 @@ def _claim_exclusively(location: StorageLocation) -> bool | None:
 
 
 def claim_names(run: StorageLocation, retry: RetryPolicy) -> dict[int, str]:
-    """generation -> name of the claim files in ``run``."""
+    """generation -> name of the claim files in ``run``. Other names are ignored, whatever
+    a listing returns (``..``, control characters, digits of other scripts)."""
     claims = {}
     for name in list_dir_names(run, retry):
         suffix = name[len(CLAIM_PREFIX):]
-        if name.startswith(CLAIM_PREFIX) and suffix.isdigit():
+        if name.startswith(CLAIM_PREFIX) and suffix.isascii() and suffix.isdigit():
             claims[int(suffix)] = name
     return claims
 
@@ -257,13 +259,20 @@ class RunLease:
             raise self._lost
 
     def _lost_error(self, current: LeaseInfo | None) -> RunLeaseError:
-        holder = (f"driver host {current.host}, pid {current.pid}" if current is not None
-                  else "nobody: the lease was removed")
+        if current is None:
+            return RunLeaseError(
+                f"This driver's lease of the run at {self._run_text()} was removed while it "
+                "ran (by `cairn lease break --force`, or by hand) and no driver holds the run "
+                "now, so this driver stopped committing checkpoints. fit() again with the "
+                "same name and storage_path continues the run from its latest committed "
+                "checkpoint."
+            )
         return RunLeaseError(
             f"This driver lost the lease of the run at {self._run_text()} (now held by "
-            f"{holder}), so it stopped committing checkpoints. Its heartbeat could not be "
-            "renewed in time (a paused process or slow storage); the run continues under "
-            "the new holder."
+            f"driver host {current.host}, pid {current.pid}), so it stopped committing "
+            "checkpoints. That driver took the run over because this one's heartbeat was not "
+            "renewed in time (a paused process or slow storage) or its lease was broken by "
+            "hand; the run continues under that driver."
         )
 
     def _renew(self) -> None:

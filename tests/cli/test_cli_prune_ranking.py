@@ -1,0 +1,117 @@
+"""How ``cairn prune`` ranks (issue 25, item 1): by the run's own score attribute and order
+unless told otherwise, and never by a guessed order.
+
+The run ranks by ``loss`` (min), ``loss = 1 / (step + 1)``: the lower, the later, so the
+best two of five checkpoints are the last two."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import cli_workloads
+import pytest
+
+import cairn
+from cairn._src.cli.main import main
+
+BY_LOSS_MIN = cairn.CheckpointConfig(checkpoint_score_attribute="loss",
+                                     checkpoint_score_order="min")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    storage = tmp_path_factory.mktemp("ranking") / "storage"
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 5},
+                  run_config=cairn.RunConfig(name="run", storage_path=str(storage),
+                                             checkpoint_config=BY_LOSS_MIN)).fit()
+    return storage / "run"
+
+
+def prune_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    capsys.readouterr()
+    assert main(["prune", *args, "--json"]) == 0
+    document: dict[str, object] = json.loads(capsys.readouterr().out)
+    return document
+
+
+def kept(document: dict[str, object]) -> list[str]:
+    return [k["dir_name"] for k in document["kept"]]  # type: ignore[attr-defined,index]
+
+
+def test_the_runs_score_attribute_takes_the_runs_order(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(pristine, run)
+    assert main(["prune", str(run), "--keep", "2", "--score", "loss"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ranking by loss (min), the run's own checkpoint_score_order\n")
+    assert "keeping    checkpoint_000004: #2 of the best 2 by loss (min)" in out
+    # The best two by loss are kept; the three worst are deleted.
+    assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == [
+        "checkpoint_000004", "checkpoint_000005"]
+
+
+def test_keep_without_score_ranks_as_the_run_does(
+        pristine: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = prune_json(capsys, str(pristine), "--keep", "2", "--dry-run")
+    assert (document["score"], document["order"]) == ("loss", "min")
+    assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]
+    assert main(["prune", str(pristine), "--keep", "2", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "ranking by loss (min), the run's own checkpoint_score_attribute and "
+        "checkpoint_score_order (--score and --order choose another)\n")
+    # An explicit order still wins.
+    document = prune_json(capsys, str(pristine), "--keep", "2", "--score", "loss",
+                          "--order", "max", "--dry-run")
+    assert kept(document) == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000005"]
+
+
+def test_another_metric_needs_an_order(
+        pristine: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prune", str(pristine), "--keep", "2", "--score", "step", "--dry-run"]) == 2
+    assert ("error: --score='step' needs --order max or --order min (the run ranks by loss "
+            "(min), so no order is known for step): pass --order max to keep the highest "
+            "step, --order min to keep the lowest.") in capsys.readouterr().err
+    document = prune_json(capsys, str(pristine), "--keep", "2", "--score", "step",
+                          "--order", "max", "--dry-run")
+    assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]
+    assert main(["prune", str(pristine), "--keep", "2", "--order", "min", "--dry-run"]) == 2
+    assert "error: --order=min needs --score METRIC" in capsys.readouterr().err
+
+
+def test_a_run_without_a_score_keeps_the_latest_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cairn.Trainer(cli_workloads.train, train_loop_config={"steps": 3},
+                  run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
+    run = str(tmp_path / "r")
+    assert main(["prune", run, "--keep", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("keeping the latest 1 (the run ranks by no score: no "
+                          "checkpoint_score_attribute recorded)\n")
+    assert "would keep checkpoint_000003: #1 of the latest 1; the latest checkpoint" in out
+    assert main(["prune", run, "--keep", "1", "--score", "loss", "--dry-run"]) == 2
+    assert ("--score='loss' needs --order max or --order min (the run recorded no "
+            "checkpoint_score_attribute, so no order is known for loss)"
+            ) in capsys.readouterr().err
+
+
+def test_prune_ranking_errors_name_the_argument() -> None:
+    import argparse
+
+    from cairn._src.checkpoint.index import Retention, RunIndex
+    from cairn._src.cli.runs import prune_ranking
+    from cairn._src.errors import CairnError
+
+    index = RunIndex(retention=Retention(2, "loss", "min"))
+    with pytest.raises(CairnError, match=r"^--order=max needs --score METRIC"):
+        prune_ranking(argparse.Namespace(keep=1, score=None, order="max"), index)
+    with pytest.raises(CairnError, match=r"^--score='acc' is not a metric of this run's "
+                                         r"checkpoints; they have: no metrics\.$"):
+        prune_ranking(argparse.Namespace(keep=1, score="acc", order=None), index)
+    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None), index)[:2] == (
+        "loss", "min")
+    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None), RunIndex())[:2] \
+        == (None, "max")
