@@ -14,10 +14,18 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cairn._src.checkpoint.manifest import read_manifest
+from cairn._src.checkpoint.manifest import Manifest, read_manifest
 from cairn._src.errors import ConfigError, ManifestError
 from cairn._src.run import schema
-from cairn._src.run.layout import INDEX_NAME, LAYOUT_VERSION, RESERVED_NAMES, is_stored_dir_name
+from cairn._src.run.layout import (
+    EVENTS_DIR,
+    INDEX_NAME,
+    LAYOUT_VERSION,
+    METRICS_DIR,
+    RESERVED_NAMES,
+    is_stored_dir_name,
+)
+from cairn._src.run.segment_log import read_log
 from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path
@@ -85,7 +93,7 @@ _INDEX_HINT = ("Cairn rebuilds it from the checkpoint manifests (`cairn rebuild-
 RECORD_SCHEMA = schema.Object(
     {
         "dir_name": schema.DIR_NAME,
-        "report_index": schema.COUNT,
+        "report_index": schema.REPORT_INDEX,
         "metrics": schema.USER_JSON,
         "target_uri": schema.Nullable(schema.URI),
         "target_path": schema.Nullable(schema.ABSOLUTE_PATH),
@@ -114,7 +122,8 @@ INDEX_SCHEMA = schema.Document(
         {
             "version": schema.Integer(),
             "layout_version": schema.Integer(minimum=1),
-            "next_report_index": schema.Integer(minimum=1),
+            "next_report_index": schema.Integer(minimum=1,
+                                                 maximum=schema.MAX_REPORT_INDEX + 1),
             "attempts": schema.COUNT,
             "failures": schema.COUNT,
             "resumed_from": schema.Nullable(schema.DIR_NAME),
@@ -253,6 +262,55 @@ def write_index(run: StorageLocation, index: RunIndex, retry: RetryPolicy) -> No
     write_bytes_atomic(run.join(INDEX_NAME), index.to_json(), retry)
 
 
+def adoption_record(dir_name: str, manifest: Manifest) -> CheckpointRecord:
+    """The index record of the committed checkpoint whose manifest ``<run>/<dir_name>``
+    holds (its ``report_index`` set), for an index that did not name it."""
+    assert manifest.report_index is not None
+    target = manifest.target_uri
+    return CheckpointRecord(
+        dir_name=dir_name,
+        report_index=manifest.report_index,
+        metrics=dict(manifest.metrics),
+        target_uri=target,
+        target_path=manifest.target_path,
+        managed=target is None and manifest.target_path is None,
+        committed_at=manifest.created_at,
+        size_bytes=sum(f.size for f in manifest.files.values()),
+    )
+
+
+def reports_made(run: StorageLocation, retry: RetryPolicy, index: RunIndex) -> int:
+    """How many reports the run has made, as far as its index, its metrics history and
+    its event log know (0 when none of them knows of any)."""
+    made = index.next_report_index - 1
+    for record in read_log(run.join(METRICS_DIR), retry):
+        made = max(made, record.get("report_index", 0))
+    for event in read_log(run.join(EVENTS_DIR), retry):
+        index_value = event.get("index")
+        if type(index_value) is int:
+            made = max(made, index_value)
+    return made
+
+
+def within_reports_made(run: StorageLocation, retry: RetryPolicy, index: RunIndex,
+                        adopted: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """``adopted`` without the manifests whose report this run cannot have made: at most
+    one past the reports its index, metrics history and event log know of (the one whose
+    commit a dead driver left half-done). Such a manifest was planted or belongs to
+    another run: it is not adopted, nor deleted (it may not be this run's)."""
+    if all(r.report_index <= index.next_report_index for r in adopted):
+        return adopted
+    limit = reports_made(run, retry, index) + 1
+    for record in adopted:
+        if record.report_index > limit:
+            logger.warning(
+                "Not adopting %s: its manifest is of report %d, but this run has made %d "
+                "reports, so at most report %d can have a manifest the index does not name "
+                "yet. It was not written by this run; it is left in place.",
+                record.dir_name, record.report_index, limit - 1, limit)
+    return [r for r in adopted if r.report_index <= limit]
+
+
 def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
     """Rebuild the index from the manifests found under the run directory.
 
@@ -274,21 +332,18 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
             continue
         if manifest is None or manifest.report_index is None:
             continue
-        target = manifest.target_uri
-        records.append(
-            CheckpointRecord(
-                dir_name=name,
-                report_index=manifest.report_index,
-                metrics=dict(manifest.metrics),
-                target_uri=target,
-                target_path=manifest.target_path,
-                managed=target is None and manifest.target_path is None,
-                committed_at=manifest.created_at,
-                size_bytes=sum(f.size for f in manifest.files.values()),
-            )
-        )
+        records.append(adoption_record(name, manifest))
     records.sort(key=lambda r: r.report_index)
     base = previous or RunIndex()
+    made = reports_made(run, retry, base)
+    if made and records and records[-1].report_index > made + 1:
+        # The logs know of this run's reports: a manifest beyond them was planted.
+        for record in records:
+            if record.report_index > made + 1:
+                logger.warning("Skipping %s while rebuilding the index: its manifest is of "
+                               "report %d, but the run has made %d reports; it is left in "
+                               "place", record.dir_name, record.report_index, made)
+        records = [r for r in records if r.report_index <= made + 1]
     next_index = max([base.next_report_index] + [r.report_index + 1 for r in records])
     logger.info("Rebuilt the index of %s from %s", run.display(),
                 plural(len(records), "manifest"))

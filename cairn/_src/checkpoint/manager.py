@@ -24,7 +24,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
-from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
+from cairn._src.checkpoint.index import (
+    CheckpointRecord,
+    RunIndex,
+    adoption_record,
+    within_reports_made,
+    write_index,
+)
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.checkpoint.ownership import (
     DeletionPlan,
@@ -35,6 +41,7 @@ from cairn._src.checkpoint.ownership import (
     record_target,
     reference_event,
 )
+from cairn._src.checkpoint.recheck import committed_dir_names, recheck_uncommitted
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
@@ -47,8 +54,8 @@ from cairn._src.errors import (
 )
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.execution.reports import ReadyCheckpoint
-from cairn._src.run.layout import RESERVED_NAMES
-from cairn._src.run.segment_log import SegmentLog
+from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
+from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
     delete_dir,
@@ -379,9 +386,28 @@ class CheckpointManager:
 
     # --- start-up and recovery ---------------------------------------------------------------
 
+    def _committed_in_event_log(self) -> set[str]:
+        return committed_dir_names(read_log(self.run.join(EVENTS_DIR), self.retry))
+
+    def _confirmed_uncommitted(self, name: str) -> bool:
+        """Whether storage, asked again, and the event log agree that ``name`` never
+        committed (see :mod:`.recheck`); a doubt is logged and keeps it in place."""
+        recheck = recheck_uncommitted(self.run.join(name), name, self.retry,
+                                      self._committed_in_event_log)
+        if recheck.manifest is not None:
+            logger.warning("Not deleting %s: storage first answered that it has no "
+                           "manifest, then showed it (report %s)", name,
+                           recheck.manifest.report_index)
+        elif recheck.doubt is not None:
+            logger.warning("Leaving %s in place: storage answers that it has no manifest, "
+                           "but %s. Check the store; a later start deletes it if it "
+                           "never committed.", name, recheck.doubt)
+        return recheck.never_committed
+
     def delete_uncommitted(self, dir_names: list[str]) -> None:
         """Delete directories of this run's reports that never committed (a failed
-        attempt's, a skipped upload's); one that fails is retried later."""
+        attempt's, a skipped upload's); one that fails is retried later. Nothing is
+        deleted on one answer of storage: see :meth:`_confirmed_uncommitted`."""
         indexed = {r.dir_name for r in self.index.checkpoints}
         holding = self.names_holding_references()
         for name in dir_names:
@@ -392,8 +418,9 @@ class CheckpointManager:
                 has_manifest = read_manifest(location, self.retry) is not None
                 if may_delete_partial(name, has_manifest=has_manifest, indexed=indexed,
                                       announced=dir_names, holding_references=holding):
-                    delete_dir(location, self.retry)
-                    logger.info("Deleted uncommitted checkpoint directory %s", name)
+                    if self._confirmed_uncommitted(name):
+                        delete_dir(location, self.retry)
+                        logger.info("Deleted uncommitted checkpoint directory %s", name)
                 self.failed_deletions.pop(name, None)
             except CheckpointDamagedError as exc:
                 logger.warning("Leaving %s in place: %s", name, exc)
@@ -435,28 +462,33 @@ class CheckpointManager:
             if manifest is None:
                 partial.append(name)
             elif manifest.report_index is not None:
-                adopted.append(CheckpointRecord(
-                    dir_name=name,
-                    report_index=manifest.report_index,
-                    metrics=dict(manifest.metrics),
-                    target_uri=manifest.target_uri,
-                    managed=manifest.target_uri is None,
-                    committed_at=manifest.created_at,
-                    size_bytes=sum(f.size for f in manifest.files.values()),
-                ))
+                adopted.append(adoption_record(name, manifest))
+        holding_references = self.names_holding_references()
+        for name in partial:
+            if not may_delete_partial(name, has_manifest=False, indexed=known,
+                                      announced=started,
+                                      holding_references=holding_references):
+                continue
+            recheck = recheck_uncommitted(self.run.join(name), name, self.retry,
+                                          self._committed_in_event_log)
+            if recheck.manifest is not None and recheck.manifest.report_index is not None:
+                logger.warning("%s has a manifest after all (storage first answered that "
+                               "it had none): adopting it", name)
+                adopted.append(adoption_record(name, recheck.manifest))
+            elif recheck.never_committed:
+                delete_dir(self.run.join(name), self.retry)
+                logger.info("Deleted %s: a directory without a manifest", name)
+            else:
+                logger.warning("Leaving %s in place: storage answers that it has no "
+                               "manifest, but %s. Check the store; a later start deletes it "
+                               "if it never committed.", name, recheck.doubt)
+        adopted = within_reports_made(self.run, self.retry, self.index, adopted)
         if adopted:
             logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                            len(adopted), [r.dir_name for r in adopted])
             records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
             next_index = max(self.index.next_report_index, records[-1].report_index + 1)
             self.save_index(checkpoints=tuple(records), next_report_index=next_index)
-        holding_references = self.names_holding_references()
-        indexed = {r.dir_name for r in self.index.checkpoints}
-        for name in partial:
-            if may_delete_partial(name, has_manifest=False, indexed=indexed, announced=started,
-                                  holding_references=holding_references):
-                delete_dir(self.run.join(name), self.retry)
-                logger.info("Deleted %s: a directory without a manifest", name)
 
     def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""

@@ -63,7 +63,7 @@ MANIFEST_SCHEMA = schema.Document(
                 test=ALGORITHMS.__contains__,
             ),
             "created_at": schema.TIME,
-            "report_index": schema.Nullable(schema.COUNT),
+            "report_index": schema.Nullable(schema.REPORT_INDEX),
             "ranks": schema.ListOf(schema.COUNT, noun="ranks (integers >= 0)"),
             "target_uri": schema.Nullable(schema.URI),
             "target_path": schema.Nullable(schema.ABSOLUTE_PATH),
@@ -189,10 +189,11 @@ class Manifest:
         if self.report_index is not None and (
             isinstance(self.report_index, bool)
             or not isinstance(self.report_index, int)
-            or self.report_index < 0
+            or not 0 <= self.report_index <= schema.MAX_REPORT_INDEX
         ):
             raise ConfigError(
-                f"Manifest.report_index={self.report_index!r} must be None or an int >= 0."
+                f"Manifest.report_index={self.report_index!r} must be None or an int from 0 "
+                f"to {schema.MAX_REPORT_INDEX}."
             )
         if not isinstance(self.ranks, tuple) or not all(
             isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0

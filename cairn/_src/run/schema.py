@@ -59,6 +59,7 @@ class Schema:
 @dataclass(frozen=True)
 class Integer(Schema):
     minimum: int | None = None
+    maximum: int | None = None
 
     @property
     def expected(self) -> str:  # type: ignore[override]
@@ -70,6 +71,8 @@ class Integer(Schema):
             or (self.minimum is not None and value < self.minimum)
         ):
             raise _Invalid(value, self.expected)
+        if self.maximum is not None and value > self.maximum:
+            raise _Invalid(value, f"an integer <= {self.maximum}")
         return value
 
 
@@ -380,6 +383,10 @@ ABSOLUTE_PATH = String(
 URI = String(expected="a non-empty URI string")
 TIME = Number()
 COUNT = Integer(minimum=0)
+# The largest report index Cairn reads back: every integer up to it is exact in a double
+# (other JSON readers), and no run reports that often. A planted 10**30 is refused here.
+MAX_REPORT_INDEX = 2**53 - 1
+REPORT_INDEX = Integer(minimum=0, maximum=MAX_REPORT_INDEX)
 USER_JSON = JsonObject(MAX_STORED_DEPTH)
 CHECKSUM = String(expected="32 lowercase hex digits", test=_HEX_128.fullmatch)
 

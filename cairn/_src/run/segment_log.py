@@ -47,7 +47,7 @@ METRICS_RECORD = schema.Document(
     "metrics record",
     schema.Object(
         {
-            "report_index": schema.Integer(minimum=1),
+            "report_index": schema.Integer(minimum=1, maximum=schema.MAX_REPORT_INDEX),
             "attempt": schema.COUNT,
             "time": schema.TIME,
             "metrics": schema.USER_JSON,
@@ -70,7 +70,7 @@ EVENT_RECORD = schema.Document(
             "ranks": schema.ListOf(schema.COUNT, noun="ranks (integers >= 0)"),
             "seconds": schema.TIME,
             "bytes": schema.COUNT,
-            "index": schema.Nullable(schema.COUNT),
+            "index": schema.Nullable(schema.REPORT_INDEX),
             "dir_name": schema.DIR_NAME,
             "resume": schema.Nullable(schema.DIR_NAME),
             "kind": schema.String(),

@@ -1,0 +1,101 @@
+"""Before a directory is deleted as uncommitted: ask storage again, and the event log.
+
+A store may answer "not found" for an object it holds: a client that turns a timeout into
+"nothing", an eventually consistent S3-compatible store. One such answer for a manifest
+must not delete a committed checkpoint. So a directory Cairn is about to delete for want
+of a manifest is checked again, by independent means:
+
+1. the manifest is read again, several times with backoff;
+2. a fresh listing of the directory is searched for it;
+3. the run's event log is searched for the commit of its report.
+
+Only when all of them agree that it never committed may it be deleted. When in doubt it
+is left in place, with a warning saying why (a leftover costs space, never data).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cairn._src.errors import CheckpointDamagedError
+from cairn._src.run.layout import default_checkpoint_dir_name
+from cairn._src.storage.fileio import list_files
+from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+# The fewest reads of the manifest again, whatever the retry policy allows.
+MIN_REREADS = 3
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """What storage and the event log say of a directory that looked uncommitted.
+
+    ``manifest``: found after all (the checkpoint is committed). ``doubt``: why it must be
+    left in place although no manifest could be read. Neither: it never committed.
+    """
+
+    manifest: Manifest | None = None
+    doubt: str | None = None
+
+    @property
+    def never_committed(self) -> bool:
+        return self.manifest is None and self.doubt is None
+
+
+def committed_dir_names(events: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The checkpoint directories whose commit the event log records.
+
+    A ``commit`` event names its report; the directory is the report's default name, or
+    the explicit one its ``checkpoint_started`` event announced.
+    """
+    committed: set[int] = set()
+    announced: dict[int, str] = {}
+    for event in events:
+        index = event.get("index")
+        if type(index) is not int:
+            continue
+        if event.get("type") == "commit":
+            committed.add(index)
+        elif event.get("type") == "checkpoint_started" and isinstance(event.get("dir_name"),
+                                                                      str):
+            announced[index] = event["dir_name"]
+    return {announced.get(index, default_checkpoint_dir_name(index)) for index in committed}
+
+
+def recheck_uncommitted(
+    location: StorageLocation,
+    name: str,
+    retry: RetryPolicy,
+    committed: Callable[[], set[str]],
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Recheck:
+    """Check again that ``location`` (the run's entry ``name``) holds no committed checkpoint.
+
+    ``committed`` returns the directory names whose commit the event log records (read
+    only when storage agrees that the manifest is missing). Storage errors propagate: an
+    outage is no answer, and the caller leaves the directory for later.
+    """
+    for reread in range(max(MIN_REREADS, retry.max_attempts)):
+        sleep(retry.backoff(reread))
+        try:
+            manifest = read_manifest(location, retry)
+        except CheckpointDamagedError as exc:
+            return Recheck(doubt=f"its manifest exists but cannot be read ({exc})")
+        if manifest is not None:
+            return Recheck(manifest=manifest)
+    if MANIFEST_NAME in list_files(location, retry):
+        return Recheck(doubt="a fresh listing shows its manifest, which reads answered "
+                             "as missing")
+    if name in committed():
+        return Recheck(doubt="the run's event log records its commit, yet storage answers "
+                             "that its manifest is missing")
+    return Recheck()

@@ -1,0 +1,178 @@
+"""A store that lies transiently never costs a committed checkpoint (issue 26, item 1).
+
+The store (``lying_store.py``) is a custom store over a local directory, a conformance
+backend, that answers "not found" for objects it holds and leaves them out of listings,
+as a client that turns a timeout into "nothing" or an eventually consistent store does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import fault_workloads
+import lying_store
+import pytest
+from invariants import check_run
+
+import cairn
+from cairn import CheckpointConfig, ScalingConfig, Trainer
+from cairn._src.checkpoint.index import RunIndex
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, write_manifest
+from cairn._src.run.segment_log import SegmentLog
+from cairn._src.storage.checksum import FileEntry
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.retry import RetryPolicy
+
+RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.0, max_backoff_s=0.0)
+MANIFEST_3 = f"checkpoint_000003/{MANIFEST_NAME}"
+
+
+@pytest.fixture(autouse=True)
+def _lying() -> None:
+    lying_store.register()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    return str(tmp_path / "storage")
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> str:
+    return str(tmp_path / "control")
+
+
+def fit(storage: str, scratch: str, steps: int) -> cairn.Result:
+    config = cairn.RunConfig(name="run", storage_path=storage,
+                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01))
+    Trainer(fault_workloads.resumable,
+            train_loop_config={"steps": steps, "scratch": scratch, "run_dir": "",
+                               "first_index": 1},
+            scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    return cairn.Result.from_path(resolve(storage).join("run").uri or "")
+
+
+def forget_commit_of_report_3(run_dir: str) -> None:
+    """Leave the run as a driver killed after the manifest of report 3 and before the
+    index write leaves it: the index and the event log do not know of that commit."""
+    index_path = os.path.join(run_dir, "cairn_run.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    index["checkpoints"] = [r for r in index["checkpoints"] if r["report_index"] != 3]
+    index["next_report_index"] = 3
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    events = os.path.join(run_dir, "events")
+    for name in os.listdir(events):
+        path = os.path.join(events, name)
+        with open(path) as f:
+            lines = [line for line in f if not ('"commit"' in line and '"index": 3,' in line)]
+        with open(path, "w") as f:
+            f.writelines(lines)
+
+
+def test_three_not_found_answers_do_not_delete_a_committed_checkpoint(
+        root: str, control: str, scratch: str) -> None:
+    storage = lying_store.lying_uri(root, control)
+    fit(storage, scratch, steps=3)
+    run_dir = os.path.join(root, "store", "run")
+    forget_commit_of_report_3(run_dir)
+    # At the restart the store answers "not found" for that manifest three times.
+    lying_store.add_rule(control, "not_found", MANIFEST_3, times=3)
+    result = fit(storage, scratch, steps=5)
+    assert lying_store.lies_told(control) == {"not_found": 3}
+    assert os.path.exists(os.path.join(run_dir, MANIFEST_3))
+    names = sorted(c.path.rsplit("/", 1)[-1] for c, _ in result.best_checkpoints)
+    assert names == [f"checkpoint_{i:06d}" for i in range(1, 6)]
+    # The run resumed from report 3 (step 2), not one checkpoint earlier.
+    second = max(int(n.split("_")[1]) for n in os.listdir(scratch) if n.startswith("resumed_"))
+    with open(os.path.join(scratch, f"resumed_{second}_0")) as f:
+        assert json.load(f) == 3
+    check_run(run_dir, scratch)
+
+
+# --- the checkpoint manager at start-up, over the lying store --------------------------
+
+
+def committed_on_disk(root: str, name: str, report_index: int) -> None:
+    """A committed checkpoint ``name`` of the run under ``root``, written truthfully."""
+    directory = os.path.join(root, "store", "run", name)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "weights.bin"), "wb") as f:
+        f.write(b"w" * 10)
+    entries = {"weights.bin": FileEntry(size=10, checksum="0" * 32)}
+    write_manifest(resolve(directory), Manifest(files=entries, report_index=report_index),
+                   RETRY)
+
+
+def manager_at(run: StorageLocation, next_report_index: int = 3) -> CheckpointManager:
+    return CheckpointManager(run, CheckpointConfig(), RETRY,
+                             RunIndex(next_report_index=next_report_index),
+                             SegmentLog(run.join("metrics"), RETRY))
+
+
+def lying_run(root: str, control: str) -> StorageLocation:
+    return resolve(lying_store.lying_uri(root, control)).join("run")
+
+
+def test_reconcile_adopts_a_manifest_found_when_read_again(root: str, control: str) -> None:
+    committed_on_disk(root, "checkpoint_000003", 3)
+    lying_store.add_rule(control, "not_found", MANIFEST_3, times=3)
+    manager = manager_at(lying_run(root, control))
+    manager.reconcile()
+    assert [r.dir_name for r in manager.index.checkpoints] == ["checkpoint_000003"]
+    assert os.path.exists(os.path.join(root, "store", "run", MANIFEST_3))
+
+
+def test_a_manifest_listed_but_never_read_is_left_in_place(
+        root: str, control: str, caplog: pytest.LogCaptureFixture) -> None:
+    committed_on_disk(root, "checkpoint_000003", 3)
+    lying_store.add_rule(control, "not_found", MANIFEST_3)
+    manager = manager_at(lying_run(root, control))
+    with caplog.at_level(logging.WARNING):
+        manager.reconcile()
+    assert manager.index.checkpoints == ()
+    assert os.path.exists(os.path.join(root, "store", "run", MANIFEST_3))
+    assert ("Leaving checkpoint_000003 in place: storage answers that it has no manifest, "
+            "but a fresh listing shows its manifest") in caplog.text
+
+
+def test_a_commit_in_the_event_log_keeps_a_directory_storage_denies(
+        root: str, control: str, caplog: pytest.LogCaptureFixture) -> None:
+    committed_on_disk(root, "checkpoint_000003", 3)
+    run = lying_run(root, control)
+    events = SegmentLog(run.join("events"), RETRY)
+    events.append({"type": "commit", "index": 3, "t": 1.0})
+    events.flush()
+    # Reads and listings both deny the manifest: only the event log knows.
+    lying_store.add_rule(control, "not_found", MANIFEST_3)
+    lying_store.add_rule(control, "unlisted", MANIFEST_3)
+    manager = manager_at(run)
+    with caplog.at_level(logging.WARNING):
+        manager.reconcile()
+        manager.delete_uncommitted(["checkpoint_000003"])
+    assert os.path.exists(os.path.join(root, "store", "run", MANIFEST_3))
+    assert "the run's event log records its commit" in caplog.text
+
+
+def test_delete_uncommitted_asks_again_before_deleting(root: str, control: str) -> None:
+    committed_on_disk(root, "checkpoint_000003", 3)
+    lying_store.add_rule(control, "not_found", MANIFEST_3, times=2)
+    manager = manager_at(lying_run(root, control))
+    manager.delete_uncommitted(["checkpoint_000003"])
+    assert os.path.exists(os.path.join(root, "store", "run", MANIFEST_3))
+
+
+def test_a_directory_that_never_committed_is_still_deleted(root: str, control: str) -> None:
+    partial = os.path.join(root, "store", "run", "checkpoint_000003")
+    os.makedirs(partial)
+    with open(os.path.join(partial, "rank_0.json"), "w") as f:
+        f.write("{}")
+    manager = manager_at(lying_run(root, control))
+    manager.reconcile()
+    # Its objects are gone (the store keeps the empty folders a local directory has).
+    assert [files for _, _, files in os.walk(partial) if files] == []
