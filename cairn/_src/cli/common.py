@@ -4,11 +4,9 @@ a run that a live driver holds, and escaping what storage says before a terminal
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index
@@ -17,10 +15,7 @@ from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.lease import LeaseInfo, is_live
 from cairn._src.storage.fileio import read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
-from cairn._src.storage.paths import is_normal_relative_path
 from cairn._src.storage.retry import RetryPolicy
-
-logger = logging.getLogger(__name__)
 
 RETRY = RetryPolicy()
 
@@ -62,29 +57,6 @@ def refuse_live_run(run: StorageLocation, advice: str) -> None:
     lease = live_lease(run)
     if lease is not None:
         raise live_run_error(run, lease, advice)
-
-
-def is_single_component(name: str) -> bool:
-    """Whether ``name``, as a listing returned it, is one safe path component: not empty,
-    ``.`` or ``..``, without ``/``, backslash or NUL (the rule of
-    :func:`~cairn._src.storage.paths.check_relative_path`, for one component)."""
-    return "/" not in name and is_normal_relative_path(name)
-
-
-def safe_names(names: Iterable[str], where: StorageLocation) -> list[str]:
-    """``names`` listed under ``where`` without those that are not single safe components
-    (an object store lists a key ``runs/../x`` as a child ``..`` of ``runs``): anyone who
-    can write the bucket can plant one, and joining it would leave ``where``. One warning
-    counts the skipped names."""
-    kept: list[str] = []
-    skipped: list[str] = []
-    for name in names:
-        (kept if is_single_component(name) else skipped).append(name)
-    if skipped:
-        logger.warning("Skipped %d listed name(s) under %s that are not a single safe path "
-                       "component: %s", len(skipped), printable(where.display()),
-                       printable(", ".join(map(repr, skipped[:5]))))
-    return kept
 
 
 # C0 and C1 control characters and DEL: names and values read from storage can carry ESC or

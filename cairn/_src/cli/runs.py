@@ -33,7 +33,6 @@ from cairn._src.cli.common import (
     print_json,
     printable,
     refuse_live_run,
-    safe_names,
 )
 from cairn._src.cli.show import checkpoint_statuses
 from cairn._src.config import CheckpointConfig
@@ -375,8 +374,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     storage = resolve(args.storage)
     if not is_dir(storage, RETRY):
         raise CairnError(f"STORAGE={args.storage!r} does not exist (or is not a directory).")
-    names = safe_names(list_dir_names(storage, RETRY), storage)
-    entries = [e for e in (_ls_entry(storage, n) for n in sorted(names)) if e is not None]
+    # list_dir_names skips names that are not single safe components ('..' from a key
+    # runs/../x), with a warning that counts them.
+    entries = [e for e in (_ls_entry(storage, n) for n in list_dir_names(storage, RETRY))
+               if e is not None]
     entries.sort(key=lambda e: e.get("last_activity") or 0.0, reverse=True)
     if args.json:
         print_json({"storage": storage.display(), "runs": entries})
