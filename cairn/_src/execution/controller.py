@@ -48,6 +48,7 @@ from cairn._src.execution.failure_errors import (
     worker_group_error,
 )
 from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
+from cairn._src.execution.live_state import give_up_notice, start_notice
 from cairn._src.execution.live_view import LiveView
 from cairn._src.execution.local_backend import Bootstrap
 from cairn._src.execution.messages import (
@@ -70,6 +71,7 @@ from cairn._src.execution.validation_runner import ValidationRunner
 from cairn._src.execution.worker_errors import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.run.status import run_history
 from cairn._src.storage.registry import export_registrations
 from cairn._src.train.callbacks import CallbackDispatcher, TrainRunContext
 from cairn._src.train.datasets import DatasetSplit, split_datasets
@@ -173,6 +175,8 @@ class Controller:
         earlier_events = read_log(manager.run.join(EVENTS_DIR), manager.retry)
         self._validations.resume(earlier_events)
         self._view.follow(earlier_events, self._validations.status)
+        self._finished_before = run_history(earlier_events).status == "finished"
+        self._attempts_this_session = 0
         self._services: AttemptServices | None = None
         self._last_metrics: dict[str, Any] = {}
         self._last_error: dict[str, Any] | None = None
@@ -249,6 +253,11 @@ class Controller:
                            "unlimited" if self._policy.max_failures == -1
                            else self._policy.max_failures, decision.value)
             if decision is FailureDecision.RAISE:
+                latest = self._manager.index.latest
+                self._view.notice(give_up_notice(
+                    self._experiment_name, attempt=attempt.number,
+                    max_failures=self._policy.max_failures, fatal=failure.fatal,
+                    latest=latest.dir_name if latest is not None else None))
                 self._machine.transition(ControllerState.ERRORED, "failure budget spent"
                                          if not failure.fatal else "fatal error")
                 return RunOutcome(error=error, last_metrics=self._last_metrics)
@@ -284,6 +293,14 @@ class Controller:
         self._events.append({"type": "attempt_start", "attempt": number, "t": attempt.started_at,
                              "resume": resume.dir_name if resume else None})
         self._events.flush()
+        if self._attempts_this_session == 0:
+            self._view.notice(start_notice(
+                self._experiment_name, self._manager.run.display(), attempts=number,
+                checkpoints=len(self._manager.index.checkpoints),
+                resume=resume.dir_name if resume else None,
+                resume_report=resume.report_index if resume else None,
+                finished_before=self._finished_before))
+        self._attempts_this_session += 1
         self._view.on_attempt_start(number, attempt.started_at,
                                     resume.dir_name if resume else None)
         port = self._channels.port

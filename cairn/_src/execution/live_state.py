@@ -297,3 +297,37 @@ class LiveState:
         return (f"cairn: {self.step_text()} | uploads: {self.uploads_text()} | last commit: "
                 f"{self.commit_text(now)} | {self.restarts_text()} | goodput "
                 f"{self.goodput_text(now)}")
+
+
+# --- notices: what fit() says at the default level --------------------------------------
+
+
+def start_notice(name: str, where: str, *, attempts: int, checkpoints: int,
+                 resume: str | None, resume_report: int | None, finished_before: bool) -> str:
+    """Which run ``fit()`` starts or continues, and from which checkpoint."""
+    if attempts == 0 and checkpoints == 0:
+        return f"starting run {name!r} at {where}"
+    origin = (f"{resume} (report {resume_report})" if resume is not None
+              else "scratch (no committed checkpoint yet)")
+    if finished_before:
+        return (f"run {name!r} at {where} already finished in an earlier fit(); this fit() "
+                f"continues it from {origin}: a train function that resumes where it ended "
+                "returns at once, and the Result holds the run's checkpoints and the metrics "
+                "of its last report (a new name starts a new run)")
+    return f"continuing run {name!r} at {where} from {origin}, attempt {attempts + 1}"
+
+
+def give_up_notice(name: str, *, attempt: int, max_failures: int, fatal: bool,
+                   latest: str | None) -> str:
+    """Why a failed attempt ends the run, and what to do next."""
+    rerun = (f"running the script again continues run {name!r} from "
+             f"{latest or 'scratch (no committed checkpoint)'}")
+    if fatal:
+        return (f"attempt {attempt} failed on a mistake a restart would repeat; once it is "
+                f"fixed, {rerun}")
+    if max_failures == 0:
+        return (f"attempt {attempt} failed and FailureConfig(max_failures=0) allows no "
+                "restart: RunConfig(failure_config=FailureConfig(max_failures=N)) restarts "
+                f"up to N times from the latest checkpoint (-1: no limit); {rerun}")
+    return (f"attempt {attempt} failed and the {plural(max_failures, 'restart')} "
+            f"FailureConfig(max_failures={max_failures}) allows are spent; {rerun}")

@@ -1,9 +1,11 @@
 """The driver's live view of a run: step and metrics, uploads, commits, restarts, goodput.
 
-``RunConfig(progress=...)`` picks the level: 0 shows nothing, 1 a status line, 2 also one
-line per event (commit, skipped upload, failure, restart, finished validation); ``None``
-reads ``CAIRN_PROGRESS``, else 1. On a terminal (``sys.stderr.isatty()``) the status is
-redrawn in place with :class:`rich.live.Live`, at most :data:`TTY_REFRESH_S` apart;
+``RunConfig(progress=...)`` picks the level: 0 shows nothing, 1 a status line and the
+notices (which run ``fit()`` starts or continues and from where, why a failure ends the
+run and what to do), 2 also one line per event (commit, skipped upload, failure, restart,
+finished validation); ``None`` reads ``CAIRN_PROGRESS``, else 1. On a terminal
+(``sys.stderr.isatty()``) the status is redrawn in place with :class:`rich.live.Live`, at
+most :data:`TTY_REFRESH_S` apart;
 elsewhere one plain line goes to stderr every ``CAIRN_PROGRESS_INTERVAL`` seconds
 (:data:`DEFAULT_INTERVAL_S` by default) and once more when ``fit()`` ends.
 
@@ -272,6 +274,11 @@ class LiveView:
 
     def on_attempt_start(self, number: int, at: float, resume: str | None) -> None:
         self._apply("on_attempt_start", number, at, resume)
+
+    def notice(self, line: str) -> None:
+        """A line every enabled level prints (which run starts, why the run gives up)."""
+        if self.enabled and not self._stopped:
+            self._lines.put(line)
 
     def on_message(self, message: object) -> None:
         """A worker's message, as the controller loop handles it."""
