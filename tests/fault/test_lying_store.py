@@ -176,3 +176,23 @@ def test_a_directory_that_never_committed_is_still_deleted(root: str, control: s
     manager.reconcile()
     # Its objects are gone (the store keeps the empty folders a local directory has).
     assert [files for _, _, files in os.walk(partial) if files] == []
+
+
+# --- a store that acknowledges writes and keeps nothing (item 5) ------------------------
+
+
+def test_a_dropped_write_fails_the_commit_naming_the_store(
+        root: str, control: str, scratch: str) -> None:
+    storage = lying_store.lying_uri(root, control)
+    lying_store.add_rule(control, "drop", "checkpoint_000002/rank_1.json")
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"Commit of checkpoint checkpoint_000002 failed: The store at "
+                             r"lying://.*acknowledged every write of this checkpoint, but a "
+                             r"listing of it now shows: 'rank_1.json' is missing\. It was not "
+                             r"committed\."):
+        fit(storage, scratch, steps=3)
+    assert lying_store.lies_told(control) == {"drop": 1}
+    run_dir = os.path.join(root, "store", "run")
+    assert not os.path.exists(os.path.join(run_dir, "checkpoint_000002", MANIFEST_NAME))
+    result = cairn.Result.from_path(resolve(storage).join("run").uri or "")
+    assert result.checkpoint is not None and result.checkpoint.path.endswith("000001")

@@ -41,7 +41,11 @@ from cairn._src.checkpoint.ownership import (
     record_target,
     reference_event,
 )
-from cairn._src.checkpoint.recheck import committed_dir_names, recheck_uncommitted
+from cairn._src.checkpoint.recheck import (
+    check_stored,
+    committed_dir_names,
+    recheck_uncommitted,
+)
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import decide_retention, make_policy
 from cairn._src.config import CheckpointConfig
@@ -221,6 +225,9 @@ class CheckpointManager:
             target_uri=target_uri,
             target_path=target_path,
         )
+        if ready.reference is None:
+            # Uploaded by the workers: the store must hold it all before it commits.
+            check_stored(manifest_at, entries, self.retry)
         write_manifest(manifest_at, manifest, self.retry)
         self.history.flush()
         record = CheckpointRecord(

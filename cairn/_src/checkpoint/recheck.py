@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
-from cairn._src.errors import CheckpointDamagedError
+from cairn._src.errors import CheckpointDamagedError, StorageError
 from cairn._src.run.layout import default_checkpoint_dir_name
+from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.fileio import list_files
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
@@ -99,3 +100,34 @@ def recheck_uncommitted(
         return Recheck(doubt="the run's event log records its commit, yet storage answers "
                              "that its manifest is missing")
     return Recheck()
+
+
+class CheckpointNotStoredError(StorageError):
+    """Before a commit: the store does not hold what it acknowledged writing."""
+
+
+# How many of the missing or short files a message names.
+_NAMED = 5
+
+
+def check_stored(checkpoint_dir: StorageLocation, entries: Mapping[str, FileEntry],
+                 retry: RetryPolicy) -> None:
+    """Raise :class:`CheckpointNotStoredError` unless the store now holds every file of
+    ``entries`` under ``checkpoint_dir`` at the size that was written.
+
+    One recursive listing, before the manifest commits the checkpoint: a store that
+    acknowledges writes and keeps nothing would otherwise produce committed checkpoints
+    without data, found only at verify or restore.
+    """
+    stored = list_files(checkpoint_dir, retry)
+    wrong = [f"{rel!r} is missing" if rel not in stored
+             else f"{rel!r} holds {stored[rel]} bytes, {entry.size} were written"
+             for rel, entry in sorted(entries.items()) if stored.get(rel) != entry.size]
+    if wrong:
+        more = f" (and {len(wrong) - _NAMED} more)" if len(wrong) > _NAMED else ""
+        raise CheckpointNotStoredError(
+            f"The store at {checkpoint_dir.display()} acknowledged every write of this "
+            f"checkpoint, but a listing of it now shows: {'; '.join(wrong[:_NAMED])}{more}. "
+            "It was not committed. The store loses data it acknowledged: check its client "
+            "(a write that returns before it is stored, a timeout taken for success) or its "
+            "consistency settings.")
