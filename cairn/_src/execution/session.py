@@ -50,6 +50,7 @@ from cairn._src.execution.messages import (
 )
 from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.execution.reported_requests import ReportedCheckpointsClient
+from cairn._src.execution.upload_errors import fatal_error_message, removed_source_error
 from cairn._src.execution.validation import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.run.layout import default_checkpoint_dir_name
@@ -488,9 +489,10 @@ class WorkerSession:
                 size = sum(entry.size for entry in written.values())
                 message = UploadedMessage(self.rank, job.index, entries, None, size,
                                           time.perf_counter() - started, duplicates=duplicates)
-        except BaseException as exc:
+        except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            exc = self._removed_source(job, caught) or caught
             self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
             if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
                 logger.warning("Skipping the checkpoint of report %d: its upload failed after "
@@ -499,6 +501,8 @@ class WorkerSession:
                     f"The checkpoint of report {job.index} was skipped: {exc}"))
                 return
             self._fail_handle(job.index, exc)
+            if exc is not caught:
+                raise exc from caught
             raise
         if self._tier is not None and message.entries:
             # Before the local copy may go: the files this worker uploaded, as uploaded.
@@ -511,6 +515,18 @@ class WorkerSession:
             shutil.rmtree(job.checkpoint.path, ignore_errors=True)
         job.sent = True
         self.send(message)
+
+    def _removed_source(self, job: _UploadJob, error: BaseException) -> ReportError | None:
+        """The error of an ASYNC upload whose directory the train function removed first;
+        under upload_failure_policy="fail" it fails the run at once (a restart would only
+        repeat it), not after the attempts of FailureConfig.max_failures."""
+        if not job.background or job.upload_fn is not None or job.write is not None:
+            return None
+        removed = removed_source_error(job.checkpoint.path, error, job.index)
+        if removed is not None:
+            if self._setup.upload_failure_policy != "skip":
+                self.send(fatal_error_message(self.rank, removed))
+        return removed
 
     def _upload_loop(self) -> None:
         lower_thread_priority()
