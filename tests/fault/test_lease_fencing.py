@@ -171,7 +171,10 @@ def test_cairn_lease_break_clears_a_lease_the_refusal_names(
                                                 rf"pid {holder.pid}\).*`cairn lease break "
                                                 rf"{run}` clears it by hand"):
             trainer(storage, scratch, steps=1).fit()
-        assert cli_main(["lease", "break", run]) == 0
+        # The holder's heartbeat is fresh: a plain break refuses, --force removes it.
+        assert cli_main(["lease", "break", run]) != 0
+        assert "heartbeat" in capsys.readouterr().err
+        assert cli_main(["lease", "break", run, "--force"]) == 0
         assert f"was host {socket.gethostname()}, pid {holder.pid}" in capsys.readouterr().out
         assert not os.path.exists(os.path.join(run, LEASE_NAME))
         result = trainer(storage, scratch, steps=1).fit()
