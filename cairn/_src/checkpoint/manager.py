@@ -55,6 +55,7 @@ from cairn._src.errors import (
     CheckpointNotFoundError,
     ManifestError,
     RunLeaseError,
+    StorageError,
 )
 from cairn._src.execution.messages import CheckpointView
 from cairn._src.execution.reports import ReadyCheckpoint
@@ -538,6 +539,21 @@ class CheckpointManager:
             self.save_index(checkpoints=tuple(records), next_report_index=max(
                 self.index.next_report_index, records[-1].report_index + 1))
 
+    def _manifest_asked_again(self, name: str, manifest_at: StorageLocation) -> Manifest:
+        """The manifest of an indexed checkpoint storage answered as missing, read again;
+        a StorageError (an outage: the attempt fails and the next one asks again) while
+        the listing or the event log says it exists; ManifestError (damage) when all
+        agree that it is gone. One answer never drops a committed checkpoint."""
+        recheck = recheck_uncommitted(manifest_at, name, self.retry,
+                                      self._committed_in_event_log)
+        if recheck.manifest is not None:
+            return recheck.manifest
+        if recheck.doubt is not None:
+            raise StorageError(f"{manifest_at.display()}: storage answers that its manifest "
+                               f"is missing, but {recheck.doubt}; not resuming until it "
+                               "answers consistently")
+        raise ManifestError(f"{manifest_at.display()} has no manifest")
+
     def choose_resume(self) -> CheckpointView | None:
         """The latest committed checkpoint that passes its check; damaged ones are skipped.
 
@@ -564,7 +580,7 @@ class CheckpointManager:
             try:
                 manifest = read_manifest(view.manifest_at, self.retry)
                 if manifest is None:
-                    raise ManifestError(f"{view.manifest_at.display()} has no manifest")
+                    manifest = self._manifest_asked_again(name, view.manifest_at)
                 if self.config.verify_on_resume == "full" or name in self.suspects:
                     verify_directory(view.data, manifest.files, retry=self.retry)
                     self.fully_verified.add(name)
