@@ -91,13 +91,16 @@ def write_bytes(trees: Sequence[int], alone: Sequence[int] = ()) -> tuple[int, i
 
 
 class FsyncCounter:
-    """Counts ``os.fsync``/``os.fdatasync`` calls made in this process (any thread)."""
+    """Counts ``os.fsync``/``os.fdatasync`` calls made in this process (any thread) while
+    installed; ``close()`` puts the originals back."""
+
+    NAMES = ("fsync", "fdatasync")
 
     def __init__(self) -> None:
         self.calls = 0
         self._lock = threading.Lock()
-        for name in ("fsync", "fdatasync"):
-            original = getattr(os, name)
+        self._originals = {name: getattr(os, name) for name in self.NAMES}
+        for name, original in self._originals.items():
             setattr(os, name, self._counting(original))
 
     def _counting(self, original: Callable[[int], None]) -> Callable[[int], None]:
@@ -106,6 +109,10 @@ class FsyncCounter:
                 self.calls += 1
             original(fd)
         return counted
+
+    def close(self) -> None:
+        for name, original in self._originals.items():
+            setattr(os, name, original)
 
 
 # --------------------------------------------------------------------------------------
@@ -459,5 +466,6 @@ def train_dcp_comparison(config: dict[str, Any]) -> dict[str, Any]:
             record(side, "busy_steps", busy["steps"])
             worker.discard(side, busy["restore_from"])
     worker.close()
+    fsync.close()
     return {"samples": samples, "idle_steps": idle_steps, "state_bytes": worker.state_bytes(),
             "width": worker.width}
