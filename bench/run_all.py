@@ -50,14 +50,14 @@ Row = _harness.Row
 
 MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory",
            "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier",
-           "torch_recovery", "train_step", "many_ranks", "ray_cluster")
+           "torch_recovery", "train_step", "dcp", "many_ranks", "ray_cluster")
 """Benchmark modules, in the order they run and appear in the table."""
 
 RAY_REFERENCE = "ray-reference"
 
 SELECTIONS = {
     "scale": ("resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier",
-              "torch_recovery", "train_step", "many_ranks"),
+              "torch_recovery", "train_step", "dcp", "many_ranks"),
 }
 """Names ``--only`` also takes, each for several modules: ``scale`` is the benchmarks at
 scale, whose references are measured in the same run without Ray (``--quick --only
