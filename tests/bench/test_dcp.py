@@ -187,3 +187,11 @@ def test_tiny_run_prints_every_figure() -> None:
     ratios = [line.split("|")[7].strip() for line in lines]
     assert all(ratio.endswith("x") for ratio in ratios if ratio != "-")
     assert sum(ratio != "-" for ratio in ratios) >= len(lines) - 1
+
+
+def test_run_all_runs_it_with_only_dcp_and_in_the_scale_selection() -> None:
+    import run_all
+
+    assert run_all.selected_modules(run_all.parse_args(["--only", "dcp"])) == ["dcp"]
+    assert "dcp" in run_all.selected_modules(run_all.parse_args(["--only", "scale"]))
+    assert run_all.import_benchmark("dcp") is dcp
