@@ -171,8 +171,11 @@ class HandlePending(Pending):
         threading.Thread(target=self._watch, name="bench-commit-watch", daemon=True).start()
 
     def _watch(self) -> None:
-        self.handle.wait()
-        self.restore_from = self.handle.checkpoint
+        try:
+            self.handle.wait()
+            self.restore_from = self.handle.checkpoint
+        except BaseException:  # advance() re-raises it on the main thread
+            pass
         self.stamp()
 
     def advance(self) -> bool:

@@ -24,7 +24,9 @@ saves that state on both ranks:
   the cached ``async_save``, then, every rank's future done, ``cairn.report(checkpoint=
   Checkpoint(dir), checkpoint_upload_mode=NO_UPLOAD)``; committed at the handle's
   ``wait()``; restored by ``dcp.load`` from the checkpoint's ``as_directory()``. Its
-  reference is the cached ``async_save`` alone (target: <= 1.1x call to committed).
+  reference is the cached ``async_save`` alone (target: <= 1.1x call to committed). Its
+  blocking figure is the ``async_save`` call; with steps running, the ``report()`` comes
+  at the first step boundary after the futures are done, as a training loop would.
 
 DCP saves go through a gloo group of their own and the default ``FileSystemWriter``
 (``sync_files=True``); the state is ``get_state_dict(model, optimizer)`` (DDP replicas:
@@ -51,7 +53,8 @@ samples pooled), on rank 0 (``time.perf_counter``):
 
 The table's rows put Cairn beside the best DCP variant for each figure (named in
 ``Against``); the note lists every variant. ``run(args)`` returns the rows for
-``bench/run_all.py``.
+``bench/run_all.py``. DCP's checkpoint process logs its requests at INFO to stderr (its
+own handler, set up in that process): those lines are DCP's, not the benchmark's.
 """
 
 from __future__ import annotations

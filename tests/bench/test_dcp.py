@@ -195,3 +195,18 @@ def test_run_all_runs_it_with_only_dcp_and_in_the_scale_selection() -> None:
     assert run_all.selected_modules(run_all.parse_args(["--only", "dcp"])) == ["dcp"]
     assert "dcp" in run_all.selected_modules(run_all.parse_args(["--only", "scale"]))
     assert run_all.import_benchmark("dcp") is dcp
+
+
+class FailingHandle:
+    checkpoint = None
+
+    def wait(self) -> None:
+        raise RuntimeError("commit failed: disk full")
+
+
+def test_a_failed_commit_wakes_the_waiting_loop_and_is_raised() -> None:
+    pending = worker.HandlePending(FailingHandle())
+    pending.wait_ready()  # returns: the watcher stamps a failed commit too
+    assert pending.ready()
+    with pytest.raises(RuntimeError, match="commit failed: disk full"):
+        pending.advance()
