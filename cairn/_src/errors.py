@@ -38,6 +38,11 @@ class NotADirectoryCheckpointError(StorageError, NotADirectoryError):
     """A path that must be a directory is a file."""
 
 
+class CheckpointNotStoredError(StorageError):
+    """Before a commit: the store does not hold every file it acknowledged writing, at the
+    size written (a store that drops writes, or lists a short file)."""
+
+
 class UnsafePathError(CairnError, ValueError):
     """A relative path inside a checkpoint would escape it (``..``, absolute, symlink)."""
 

@@ -46,10 +46,13 @@ def control(tmp_path: Path) -> str:
     return str(tmp_path / "control")
 
 
-def fit(storage: str, scratch: str, steps: int, max_failures: int = 0) -> cairn.Result:
+def fit(storage: str, scratch: str, steps: int, max_failures: int = 0,
+        upload_failure_policy: str = "fail") -> cairn.Result:
     config = cairn.RunConfig(name="run", storage_path=storage,
                              storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
-                             failure_config=cairn.FailureConfig(max_failures=max_failures))
+                             failure_config=cairn.FailureConfig(max_failures=max_failures),
+                             checkpoint_config=cairn.CheckpointConfig(
+                                 upload_failure_policy=upload_failure_policy))
     Trainer(fault_workloads.resumable,
             train_loop_config={"steps": steps, "scratch": scratch, "run_dir": "",
                                "first_index": 1},
@@ -197,6 +200,22 @@ def test_a_dropped_write_fails_the_commit_naming_the_store(
     assert not os.path.exists(os.path.join(run_dir, "checkpoint_000002", MANIFEST_NAME))
     result = cairn.Result.from_path(resolve(storage).join("run").uri or "")
     assert result.checkpoint is not None and result.checkpoint.path.endswith("000001")
+
+
+def test_a_dropped_write_under_the_skip_policy_skips_that_checkpoint_and_trains_on(
+        root: str, control: str, scratch: str, caplog: pytest.LogCaptureFixture) -> None:
+    storage = lying_store.lying_uri(root, control)
+    lying_store.add_rule(control, "drop", "checkpoint_000002/rank_1.json")
+    with caplog.at_level(logging.WARNING):
+        result = fit(storage, scratch, steps=3, upload_failure_policy="skip")
+    assert "Skipping the checkpoint of report 2: The store at lying://" in caplog.text
+    assert result.metrics == {"step": 2, "loss": 1 / 3}
+    names = [c.path.rsplit("/", 1)[-1] for c, _ in result.best_checkpoints]
+    assert names == ["checkpoint_000001", "checkpoint_000003"]
+    # The skipped directory never committed and its files are gone (the store keeps
+    # objects in files under a local directory, whose empty folders may stay).
+    skipped = os.path.join(root, "store", "run", "checkpoint_000002")
+    assert not os.path.exists(skipped) or not os.listdir(skipped)
 
 
 # --- a soak: several restarts over a store that lies now and then -----------------------

@@ -98,8 +98,9 @@ def test_a_link_out_of_a_reference_is_refused_and_nothing_is_committed(
                       train_loop_config={"target": str(target)},
                       scaling_config=ScalingConfig(num_workers=2), run_config=config)
     with pytest.raises(TrainingFailedError,
-                       match=r"file 'passwd' is a symbolic link; .* Copy the data into the "
-                             r"directory instead of linking to it"):
+                       match=r"/passwd' is a symbolic link\. A checkpoint registered by "
+                             r"reference .* copy the data into the directory instead of linking "
+                             r"to it"):
         bounded(trainer.fit)
     index = json.loads((run_dir(config) / "cairn_run.json").read_text())
     assert index["checkpoints"] == []

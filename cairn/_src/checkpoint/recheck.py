@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
-from cairn._src.errors import CheckpointDamagedError, StorageError
+from cairn._src.errors import CheckpointDamagedError, CheckpointNotStoredError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.fileio import list_files
@@ -100,10 +100,6 @@ def recheck_uncommitted(
         return Recheck(doubt="the run's event log records its commit, yet storage answers "
                              "that its manifest is missing")
     return Recheck()
-
-
-class CheckpointNotStoredError(StorageError):
-    """Before a commit: the store does not hold what it acknowledged writing."""
 
 
 # How many of the missing or short files a message names.

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config import RunConfig
-from cairn._src.errors import RunLeaseError
+from cairn._src.errors import CheckpointNotStoredError, RunLeaseError
 from cairn._src.execution.attempt import Attempt
 from cairn._src.execution.messages import CommittedMessage
 from cairn._src.execution.reports import ReadyCheckpoint
@@ -136,6 +136,19 @@ class CommitPipeline:
         attempt.commits_in_flight -= 1
         if isinstance(error, RunLeaseError):
             raise error
+        if (isinstance(error, CheckpointNotStoredError)
+                and self._run_config.checkpoint_config.upload_failure_policy == "skip"):
+            # The store dropped what the workers uploaded: an upload that failed, which the
+            # run's policy skips. The directory never committed; its deletion runs on the
+            # commit thread, the checkpoint manager's one writer.
+            reason = f"The checkpoint of report {ready.index} was skipped: {error}"
+            logger.warning("Skipping the checkpoint of report %d: %s", ready.index, error)
+            self.run_on_commit_thread(
+                lambda: self._manager.delete_uncommitted([ready.dir_name]))
+            self._broadcast(attempt, CommittedMessage(ready.index, None, skipped=True,
+                                                      error=reason))
+            self._callbacks.skipped(ready.index)
+            return
         if error is not None:
             attempt.failures.append(WorkerFailure(
                 rank=min(ready.ranks), traceback="",

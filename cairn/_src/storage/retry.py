@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from cairn._src.errors import CairnError, ConfigError
+from cairn._src.field_types import check_field_types
 
 logger = logging.getLogger("cairn.storage.retry")
 
@@ -129,6 +130,7 @@ class RetryPolicy:
             or self.multiplier < 1
         ):
             raise ConfigError(f"RetryPolicy.multiplier={self.multiplier!r} must be >= 1.")
+        check_field_types(self)
 
     def backoff(self, retry_number: int) -> float:
         """Seconds to sleep before retry number ``retry_number`` (0-based)."""
