@@ -169,9 +169,9 @@ def goodput_train_loop(config: Mapping[str, Any]) -> None:
     """
     api = importlib.import_module(str(config["api"]))
     try:
-        from _harness import make_checkpoint_dir
+        from _checkpoint_data import make_checkpoint_dir
     except ImportError:  # only the repo root on the path
-        from bench._harness import make_checkpoint_dir  # type: ignore[no-redef]
+        from bench._checkpoint_data import make_checkpoint_dir  # type: ignore[no-redef]
 
     job = GoodputJob.from_config(config["job"])
     work_dir = Path(str(config["work_dir"]))

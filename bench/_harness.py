@@ -36,11 +36,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-# The goodput job lives in its own module; its names are re-exported here.
+# The goodput job and the checkpoint data live in their own modules; their names are
+# re-exported here.
 try:
+    import _checkpoint_data
     import _goodput_job
 except ImportError:  # imported as bench._harness with only the repo root on the path
-    from bench import _goodput_job  # type: ignore[no-redef]
+    from bench import (
+        _checkpoint_data,  # type: ignore[no-redef]
+        _goodput_job,  # type: ignore[no-redef]
+    )
+
+make_checkpoint_dir = _checkpoint_data.make_checkpoint_dir
 
 GoodputJob = _goodput_job.GoodputJob
 GOODPUT_JOB = _goodput_job.GOODPUT_JOB
@@ -506,28 +513,3 @@ def read_run_events(run_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------
 
 
-def make_checkpoint_dir(path: str | os.PathLike[str], size_mib: float, num_files: int = 8) -> int:
-    """Fill ``path`` with ``num_files`` files totalling ``size_mib`` MiB; return the bytes.
-
-    The bytes are random (written from one random MiB with a per-MiB counter, so that
-    no two MiB are equal and writing stays fast), so compression or deduplication in a
-    store cannot flatter either side.
-    """
-    if num_files < 1:
-        raise ValueError(f"num_files must be at least 1, got {num_files!r}")
-    total = int(size_mib * 2**20)
-    os.makedirs(path, exist_ok=True)
-    block = bytearray(os.urandom(2**20))
-    per_file = total // num_files
-    counter = 0
-    for index in range(num_files):
-        size = per_file + (total - per_file * num_files if index == num_files - 1 else 0)
-        with open(os.path.join(path, f"shard_{index:03d}.bin"), "wb") as f:
-            remaining = size
-            while remaining > 0:
-                counter += 1
-                block[:8] = counter.to_bytes(8, "little")
-                chunk = min(remaining, len(block))
-                f.write(block[:chunk] if chunk < len(block) else block)
-                remaining -= chunk
-    return total

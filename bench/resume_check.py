@@ -38,7 +38,7 @@ from as_directory import best_of, raw_read
 from cairn._src.checkpoint.index import rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.manifest import Manifest, write_manifest
-from cairn._src.config import CheckpointConfig
+from cairn._src.config.run import CheckpointConfig
 from cairn._src.run.layout import METRICS_DIR
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.location import StorageLocation, resolve

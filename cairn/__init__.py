@@ -6,13 +6,19 @@ from __future__ import annotations
 import importlib
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.config import (
+from cairn._src.checkpoint.reported import (
+    CheckpointConsistencyMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
+)
+from cairn._src.config.run import (
     CheckpointConfig,
     CheckpointUploadMode,
     FailureConfig,
     RunConfig,
     ScalingConfig,
 )
+from cairn._src.config.validation import ValidationConfig, ValidationFn, ValidationTaskConfig
 from cairn._src.errors import (
     CairnError,
     CheckpointCollisionError,
@@ -35,26 +41,17 @@ from cairn._src.errors import (
     WorkerGroupError,
     WorkerProcessError,
 )
-from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.goodput.summary import GoodputSummary
+from cairn._src.observe.callbacks import Callback, UserCallback
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
 from cairn._src.train.api import get_checkpoint, get_context, get_dataset_shard, report
-from cairn._src.train.callbacks import Callback, UserCallback
-from cairn._src.train.context import TrainContext
-from cairn._src.train.reported import (
-    CheckpointConsistencyMode,
-    ReportedCheckpoint,
-    ReportedCheckpointStatus,
-)
 from cairn._src.train.reported_api import get_all_reported_checkpoints
 from cairn._src.train.result import Result
 from cairn._src.train.trainer import Trainer
-from cairn._src.train.validation_config import (
-    ValidationConfig,
-    ValidationFn,
-    ValidationTaskConfig,
-)
+from cairn._src.version import __version__ as __version__
+from cairn._src.worker.context import TrainContext
+from cairn._src.worker.report_handle import ReportHandle
 
 # Ray Train scripts do `import ray.train.torch` once and call `ray.train.torch.X` inside the
 # train function, which runs in worker processes that never imported the submodule: load the
@@ -68,7 +65,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'cairn' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
 
 __all__ = [
     "CairnError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from cairn._src.execution.session import get_session
+from cairn._src.worker.session import get_session
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from cairn import (
     UserCallback,
     WorkerGroupError,
 )
-from cairn._src.config import ScalingConfig as _Scaling
-from cairn._src.train.callbacks import CallbackDispatcher, TrainRunContext
+from cairn._src.config.run import ScalingConfig as _Scaling
+from cairn._src.observe.callbacks import CallbackDispatcher, TrainRunContext
 
 
 class Recorder(UserCallback):

@@ -20,7 +20,7 @@ from cairn import (
     Trainer,
 )
 from cairn._src.storage.location import resolve
-from cairn._src.train.context import RunStorage, TrainContext
+from cairn._src.worker.context import RunStorage, TrainContext
 
 ISSUE = r"https://github.com/ray-project/ray/issues/49454"
 

@@ -14,10 +14,10 @@ from cairn import (
     WorkerGroupError,
     WorkerProcessError,
 )
+from cairn._src.controller.failure_errors import worker_exceptions, worker_group_error
+from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.errors import ResultLookupError
-from cairn._src.execution.failure_errors import worker_exceptions, worker_group_error
-from cairn._src.execution.worker_errors import WorkerFailure
-from cairn._src.train.callbacks import call_hooks
+from cairn._src.observe.callbacks import call_hooks
 
 
 def test_worker_group_error_round_trips() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from cairn import ConfigError, RunConfig, ScalingConfig, Trainer, UnsafePathError
 from cairn._src.storage.location import resolve
-from cairn._src.train.context import RunStorage
+from cairn._src.worker.context import RunStorage
 
 
 def test_ray_checkpoint_upload_fn_pattern(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def bad_validation(checkpoint: Checkpoint, **kwargs: Any) -> dict[str, Any]:
 def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_on(
     run_config: RunConfigFactory, scratch: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="cairn.validation_runner")
+    caplog.set_level(logging.ERROR, logger="cairn")
     config = run_config(checkpoint_config=CheckpointConfig(
         checkpoint_score_attribute="val_score"))
     result = Trainer(

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow.fs as pafs
 
 import cairn
-from cairn._src.execution.connections import WorkerChannels
-from cairn._src.execution.local_backend import Bootstrap
-from cairn._src.execution.worker_main import connect
+from cairn._src.controller.connections import WorkerChannels
+from cairn._src.wire.bootstrap import Bootstrap
+from cairn._src.worker.main import connect
 
 # Waits below are for events (a connection, a refusal); the bound only stops a broken
 # test from hanging on a loaded machine.

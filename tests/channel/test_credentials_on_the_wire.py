@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from channel_support import any_local_store, connect_worker
 
-from cairn._src.execution.connections import WorkerChannels
+from cairn._src.controller.connections import WorkerChannels
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn.storage import register_scheme, unregister_scheme
 
@@ -46,7 +46,7 @@ def _send_and_receive(channels: WorkerChannels, message: object) -> tuple[bytes,
 def test_a_worker_on_another_machine_gets_the_uri_without_credentials(
     uri: str, public: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="cairn.connections")
+    caplog.set_level(logging.WARNING, logger="cairn")
     channels = _channels(remote=True)
     try:
         run = resolve(uri)
@@ -83,7 +83,7 @@ def test_the_driver_machine_and_tls_peers_get_the_uri_as_given(remote: bool, tls
 def test_a_uri_without_credentials_is_sent_unchanged_and_unflagged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="cairn.connections")
+    caplog.set_level(logging.WARNING, logger="cairn")
     channels = _channels(remote=True)
     try:
         _, received = _send_and_receive(channels, resolve(CUSTOM_PUBLIC))

@@ -9,7 +9,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 from channel_support import EVENT_TIMEOUT_S, connect_worker
 
-from cairn._src.execution.connections import WorkerChannels
+from cairn._src.controller.connections import WorkerChannels
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def _refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_bad_key_peer_connecting_five_times_is_logged_once(
     channels: WorkerChannels, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="cairn.connections")
+    caplog.set_level(logging.DEBUG, logger="cairn")
     for _ in range(5):
         with pytest.raises(AuthenticationError):
             Client(("127.0.0.1", channels.port), authkey=b"not the run's secret")
@@ -53,7 +53,7 @@ def test_a_bad_key_peer_connecting_five_times_is_logged_once(
 def test_each_peer_address_is_logged_once(
     channels: WorkerChannels, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="cairn.connections")
+    caplog.set_level(logging.WARNING, logger="cairn")
     for source in ("127.0.0.2", "127.0.0.3", "127.0.0.2"):
         sock = socket.create_connection(("127.0.0.1", channels.port), EVENT_TIMEOUT_S,
                                         source_address=(source, 0))

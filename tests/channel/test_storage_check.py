@@ -17,7 +17,7 @@ from channel_support import node_local_store
 
 import cairn
 from cairn import FailureConfig, RunConfig, ScalingConfig, Trainer
-from cairn._src.execution.storage_check import MARKER_NAME
+from cairn._src.run.storage_check import MARKER_NAME
 from cairn.storage import register_scheme, unregister_scheme
 
 

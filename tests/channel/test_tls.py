@@ -13,9 +13,9 @@ from channel_support import EVENT_TIMEOUT_S, connect_worker, report_and_checkpoi
 
 import cairn
 from cairn import ScalingConfig, Trainer
-from cairn._src.execution.channel_security import tls_enabled
-from cairn._src.execution.connections import WorkerChannels
-from cairn._src.execution.tls import make_run_certificate
+from cairn._src.controller.connections import WorkerChannels
+from cairn._src.wire.channel_security import tls_enabled
+from cairn._src.wire.tls import make_run_certificate
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 

@@ -15,7 +15,7 @@ import pytest
 
 import cairn
 from cairn import ScalingConfig, Trainer
-from cairn._src.execution.local_backend import LocalBackend
+from cairn._src.backends.local import LocalBackend
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 

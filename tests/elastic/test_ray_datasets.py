@@ -11,7 +11,7 @@ import pytest
 
 import cairn
 from cairn import ConfigError, ScalingConfig, Trainer
-from cairn._src.train.datasets import DatasetShards
+from cairn._src.wire.datasets import DatasetShards
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pickle
 
+from cairn._src.controller.collective_service import CollectiveTracker
 from cairn._src.errors import CollectiveTimeoutError, ReportError
-from cairn._src.execution.collective import (
+from cairn._src.wire.messages import (
     BARRIER,
     BROADCAST,
     CollectiveMessage,
     CollectiveReleaseMessage,
-    CollectiveTracker,
 )
 
 

@@ -7,19 +7,19 @@ import time
 import pytest
 
 from cairn._src.checkpoint.index import CheckpointRecord
+from cairn._src.checkpoint.reported import CheckpointConsistencyMode, check_timeout
 from cairn._src.checkpoint.retention import KeepLatest, decide_retention
+from cairn._src.controller.reported_service import ReportedCheckpointsService
+from cairn._src.controller.reports import ReportTracker
+from cairn._src.controller.validations import ProtectPending
 from cairn._src.errors import ReportError
-from cairn._src.execution.messages import (
+from cairn._src.storage.transfer import FileEntry
+from cairn._src.wire.messages import (
     CheckpointIntent,
     ReportedCheckpointsRequest,
     ReportMessage,
     UploadedMessage,
 )
-from cairn._src.execution.reported_requests import ReportedCheckpointsService
-from cairn._src.execution.reports import ReportTracker
-from cairn._src.execution.validation_runner import ProtectPending
-from cairn._src.storage.transfer import FileEntry
-from cairn._src.train.reported import CheckpointConsistencyMode, check_timeout
 
 
 def request(rank: int, index: int, mode: str = "COMMITTED",

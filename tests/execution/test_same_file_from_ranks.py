@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from cairn._src.controller.reports import ReportTracker
 from cairn._src.errors import CheckpointCollisionError, ReportError
-from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
-from cairn._src.execution.reports import ReportTracker
 from cairn._src.storage.transfer import FileEntry
+from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
 
 
 def report(rank: int, index: int, files: dict[str, int] | None = None, *,
@@ -209,10 +209,10 @@ def test_dir_name_when_no_rank_passes_a_checkpoint_saves_nothing(
 def test_the_second_upload_of_a_shared_directory_skips_only_what_is_unchanged(
     tmp_path: os.PathLike[str],
 ) -> None:
-    from cairn._src.execution.session import unchanged_files
     from cairn._src.storage.location import resolve
     from cairn._src.storage.retry import RetryPolicy
     from cairn._src.storage.transfer import compute_entries
+    from cairn._src.worker.session import unchanged_files
 
     directory = os.fspath(tmp_path)
     for name, data in {"same": b"abc", "rewritten": b"xyz", "grown": b"12",

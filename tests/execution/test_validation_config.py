@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cairn import ConfigError, ReportError, ValidationConfig, ValidationTaskConfig
-from cairn._src.train.validation_config import merged_task, task_for_report
+from cairn._src.config.validation import merged_task, task_for_report
 
 
 def fn(checkpoint: object, **kwargs: object) -> dict[str, object]:

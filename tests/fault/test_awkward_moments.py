@@ -21,9 +21,9 @@ from invariants import check_run, resumed_steps, run_dir
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
+from cairn._src.backends import local as local_backend
 from cairn._src.checkpoint import manager as manager_module
 from cairn._src.errors import StorageError
-from cairn._src.execution import local_backend
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 

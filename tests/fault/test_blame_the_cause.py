@@ -14,7 +14,7 @@ import pytest
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, TrainingFailedError
-from cairn._src.execution.worker_errors import WorkerFailure, group_failures, ordered_ranks
+from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
 from cairn.torch import TorchConfig, TorchTrainer
 
 

@@ -21,7 +21,7 @@ import pytest
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer, TrainingFailedError
 from cairn._src.cli.main import main as cli_main
-from cairn._src.execution.code_locations import failing_frame, read_frame
+from cairn._src.wire.code_locations import failing_frame, read_frame
 
 
 def _line_of(function: Callable[..., Any], text: str) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer, TrainingFailedError
-from cairn._src.execution.local_backend import describe_signal, oom_kill_count
+from cairn._src.backends.local import describe_signal, oom_kill_count
 
 
 def test_sigkill_without_an_oom_kill_names_both_senders() -> None:

@@ -31,7 +31,7 @@ def _worker_children() -> list[int]:
                 command = f.read()
         except OSError:
             continue
-        if parent == os.getpid() and b"cairn._src.execution.worker_main" in command:
+        if parent == os.getpid() and b"cairn._src.worker.main" in command:
             found.append(int(entry))
     return found
 
@@ -45,7 +45,7 @@ def test_a_restart_runs_on_the_spares_and_resumes(
     config = run_config(failure_config=cairn.FailureConfig(max_failures=2, warm_standby=True))
     job = {"steps": 4, "scratch": scratch, "run_dir": run_dir(config), "first_index": 1,
            "faults": {"0:1:2": fault}}
-    with caplog.at_level(logging.INFO, logger="cairn.local_backend"):
+    with caplog.at_level(logging.INFO, logger="cairn"):
         result = Trainer(fault_workloads.resumable, train_loop_config=job,
                          scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
     assert result.error is None
@@ -63,7 +63,7 @@ def test_without_warm_standby_no_spare_is_started(
     config = run_config(failure_config=cairn.FailureConfig(max_failures=1))
     job = {"steps": 3, "scratch": scratch, "run_dir": run_dir(config), "first_index": 1,
            "faults": {"0:0:1": "exit_after"}}
-    with caplog.at_level(logging.DEBUG, logger="cairn.local_backend"):
+    with caplog.at_level(logging.DEBUG, logger="cairn"):
         Trainer(fault_workloads.resumable, train_loop_config=job,
                 scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
     assert "warm standby" not in caplog.text
@@ -71,7 +71,7 @@ def test_without_warm_standby_no_spare_is_started(
 
 def test_a_spare_whose_driver_is_gone_exits_at_once() -> None:
     # A spare waits for its bootstrap on stdin; the driver's end (or kill -9) closes it.
-    done = subprocess.run([sys.executable, "-m", "cairn._src.execution.worker_main"],
+    done = subprocess.run([sys.executable, "-m", "cairn._src.worker.main"],
                           input=b"", capture_output=True, timeout=120, check=False)
     assert (done.returncode, done.stderr) == (0, b"")
 

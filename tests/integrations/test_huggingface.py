@@ -121,7 +121,7 @@ def test_prepare_trainer_warns_when_nothing_would_be_reported(
                              use_cpu=True, disable_tqdm=True)
     trainer = Trainer(model=hf_workloads.TinyRegressor(hf_workloads.TinyConfig()), args=args,
                       train_dataset=hf_workloads.LinearData())
-    with caplog.at_level(logging.WARNING, logger="cairn.huggingface"):
+    with caplog.at_level(logging.WARNING, logger="cairn"):
         assert prepare_trainer(trainer) is trainer
     text = caplog.text
     assert "has no cairn.huggingface.CairnReportCallback" in text
@@ -130,7 +130,7 @@ def test_prepare_trainer_warns_when_nothing_would_be_reported(
     caplog.clear()
     trainer.add_callback(CairnReportCallback())
     trainer.args.save_strategy = "steps"
-    with caplog.at_level(logging.WARNING, logger="cairn.huggingface"):
+    with caplog.at_level(logging.WARNING, logger="cairn"):
         prepare_trainer(trainer)
     assert caplog.text == ""
     assert os.listdir(tmp_path) == []

@@ -12,7 +12,7 @@ import pytest
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer, TrainingFailedError
-from cairn._src.execution.live_state import give_up_notice, start_notice
+from cairn._src.observe.live_state import give_up_notice, start_notice
 
 
 def _notices(err: str) -> list[str]:

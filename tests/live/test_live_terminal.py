@@ -48,8 +48,8 @@ def test_a_warning_logged_during_the_live_view_prints_whole_above_it(tmp_path: P
     assert code == 0, text
     warning = [line for line in lines if "Attempt 0 failed (" in line]
     assert len(warning) == 1, text
-    assert warning[0].startswith("WARNING:cairn.controller:Attempt 0 failed ([rank 0] "
-                                 "RuntimeError: the first attempt fails"), text
+    assert warning[0].startswith("WARNING:cairn._src.controller.controller:Attempt 0 failed "
+                                 "([rank 0] RuntimeError: the first attempt fails"), text
     assert warning[0].endswith("failure 1 of 1 allowed: RETRY"), text
     # Worker output, whole, on lines of its own.
     assert "(rank 0) worker output from attempt 0" in lines, text

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("ray")
 
 from cairn import ScalingConfig
-from cairn._src.execution.ray_backend import RayBackend
+from cairn._src.backends.ray import RayBackend
 
 
 def test_accelerator_type_becomes_ray_trains_custom_resource() -> None:

@@ -26,7 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
-from cairn._src.execution.ray_backend import PLACEMENT_TIMEOUT_ENV, count_fitting
+from cairn._src.backends.ray import PLACEMENT_TIMEOUT_ENV, count_fitting
 
 from . import cluster_workloads, elastic_workloads
 from .conftest import RayCluster
@@ -54,7 +54,7 @@ class _BackendLog(logging.Handler):
 @pytest.fixture
 def backend_log() -> Iterator[_BackendLog]:
     handler = _BackendLog()
-    backend_logger = logging.getLogger("cairn.ray_backend")
+    backend_logger = logging.getLogger("cairn._src.backends.ray")
     level = backend_logger.level
     backend_logger.setLevel(logging.INFO)
     backend_logger.addHandler(handler)

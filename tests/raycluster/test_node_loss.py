@@ -23,7 +23,7 @@ from invariants import check_run, run_dir
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
-from cairn._src.execution.ray_backend import PLACEMENT_TIMEOUT_ENV, PlacementTimeoutError
+from cairn._src.backends.ray import PLACEMENT_TIMEOUT_ENV, PlacementTimeoutError
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.location import resolve
@@ -64,7 +64,7 @@ def test_node_removed_mid_run_restarts_and_resumes(
 ) -> None:
     config = run_config(failure_config=FailureConfig(max_failures=1))
     waits = _PlacementWaitSeen()
-    logging.getLogger("cairn.ray_backend").addHandler(waits)
+    logging.getLogger("cairn._src.backends.ray").addHandler(waits)
     outcome: dict[str, Any] = {}
     ended = threading.Event()
 
@@ -101,7 +101,7 @@ def test_node_removed_mid_run_restarts_and_resumes(
             cluster.add_node()
         driver.join(300)
     finally:
-        logging.getLogger("cairn.ray_backend").removeHandler(waits)
+        logging.getLogger("cairn._src.backends.ray").removeHandler(waits)
     assert not driver.is_alive() and "error" not in outcome, outcome.get("error")
     result: cairn.Result = outcome["result"]
     check_run(run_dir(config), scratch)

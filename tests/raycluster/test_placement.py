@@ -11,7 +11,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 import cairn
 from cairn import ScalingConfig, Trainer
-from cairn._src.execution.ray_backend import (
+from cairn._src.backends.ray import (
     PLACEMENT_TIMEOUT_ENV,
     PlacementTimeoutError,
     describe_shortfall,

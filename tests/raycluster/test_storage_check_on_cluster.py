@@ -19,7 +19,7 @@ import pytest
 
 import cairn
 from cairn import FailureConfig, RunConfig, ScalingConfig, Trainer
-from cairn._src.execution.storage_check import MARKER_NAME
+from cairn._src.run.storage_check import MARKER_NAME
 from cairn.storage import register_scheme, unregister_scheme
 
 from . import storage_workloads

@@ -36,7 +36,7 @@ def planted_run(dict_store: Any) -> StorageLocation:
 
 def test_unsafe_names_are_skipped_with_one_counted_warning(
         planted_run: StorageLocation, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="cairn.storage.fileio"):
+    with caplog.at_level(logging.WARNING, logger="cairn"):
         names = list_dir_names(planted_run, RETRY)
     assert names == ["checkpoint_000001", "events", "user_logs"]
     warnings = [r.getMessage() for r in caplog.records]
@@ -47,7 +47,7 @@ def test_unsafe_names_are_skipped_with_one_counted_warning(
 
 def test_recursive_listings_skip_paths_through_unsafe_names(
         planted_run: StorageLocation, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="cairn.storage.fileio"):
+    with caplog.at_level(logging.WARNING, logger="cairn"):
         files = list_files(planted_run.join("checkpoint_000001"), RETRY)
     assert files == {}
     assert "Skipped 1 names under" in caplog.text and "'../../y'" in caplog.text

@@ -54,7 +54,7 @@ def test_fit_logs_a_new_run_then_where_it_continues(
     # Made absolute once: a later chdir does not move the run.
     monkeypatch.chdir(scratch)
     absolute = str(tmp_path / "relative" / "runs" / "exp")
-    with caplog.at_level(logging.INFO, logger="cairn.trainer"):
+    with caplog.at_level(logging.INFO, logger="cairn"):
         trainer.fit()
     starts = [r.getMessage() for r in caplog.records if "run 'exp'" in r.getMessage()]
     assert starts == [f"Starting new run 'exp' at {absolute}"]
@@ -62,7 +62,7 @@ def test_fit_logs_a_new_run_then_where_it_continues(
 
     caplog.clear()
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.INFO, logger="cairn.trainer"):
+    with caplog.at_level(logging.INFO, logger="cairn"):
         cairn.Trainer(_checkpointed, train_loop_config={"scratch": scratch},
                       run_config=config).fit()
     starts = [r.getMessage() for r in caplog.records if "run 'exp'" in r.getMessage()]

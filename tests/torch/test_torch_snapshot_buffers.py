@@ -7,8 +7,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from cairn._src.execution.report_handle import ReportHandle
 from cairn._src.torch.snapshot_buffers import SnapshotBuffers, copy_state
+from cairn._src.worker.report_handle import ReportHandle
 
 
 def test_copy_is_independent_and_reuses_buffers_when_shapes_match() -> None:

@@ -203,7 +203,7 @@ def test_a_silent_peer_on_the_controller_port_does_not_block_workers(
 ) -> None:
     import socket
 
-    from cairn._src.execution.local_backend import LocalBackend
+    from cairn._src.backends.local import LocalBackend
 
     silent: list[socket.socket] = []
     start = LocalBackend.start

@@ -219,7 +219,7 @@ def run_dir(config: cairn.RunConfig) -> str:
 
 def deferred_reports(config: dict[str, Any]) -> None:
     """Snapshots written on the upload thread, from a copy taken on the train loop."""
-    from cairn._src.execution.session import get_session
+    from cairn._src.worker.session import get_session
 
     rank = cairn.get_context().get_world_rank()
     session = get_session("report")

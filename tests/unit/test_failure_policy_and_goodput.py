@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from cairn._src.execution.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
-from cairn._src.execution.worker_errors import WorkerFailure, group_failures
+from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
+from cairn._src.controller.worker_failures import WorkerFailure, group_failures
 from cairn._src.goodput.summary import summarize
 
 RETRY, RAISE = FailureDecision.RETRY, FailureDecision.RAISE

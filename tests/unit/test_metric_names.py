@@ -8,7 +8,7 @@ import re
 import pytest
 
 from cairn import ReportError
-from cairn._src.execution.validation import check_dir_name, validate_metrics
+from cairn._src.run.report_checks import check_dir_name, validate_metrics
 
 CONTROL = ["\x00", "\n", "\x1b", "\x7f", "\x85", "\x9b"]
 

@@ -3,17 +3,26 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from cairn import ReportError
-from cairn._src.execution.validation import check_dir_name, validate_metrics
 from cairn._src.run.layout import is_safe_dir_name, is_stored_dir_name
+from cairn._src.run.report_checks import check_dir_name, validate_metrics
 
-SAFE = (r"is not a safe directory name: use one path component of letters, digits and '_', "
-        r"'-', '\.', '=' \(not starting with '\.' or '-', no '\.\.', no whitespace, at most 200 "
-        r"characters\)\.$")
+RULE = (r"use one path component of letters, digits and '_', '-', '\.', '=' \(not starting "
+        r"with '\.' or '-', no '\.\.', no whitespace, at most 200 characters\)\.$")
+SAFE = r"is not a safe directory name: " + RULE
+
+
+def control(shown: str) -> str:
+    """The message for a name holding a control character, shown escaped."""
+    return (r"is not a safe directory name \(it holds the control character "
+            + re.escape(shown) + r"\): " + RULE)
+
+
 OWN = (r"names one of Cairn's own entries in the run directory; choose another name "
        r"\(reserved: '_cairn_manifest\.json', 'cairn_run\.json', 'events', 'lease\.json', "
        r"'metrics', any name starting with '_cairn' or containing '\.cairn-tmp-', in any "
@@ -26,8 +35,8 @@ DEFAULT = (r"has the form of the names Cairn gives checkpoints itself \('checkpo
 @pytest.mark.parametrize(
     ("name", "shown", "message"),
     [
-        ("ckpt\n", r"'ckpt\\n'", SAFE),
-        ("ckpt\r\n", r"'ckpt\\r\\n'", SAFE),
+        ("ckpt\n", r"'ckpt\\n'", control(r"'\n'")),
+        ("ckpt\r\n", r"'ckpt\\r\\n'", control(r"'\r'")),
         ("a/b", r"'a/b'", SAFE),
         ("..", r"'\.\.'", SAFE),
         ("a..b", r"'a\.\.b'", SAFE),

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import time
 
-from cairn._src.execution.messages import CheckpointIntent, ReportMessage
-from cairn._src.execution.progress import check_progress
-from cairn._src.execution.reports import ReportTracker
+from cairn._src.controller.progress import check_progress
+from cairn._src.controller.reports import ReportTracker
+from cairn._src.wire.messages import CheckpointIntent, ReportMessage
 
 
 def report(rank: int, index: int, checkpoint: bool = False) -> ReportMessage:

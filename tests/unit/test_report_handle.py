@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from cairn._src.execution.report_handle import ReportHandle
+from cairn._src.worker.report_handle import ReportHandle
 
 
 def test_metric_only_handles_are_done_and_independent() -> None:

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
+from cairn._src.controller.reports import ReportTracker
 from cairn._src.errors import CheckpointCollisionError, ReportError
-from cairn._src.execution.messages import CheckpointIntent, ReportMessage, UploadedMessage
-from cairn._src.execution.reports import ReportTracker
 from cairn._src.storage.transfer import FileEntry
+from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
 
 
 def report(rank: int, index: int, files: dict[str, int] | None = None, *,

@@ -3,8 +3,8 @@ every rank that failed the same way."""
 
 from __future__ import annotations
 
-from cairn._src.execution.controller import _run_error
-from cairn._src.execution.failure_errors import error_summary
+from cairn._src.controller.controller import _run_error
+from cairn._src.controller.failure_errors import error_summary
 
 
 def test_the_lowest_rank_s_error_with_every_rank_that_failed_alike() -> None:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from cairn._src.execution.session import BACKGROUND_NICENESS, lower_thread_priority
+from cairn._src.worker.session import BACKGROUND_NICENESS, lower_thread_priority
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness")

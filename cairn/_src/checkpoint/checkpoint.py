@@ -37,7 +37,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory, verify_directory
 from cairn._src.storage.uris import local_os_join
 
-logger = logging.getLogger("cairn.checkpoint")
+logger = logging.getLogger(__name__)
 
 METADATA_FILE_NAME = ".metadata.json"
 

@@ -32,7 +32,7 @@ from cairn._src.storage.paths import check_absolute_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.text import plural
 
-logger = logging.getLogger("cairn.index")
+logger = logging.getLogger(__name__)
 
 INDEX_VERSION = 1
 

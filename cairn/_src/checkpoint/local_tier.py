@@ -42,7 +42,7 @@ from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory
 
-logger = logging.getLogger("cairn.local_tier")
+logger = logging.getLogger(__name__)
 
 # Used when CheckpointConfig.local_tier_dir is None.
 DIR_ENV = "CAIRN_LOCAL_TIER_DIR"

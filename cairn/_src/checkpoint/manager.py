@@ -48,7 +48,8 @@ from cairn._src.checkpoint.recheck import (
 )
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import decide_retention, make_policy
-from cairn._src.config import CheckpointConfig
+from cairn._src.checkpoint.views import CheckpointView, ReadyCheckpoint
+from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
     CairnError,
     CheckpointDamagedError,
@@ -57,8 +58,6 @@ from cairn._src.errors import (
     RunLeaseError,
     StorageError,
 )
-from cairn._src.execution.messages import CheckpointView
-from cairn._src.execution.reports import ReadyCheckpoint
 from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.fileio import (
@@ -77,7 +76,7 @@ from cairn._src.storage.transfer import (
     verify_directory,
 )
 
-logger = logging.getLogger("cairn.manager")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

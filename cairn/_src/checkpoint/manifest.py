@@ -38,7 +38,7 @@ from cairn._src.storage.paths import (
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 from cairn._src.text import plural
 
-logger = logging.getLogger("cairn.manifest")
+logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = layout.MANIFEST_NAME
 MANIFEST_VERSION = 1

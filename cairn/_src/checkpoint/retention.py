@@ -180,3 +180,12 @@ def retention_reasons(
         if record.dir_name in pending_names:
             found.append(KeepReason("pending_validation", "its validation is pending"))
     return [tuple(found) for found in reasons]
+
+
+def ray_order(
+    records: list[Any], score_attribute: str | None, score_order: str
+) -> list[Any]:
+    """Checkpoint records in Ray Train's ``best_checkpoints`` order: worst to best by the
+    score attribute (ties: the earlier report first), report order without one."""
+    return list(reversed(best_first(records, score_attribute,
+                                    "min" if score_order == "min" else "max")))

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 from cairn._src.storage.checksum import new_hasher
 
-logger = logging.getLogger("cairn.verified")
+logger = logging.getLogger(__name__)
 
 # How many verified checkpoints a process remembers (oldest forgotten first).
 _MAX_REMEMBERED = 4096

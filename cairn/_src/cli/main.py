@@ -39,9 +39,9 @@ def _version() -> str:
     try:
         return metadata.version("cairn-train")
     except metadata.PackageNotFoundError:
-        import cairn
+        from cairn._src.version import __version__
 
-        return str(cairn.__version__)
+        return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

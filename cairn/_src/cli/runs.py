@@ -23,6 +23,7 @@ from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
 from cairn._src.checkpoint.retention import retention_reasons
+from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.cli.common import (
     RETRY,
     format_metrics,
@@ -35,9 +36,8 @@ from cairn._src.cli.common import (
     refuse_live_run,
 )
 from cairn._src.cli.show import checkpoint_statuses
-from cairn._src.config import CheckpointConfig
+from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
-from cairn._src.execution.messages import CheckpointView
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseInfo, break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log

@@ -26,7 +26,6 @@ from cairn._src.cli.common import (
     print_json,
     printable,
 )
-from cairn._src.execution.code_locations import describe_frame, read_frame
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.lease import LeaseInfo
 from cairn._src.run.segment_log import read_log
@@ -34,6 +33,7 @@ from cairn._src.run.status import FailureInfo, run_history
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.uris import redact, redact_text
 from cairn._src.text import plural
+from cairn._src.wire.code_locations import describe_frame, read_frame
 
 # Ray Train's ReportedCheckpointStatus names, as the validation events record them.
 CHECKPOINT_STATUSES = ("COMMITTED", "PENDING_VALIDATION", "VALIDATED", "VALIDATION_TIMEOUT",

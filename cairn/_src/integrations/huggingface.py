@@ -23,15 +23,15 @@ import torch.distributed as dist
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from cairn._src.config import CheckpointUploadMode
+from cairn._src.config.run import CheckpointUploadMode
+from cairn._src.config.validation import ValidationTaskConfig
 from cairn._src.errors import ConfigError
-from cairn._src.execution.session import get_session
 from cairn._src.integrations.reporting import ReportOptions, report_staged, staging_directory
 from cairn._src.torch.placement import rank_and_world_size
 from cairn._src.train.api import get_context
-from cairn._src.train.validation_config import ValidationTaskConfig
+from cairn._src.worker.session import get_session
 
-logger = logging.getLogger("cairn.huggingface")
+logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".cairn-staging-"
 

@@ -22,14 +22,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cairn._src.config import CheckpointUploadMode
+from cairn._src.config.run import CheckpointUploadMode
+from cairn._src.config.validation import ValidationTaskConfig
 from cairn._src.errors import ConfigError
 from cairn._src.integrations.reporting import ReportOptions, report_staged, staging_directory
 from cairn._src.torch.placement import get_device, rank_and_world_size
 from cairn._src.train.api import get_context
-from cairn._src.train.validation_config import ValidationTaskConfig
 
-logger = logging.getLogger("cairn.lightning")
+logger = logging.getLogger(__name__)
 
 
 def _import_lightning() -> tuple[Any, Any]:

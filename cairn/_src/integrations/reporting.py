@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.config import CheckpointUploadMode
+from cairn._src.config.run import CheckpointUploadMode
+from cairn._src.config.validation import ValidationTaskConfig
 from cairn._src.errors import ConfigError
 from cairn._src.train.api import report
-from cairn._src.train.validation_config import ValidationTaskConfig
 
 logger = logging.getLogger(__name__)
 

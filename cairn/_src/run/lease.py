@@ -41,7 +41,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import local_os_join, local_root
 
-logger = logging.getLogger("cairn.lease")
+logger = logging.getLogger(__name__)
 
 LEASE_VERSION = 1
 CLAIM_PREFIX = "_cairn_lease."

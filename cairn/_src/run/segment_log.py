@@ -24,7 +24,7 @@ from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_at
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 
-logger = logging.getLogger("cairn.segment_log")
+logger = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"^segment_(\d{6,})\.jsonl$")
 

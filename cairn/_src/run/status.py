@@ -1,6 +1,6 @@
 """What a run's event log says about how it went: its status, attempts and failures.
 
-Pure logic over the events :mod:`cairn._src.execution.controller` writes (untrusted input:
+Pure logic over the events :mod:`cairn._src.controller.controller` writes (untrusted input:
 a value of the wrong type is skipped, never trusted). Used by ``cairn ls``, ``cairn show``
 and :meth:`Result.from_path`.
 

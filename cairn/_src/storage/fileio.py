@@ -22,7 +22,7 @@ from cairn._src.storage.location import StorageLocation, local_root, supports_at
 from cairn._src.storage.reader import read_small_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
-logger = logging.getLogger("cairn.storage.fileio")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -66,7 +66,7 @@ __all__ = [
     "supports_atomic_rename",
 ]
 
-logger = logging.getLogger("cairn.storage.location")
+logger = logging.getLogger(__name__)
 
 _PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})
 # fsspec protocols that hold data in this process only.

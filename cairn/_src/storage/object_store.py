@@ -22,7 +22,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-logger = logging.getLogger("cairn.storage.object_store")
+logger = logging.getLogger(__name__)
 
 # Output streams keep this much in memory before spilling to a temporary file: small
 # files (manifests, metadata) never touch the disk, large ones do not fill the memory.

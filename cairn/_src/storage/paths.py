@@ -22,7 +22,7 @@ from cairn._src.errors import (
     UnsafePathError,
 )
 
-logger = logging.getLogger("cairn.storage.paths")
+logger = logging.getLogger(__name__)
 
 
 def check_relative_path(rel: str, *, argument: str = "path") -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from cairn._src.errors import ConfigError, UnknownSchemeError
 
-logger = logging.getLogger("cairn.storage.registry")
+logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cairn.storage"
 

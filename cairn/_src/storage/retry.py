@@ -19,7 +19,7 @@ from typing import TypeVar
 from cairn._src.errors import CairnError, ConfigError
 from cairn._src.field_types import check_field_types
 
-logger = logging.getLogger("cairn.storage.retry")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -69,7 +69,7 @@ from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from cairn._src.storage.tuning import TransferConfig
 from cairn._src.text import plural
 
-logger = logging.getLogger("cairn.storage.transfer")
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",

@@ -30,7 +30,7 @@ from torch.utils.data import (
 from cairn._src.errors import ConfigError
 from cairn._src.torch.placement import get_device, move_to_device, rank_and_world_size
 
-logger = logging.getLogger("cairn.torch.data_loader")
+logger = logging.getLogger(__name__)
 
 POSITION_KEYS = ("epoch", "batch")
 

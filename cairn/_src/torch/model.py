@@ -12,7 +12,7 @@ from torch import nn
 from cairn._src.errors import ConfigError
 from cairn._src.torch.placement import get_device, rank_and_world_size
 
-logger = logging.getLogger("cairn.torch.model")
+logger = logging.getLogger(__name__)
 
 PARALLEL_STRATEGIES = ("ddp", None)
 

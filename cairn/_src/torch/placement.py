@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from cairn._src.errors import ReportError
-from cairn._src.execution.session import get_session
+from cairn._src.worker.session import get_session
 
 _worker_device: torch.device | None = None
 

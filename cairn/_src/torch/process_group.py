@@ -29,7 +29,7 @@ from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.placement import set_worker_device
 
-logger = logging.getLogger("cairn.torch.process_group")
+logger = logging.getLogger(__name__)
 
 MASTER_ADDR = "127.0.0.1"
 

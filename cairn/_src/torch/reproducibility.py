@@ -10,7 +10,7 @@ import torch
 
 from cairn._src.errors import ConfigError
 
-logger = logging.getLogger("cairn.torch.reproducibility")
+logger = logging.getLogger(__name__)
 
 _seed: int | None = None
 

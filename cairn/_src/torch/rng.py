@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger("cairn.torch.rng")
+logger = logging.getLogger(__name__)
 
 
 def _numpy() -> Any:

@@ -19,9 +19,6 @@ from typing import Any
 from torch import nn
 
 from cairn._src.errors import ReportError
-from cairn._src.execution.messages import TimingMessage
-from cairn._src.execution.report_handle import ReportHandle
-from cairn._src.execution.session import get_session
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.torch.snapshot_buffers import BufferSet, SnapshotBuffers, copy_state
 from cairn._src.torch.training_state import (
@@ -29,8 +26,11 @@ from cairn._src.torch.training_state import (
     collect_training_state,
     write_files,
 )
+from cairn._src.wire.messages import TimingMessage
+from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.session import get_session
 
-logger = logging.getLogger("cairn.torch.snapshot")
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 

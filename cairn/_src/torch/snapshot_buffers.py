@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger("cairn.torch.snapshot_buffers")
+logger = logging.getLogger(__name__)
 
 Path = tuple[Hashable, ...]
 

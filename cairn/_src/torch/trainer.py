@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from cairn._src.config import RunConfig, ScalingConfig
+from cairn._src.config.run import RunConfig, ScalingConfig
+from cairn._src.config.validation import ValidationConfig
 from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.process_group import (
@@ -15,7 +16,6 @@ from cairn._src.torch.process_group import (
     destroy_process_group,
 )
 from cairn._src.train.trainer import Trainer
-from cairn._src.train.validation_config import ValidationConfig
 
 
 class TorchTrainer(Trainer):

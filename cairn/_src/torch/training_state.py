@@ -32,7 +32,7 @@ from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestErro
 from cairn._src.torch.placement import rank_and_world_size
 from cairn._src.torch.rng import capture_rng_state, restore_rng_state
 
-logger = logging.getLogger("cairn.torch.training_state")
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MODEL_FILE = "model.pt"

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.config import CheckpointUploadMode
-from cairn._src.execution.report_handle import ReportHandle
-from cairn._src.execution.session import get_session
-from cairn._src.train.context import TrainContext
-from cairn._src.train.validation_config import ValidationTaskConfig
+from cairn._src.config.run import CheckpointUploadMode
+from cairn._src.config.validation import ValidationTaskConfig
+from cairn._src.worker.context import TrainContext
+from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.session import get_session
 
 
 def report(

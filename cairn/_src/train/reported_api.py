@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cairn._src.execution.session import get_session
-from cairn._src.train.reported import CheckpointConsistencyMode, ReportedCheckpoint
+from cairn._src.checkpoint.reported import CheckpointConsistencyMode, ReportedCheckpoint
+from cairn._src.worker.session import get_session
 
 
 def get_all_reported_checkpoints(

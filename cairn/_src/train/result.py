@@ -10,8 +10,9 @@ import pyarrow.fs as pafs
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.checkpoint.index import RunIndex, read_index
 from cairn._src.checkpoint.manager import checkpoint_view
-from cairn._src.checkpoint.retention import best_first
-from cairn._src.config import CheckpointConfig
+from cairn._src.checkpoint.retention import ray_order
+from cairn._src.checkpoint.views import checkpoint_from_view
+from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
     ConfigDeprecationError,
     ConfigError,
@@ -19,10 +20,9 @@ from cairn._src.errors import (
     RunFailedError,
     RunNotFoundError,
 )
-from cairn._src.execution.validation import score_value
-from cairn._src.execution.views import checkpoint_from_view
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
+from cairn._src.run.report_checks import score_value
 from cairn._src.run.segment_log import read_log
 from cairn._src.run.status import run_history
 from cairn._src.storage.fileio import is_dir
@@ -221,15 +221,6 @@ class Result:
 def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:
     # Retried like every other read: a transient error must not look like a missing run.
     return is_dir(run, retry)
-
-
-def ray_order(
-    records: list[Any], score_attribute: str | None, score_order: str
-) -> list[Any]:
-    """Checkpoint records in Ray Train's ``best_checkpoints`` order: worst to best by the
-    score attribute (ties: the earlier report first), report order without one."""
-    return list(reversed(best_first(records, score_attribute,
-                                    "min" if score_order == "min" else "max")))
 
 
 def build_result(

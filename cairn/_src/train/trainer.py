@@ -15,7 +15,9 @@ from cairn._src import migration
 from cairn._src.checkpoint.index import Retention, RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.ownership import registered_references
-from cairn._src.config import RunConfig, ScalingConfig, default_storage_path
+from cairn._src.config.run import RunConfig, ScalingConfig, default_storage_path
+from cairn._src.config.validation import ValidationConfig
+from cairn._src.controller.controller import Controller, TrainSpec
 from cairn._src.errors import (
     CheckpointDamagedError,
     CheckpointNotFoundError,
@@ -26,7 +28,7 @@ from cairn._src.errors import (
     StorageError,
     TrainingFailedError,
 )
-from cairn._src.execution.controller import Controller, TrainSpec
+from cairn._src.observe.callbacks import call_hooks
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
@@ -42,13 +44,11 @@ from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
 from cairn._src.text import plural
-from cairn._src.train.callbacks import call_hooks
-from cairn._src.train.datasets import check_datasets
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
-from cairn._src.train.validation_config import ValidationConfig
+from cairn._src.wire.datasets import check_datasets
 
-logger = logging.getLogger("cairn.trainer")
+logger = logging.getLogger(__name__)
 
 
 def _takes_config(fn: Callable[..., Any]) -> bool:

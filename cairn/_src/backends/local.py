@@ -1,0 +1,364 @@
+"""The local backend: worker processes on this machine.
+
+A backend only starts worker processes and tells the controller when one dies. Each worker
+is a fresh Python interpreter (``python -m cairn._src.worker.main``), so nothing
+of the driver's state leaks in; it reads its bootstrap (controller address, per-run secret,
+rank) from stdin, never from argv or the environment where other users could see it.
+
+Death is noticed through a pidfd (Linux) that becomes readable the moment the process
+exits, waited on together with the workers' connections: no polling interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from cairn._src.wire.bootstrap import ATTEMPT_VARIABLES, Bootstrap
+
+if TYPE_CHECKING:
+    from cairn._src.backends.protocol import WorkerHandle
+
+logger = logging.getLogger(__name__)
+
+
+class _ExitWatcher:
+    """Something ``multiprocessing.connection.wait`` can wait on that fires at exit."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._fd: int | None = None
+        self._read_fd: int | None = None
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is not None:
+            try:
+                self._fd = pidfd_open(process.pid)
+            except OSError:
+                self._fd = None
+        if self._fd is None:
+            # No pidfd (old kernel, not Linux): a thread blocks in wait() and writes to a
+            # pipe when the process exits.
+            self._read_fd, write_fd = os.pipe()
+
+            def wait_then_signal() -> None:
+                process.wait()
+                os.write(write_fd, b"x")
+                os.close(write_fd)
+
+            threading.Thread(target=wait_then_signal, name=f"cairn-exit-{process.pid}",
+                             daemon=True).start()
+
+    def fileno(self) -> int:
+        fd = self._fd if self._fd is not None else self._read_fd
+        assert fd is not None
+        return fd
+
+    def close(self) -> None:
+        for fd in (self._fd, self._read_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = self._read_fd = None
+
+
+class WorkerProcess:
+    """One worker process of the local backend."""
+
+    node_id = "local"
+
+    def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool,
+                 oom_kills_at_start: int | None = None) -> None:
+        self.rank = rank
+        self.process = process
+        # The OOM killer's count when the worker started (oom_kill_count), or None.
+        self._oom_kills_at_start = oom_kills_at_start
+        self.exit_watcher = _ExitWatcher(process)
+        self._forwarder: threading.Thread | None = None
+        if forward_output and process.stdout is not None:
+            self._forwarder = threading.Thread(
+                target=_forward_output, args=(rank, process.stdout),
+                name=f"cairn-output-{rank}", daemon=True,
+            )
+            self._forwarder.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def describe_exit(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "is still running"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return describe_signal(-code, name, self._oom_kills_at_start, oom_kill_count())
+        return f"exited with code {code}"
+
+    def wait_exit(self, timeout: float) -> bool:
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def flush_output(self, timeout: float = 2.0) -> None:
+        if self._forwarder is not None:
+            self._forwarder.join(timeout)
+
+
+def describe_signal(signum: int, name: str, oom_kills_before: int | None,
+                    oom_kills_after: int | None) -> str:
+    """How a worker a signal ended was killed (``"was killed by SIGTERM"``).
+
+    A SIGKILL comes from another process (``kill -9``, a job scheduler) or from the
+    kernel's OOM killer: it is blamed on memory only when the OOM killer's count
+    (:func:`oom_kill_count`) went up while the worker ran.
+    """
+    if signum != signal.SIGKILL:
+        return f"was killed by {name}"
+    if oom_kills_before is not None and oom_kills_after is not None and (
+            oom_kills_after > oom_kills_before):
+        return (f"was killed by {name}: out of memory (the OOM killer; its count went from "
+                f"{oom_kills_before} to {oom_kills_after} while the worker ran)")
+    return f"was killed by {name}, sent by another process or the kernel's OOM killer"
+
+
+# Where the OOM killer's count is: cgroup v2, cgroup v1 (both "oom_kill N" lines), and the
+# whole kernel's (/proc/vmstat, Linux 4.13+) when this process's cgroup does not say.
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def oom_kill_count(proc_root: str = "/proc", cgroup_root: str = _CGROUP_ROOT) -> int | None:
+    """How many processes the OOM killer has killed in this process's memory cgroup
+    (workers are children in the same cgroup), else on the whole machine; None where
+    neither can be read (not Linux)."""
+    for path in _cgroup_counter_files(proc_root, cgroup_root):
+        count = _read_counter(path, "oom_kill")
+        if count is not None:
+            return count
+    return _read_counter(os.path.join(proc_root, "vmstat"), "oom_kill")
+
+
+def _cgroup_counter_files(proc_root: str, cgroup_root: str) -> list[str]:
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        relative = path.lstrip("/")
+        if controllers == "":
+            files.append(os.path.join(cgroup_root, relative, "memory.events"))
+        elif "memory" in controllers.split(","):
+            files.append(os.path.join(cgroup_root, "memory", relative, "memory.oom_control"))
+    # cgroup v1 first: on a hybrid system the v2 hierarchy holds no memory controller.
+    return sorted(files, key=lambda p: not p.endswith("memory.oom_control"))
+
+
+def _read_counter(path: str, key: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read(65536)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def _forward_output(rank: int, stream: IO[bytes]) -> None:
+    prefix = f"(rank {rank}) ".encode()
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    for line in iter(stream.readline, b""):
+        try:
+            if out is not None:
+                out.write(prefix + line)
+                out.flush()
+            else:
+                sys.stdout.write((prefix + line).decode(errors="replace"))
+        except (OSError, ValueError):
+            pass
+    stream.close()
+
+
+class LocalBackend:
+    """Starts workers as child processes of the driver."""
+
+    name = "local"
+    bind_host = "127.0.0.1"
+
+    def __init__(self, *, forward_output: bool = True, env: dict[str, str] | None = None,
+                 warm_standby: bool = False) -> None:
+        self._forward_output = forward_output
+        self._env = env or {}
+        self.workers: list[WorkerProcess] = []
+        # FailureConfig(warm_standby=True): one spare process per rank, blocked on reading
+        # its bootstrap, for the next attempt (see prepare_standby).
+        self._warm_standby = warm_standby
+        self._standby: list[subprocess.Popen[bytes]] = []
+        self._standby_key: tuple[int, tuple[tuple[str, str], ...]] | None = None
+        self._last_start: tuple[int, dict[str, str]] | None = None
+
+    def advertise_host(self) -> str:
+        return self.bind_host
+
+    def _environment(self, num_workers: int, env: dict[str, str] | None) -> dict[str, str]:
+        # Workers import what the driver can import: the train function may be pickled by
+        # reference to a module that is only on the driver's sys.path (a script's folder,
+        # a test directory).
+        path = os.pathsep.join(p for p in sys.path if p)
+        inherited = os.environ.get("PYTHONPATH")
+        merged = {**os.environ, **self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
+                  "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
+        merged.setdefault("CAIRN_WORKER", "1")
+        return merged
+
+    def _spawn(self, rank: int, num_workers: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cairn._src.worker.main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE if self._forward_output else None,
+            stderr=subprocess.STDOUT if self._forward_output else None,
+            env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
+                 "CAIRN_LOCAL_RANK": str(rank), "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
+            start_new_session=True,
+        )
+
+    @staticmethod
+    def _standby_key_of(num_workers: int, env: dict[str, str]) -> tuple[
+            int, tuple[tuple[str, str], ...]]:
+        # What a spare must have been started with to serve an attempt: the same size and
+        # environment, except what changes every attempt and travels in the bootstrap.
+        return num_workers, tuple(sorted((k, v) for k, v in env.items()
+                                         if k not in ATTEMPT_VARIABLES))
+
+    def _take_standby(self, num_workers: int, env: dict[str, str]) -> list[
+            subprocess.Popen[bytes]] | None:
+        spares, self._standby = self._standby, []
+        key, self._standby_key = self._standby_key, None
+        if not spares:
+            return None
+        if key != self._standby_key_of(num_workers, env) or any(
+                spare.poll() is not None for spare in spares):
+            logger.info("The warm standby workers do not fit this attempt (another size or "
+                        "environment, or one exited); starting fresh ones")
+            _stop_spares(spares)
+            return None
+        return spares
+
+    def prepare_standby(self) -> None:
+        """Start the spares for the next attempt (called at this attempt's first report, so
+        that their start-up does not compete with the attempt's own)."""
+        if not self._warm_standby or self._last_start is None or self._standby:
+            return
+        num_workers, env = self._last_start
+        self._standby = [self._spawn(rank, num_workers, env) for rank in range(num_workers)]
+        self._standby_key = self._standby_key_of(num_workers, env)
+        logger.debug("Started %d warm standby workers (pids %s)", num_workers,
+                     ", ".join(str(p.pid) for p in self._standby))
+
+    def start(self, num_workers: int, bootstrap: Bootstrap, *,
+              env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        """Start ``num_workers`` processes; ``env`` adds to their environment.
+
+        With warm standby, the spares started during the previous attempt are handed this
+        one (their bootstrap carries ``env``, which they apply before anything reads it).
+        """
+        merged = self._environment(num_workers, env)
+        self._last_start = (num_workers, merged)
+        spares = self._take_standby(num_workers, merged) if self._warm_standby else None
+        if spares is not None:
+            logger.info("Handing attempt %d to %d warm standby workers", bootstrap.attempt,
+                        num_workers)
+        self.workers = []
+        oom_kills = oom_kill_count()
+        for rank in range(num_workers):
+            process = spares[rank] if spares is not None else self._spawn(rank, num_workers,
+                                                                         merged)
+            assert process.stdin is not None
+            try:
+                process.stdin.write(bootstrap.for_rank(rank, env=env or {}))
+                process.stdin.close()
+            except OSError as exc:
+                # The process died before it read its bootstrap (killed right after it was
+                # spawned): its exit is that rank's failure, seen by the controller loop
+                # like any other, so the attempt fails and restarts within the budget.
+                logger.warning("Worker rank %d (pid %d) exited before it read its bootstrap: "
+                               "%s", rank, process.pid, exc)
+                try:
+                    process.stdin.close()
+                except OSError:
+                    pass
+            self.workers.append(WorkerProcess(rank, process, self._forward_output, oom_kills))
+        logger.info("Started %d local workers (pids %s)", num_workers,
+                    ", ".join(str(w.pid) for w in self.workers))
+        return list(self.workers)
+
+    def shutdown(self, *, grace_s: float = 5.0) -> None:
+        """Stop every worker: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""
+        alive = [w for w in self.workers if w.exit_code() is None]
+        for worker in alive:
+            _signal_group(worker.process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for worker in alive:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                worker.process.wait(remaining)
+            except subprocess.TimeoutExpired:
+                _signal_group(worker.process, signal.SIGKILL)
+                worker.process.wait()
+        for worker in self.workers:
+            # Children the worker started (data loaders, its own helpers) go too.
+            _signal_group(worker.process, signal.SIGKILL)
+            worker.flush_output()
+            worker.exit_watcher.close()
+
+    def kill(self) -> None:
+        self.shutdown(grace_s=0.0)
+
+    def stop_standby(self) -> None:
+        """The run is over: its spare processes go too."""
+        spares, self._standby = self._standby, []
+        self._standby_key = None
+        _stop_spares(spares)
+
+
+def _stop_spares(spares: list[subprocess.Popen[bytes]]) -> None:
+    for spare in spares:
+        _signal_group(spare, signal.SIGKILL)
+    for spare in spares:
+        spare.wait()
+        for stream in (spare.stdin, spare.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

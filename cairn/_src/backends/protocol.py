@@ -1,0 +1,57 @@
+"""Backends start worker processes and tell the controller when one dies; nothing else.
+
+Both backends run the same worker runtime (``worker.main.run_from_bootstrap``), which
+connects back to the controller; the controller waits on each worker's ``exit_watcher``
+(something with a ``fileno()`` that becomes readable when the worker is gone) together
+with the connections, so a death is noticed at once, never by polling.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from cairn._src.wire.bootstrap import Bootstrap
+
+
+class ExitWatcher(Protocol):
+    def fileno(self) -> int: ...
+
+
+class WorkerHandle(Protocol):
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def exit_watcher(self) -> ExitWatcher: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def node_id(self) -> str:
+        """Which machine the worker runs on (ranks on one node share local ranks)."""
+
+    def describe_exit(self) -> str:
+        """How the worker ended, for error messages ("was killed by SIGKILL")."""
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the worker to end; whether it has."""
+
+
+class WorkerBackend(Protocol):
+    name: str
+    # Where the controller listens: loopback for local workers, every interface for a
+    # cluster (``advertise_host`` is then the address workers connect to).
+    bind_host: str
+
+    def advertise_host(self) -> str: ...
+
+    def start(self, num_workers: int, bootstrap: Bootstrap, *,
+              env: dict[str, str] | None = None) -> list[WorkerHandle]: ...
+
+    def shutdown(self, *, grace_s: float = 5.0) -> None: ...
+
+    def kill(self) -> None: ...
+
+

@@ -1,0 +1,490 @@
+"""The Ray backend: workers are actors on a Ray cluster, placed by a placement group.
+
+Each actor runs the same worker runtime as a local worker process and connects back to
+the controller over TCP with the run's secret. An actor's death (a crash, ``ray.kill``,
+a lost node, the memory monitor) surfaces as the failure of its ``run`` task, which a
+thread per worker waits on and turns into a readable pipe for the controller: no polling.
+
+Waits on the cluster are bounded: the placement group must be ready, and the actors
+started, within ``CAIRN_RAY_PLACEMENT_TIMEOUT_S`` seconds each (default
+:data:`DEFAULT_PLACEMENT_TIMEOUT_S`, read at each start of the group); past that,
+:class:`PlacementTimeoutError` names the resources the cluster lacks and ends ``fit()``
+(the run stays resumable: ``fit()`` again continues it). After a lost node the next
+attempt waits there for capacity to return (a replaced node, an autoscaler), then resumes
+from the latest committed checkpoint.
+
+An elastic range (``ScalingConfig(num_workers=(min, max))``) starts as many workers as the
+cluster can place now, within the bounds, at each start of the group: the largest size
+the alive nodes' total resources allow (:func:`count_fitting`) is tried first, each size
+above ``min_workers`` for a short probe (:data:`_PROBE_S`, as the resources in use may
+hold the rest), and ``min_workers`` with the bounded wait above. A smaller group after a
+lost node grows back to ``max_workers`` at a later restart once capacity has returned.
+
+Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
+first bundle), so node rank, local rank and local world size describe the real machines.
+
+The driver's ``sys.path`` travels in ``PYTHONPATH`` so that a train function pickled by
+reference imports in the actor, as with the local backend; on a multi-node cluster ship
+the code with Ray's ``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cairn._src.backends.protocol import WorkerHandle
+from cairn._src.config.run import ScalingConfig
+from cairn._src.errors import ConfigError, PlacementTimeoutError
+from cairn._src.wire.bootstrap import Bootstrap
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_ENV = "CAIRN_RAY_PLACEMENT_TIMEOUT_S"
+# Long enough for a replaced node or an autoscaler's new one; a request no node can ever
+# satisfy is logged after _PLACEMENT_NOTICE_S so nobody waits in silence.
+DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
+_PLACEMENT_NOTICE_S = 5.0
+# How long an elastic start waits for a size above min_workers that the nodes' totals
+# allow: a free cluster places a group in well under a second, so a size not placed by
+# then is held up by resources in use (another job, this run's previous group still
+# being released), and the next smaller size is tried.
+_PROBE_S = 5.0
+# Resources every node advertises that a worker's bundle never asks for.
+_BOOKKEEPING = ("memory", "object_store_memory")
+
+
+def read_placement_timeout() -> float:
+    """Seconds to wait for a placement group, and for its actors to start."""
+    raw = os.environ.get(PLACEMENT_TIMEOUT_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_PLACEMENT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{PLACEMENT_TIMEOUT_ENV}={raw!r} must be a number of seconds > 0 "
+                          f"(default {DEFAULT_PLACEMENT_TIMEOUT_S:g}).")
+    return value
+
+
+@ray.remote
+class _WorkerActor:
+    def describe(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
+        from cairn._src.worker.main import run_from_bootstrap
+
+        os.environ.update(env)
+        return run_from_bootstrap(boot)
+
+
+def _node_is_alive(node_id: str) -> bool | None:
+    """Whether the cluster still counts ``node_id`` alive; None if it cannot tell."""
+    try:
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+    except Exception:
+        return None
+    for node in nodes:
+        if node.get("NodeID") == node_id:
+            return bool(node.get("Alive"))
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    """The sentence of a Ray error that says why: "The actor is dead because its node has
+    died." rather than its first line, which is the same for every death."""
+    text = str(exc)
+    marker = text.find("The actor is dead because")
+    if marker >= 0:
+        sentence = text[marker:].split(". ", 1)[0].split("\n", 1)[0]
+        return sentence if sentence.endswith(".") else sentence + "."
+    return text.splitlines()[0] if text else ""
+
+
+class _RefWatcher:
+    """A pipe that becomes readable when the actor's ``run`` task ends, however it ends."""
+
+    def __init__(self, ref: Any, name: str, node_id: str) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        self.outcome: str | None = None
+        self._node_id = node_id
+        self._done = threading.Event()
+        threading.Thread(target=self._wait, args=(ref,), name=name, daemon=True).start()
+
+    def _wait(self, ref: Any) -> None:
+        try:
+            code = ray.get(ref)
+            self.outcome = f"exited with code {code}"
+        except ray.exceptions.RayActorError as exc:
+            if self._node_id and _node_is_alive(self._node_id) is False:
+                self.outcome = (f"was lost with its Ray node {self._node_id[:12]} "
+                                "(the cluster no longer counts that node alive)")
+            else:
+                self.outcome = f"died ({type(exc).__name__}: {_reason(exc)})"
+        except Exception as exc:
+            self.outcome = f"failed ({type(exc).__name__}: {_reason(exc)})"
+        self._done.set()
+        try:
+            os.write(self._write_fd, b"x")
+        except OSError:
+            pass
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class RayWorker:
+    def __init__(self, rank: int, actor: Any, ref: Any, pid: int, node_id: str) -> None:
+        self.rank = rank
+        self.actor = actor
+        self.node_id = node_id
+        self._pid = pid
+        self.exit_watcher = _RefWatcher(ref, f"cairn-ray-exit-{rank}", node_id)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def describe_exit(self) -> str:
+        return self.exit_watcher.outcome or "is still running"
+
+    def wait_exit(self, timeout: float) -> bool:
+        return self.exit_watcher.wait(timeout)
+
+
+def _format_resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items())) or "none"
+
+
+def describe_shortfall(bundle: dict[str, float], num_workers: int, strategy: str,
+                       nodes: list[dict[str, Any]], available: dict[str, float]) -> str:
+    """What the cluster lacks to place ``num_workers`` bundles: a sentence for an error.
+
+    ``nodes`` are ``ray.nodes()`` entries, ``available`` is ``ray.available_resources()``.
+    """
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    total: dict[str, float] = {}
+    for resources in alive:
+        for name, value in resources.items():
+            total[name] = total.get(name, 0.0) + float(value)
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    problems = []
+    absent = sorted(name for name in wanted if total.get(name, 0.0) <= 0)
+    if absent:
+        problems.append("no node has " + ", ".join(repr(name) for name in absent))
+    short = {name: value * num_workers for name, value in wanted.items()
+             if name not in absent and value * num_workers > total.get(name, 0.0) + 1e-9}
+    if short:
+        problems.append("the workers need " + _format_resources(short) + " in all, the cluster "
+                        "has " + _format_resources({n: total.get(n, 0.0) for n in short}))
+    fitting = sum(all(float(r.get(name, 0.0)) + 1e-9 >= value for name, value in wanted.items())
+                  for r in alive)
+    if not absent and fitting == 0:
+        problems.append("no node is large enough for one worker")
+    elif strategy == "STRICT_SPREAD" and fitting < num_workers:
+        problems.append(f"STRICT_SPREAD needs {num_workers} nodes that fit a worker, the cluster "
+                        f"has {fitting}")
+    everything = {name: value * num_workers for name, value in wanted.items()}
+    if strategy == "STRICT_PACK" and not problems and not any(
+            all(float(r.get(n, 0.0)) + 1e-9 >= v for n, v in everything.items())
+            for r in alive):
+        problems.append("STRICT_PACK needs one node with " + _format_resources(everything))
+    if not problems:
+        busy = {name: value for name, value in everything.items()
+                if available.get(name, 0.0) + 1e-9 < value}
+        problems.append("the resources exist but are in use: available now "
+                        + _format_resources({n: available.get(n, 0.0) for n in busy or wanted})
+                        + " (other runs or actors hold the rest, or a lost node has not been "
+                        "replaced yet)")
+    cluster = {n: v for n, v in total.items()
+               if n not in _BOOKKEEPING and not n.startswith("node:")}
+    return (f"{'; '.join(problems)}. The cluster has {len(alive)} alive "
+            f"{'node' if len(alive) == 1 else 'nodes'} with {_format_resources(cluster)}")
+
+
+def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str, Any]],
+                  available: dict[str, float] | None = None) -> int:
+    """How many ``bundle``s the alive ``nodes`` (``ray.nodes()`` entries) can hold at
+    once under ``strategy``, from each node's total resources; with ``available``
+    (``ray.available_resources()``) also at most what is free in the whole cluster now.
+
+    An upper bound, not a promise: Ray reports free resources per cluster, not per node,
+    so a placement of this many may still wait for resources in use. ``2**31`` when the
+    bundle asks for nothing.
+    """
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    unbounded = 2 ** 31
+
+    def fits(resources: dict[str, Any]) -> int:
+        counts = [math.floor(float(resources.get(name, 0.0)) / value + 1e-9)
+                  for name, value in wanted.items()]
+        return min(counts, default=unbounded)
+
+    per_node = [fits(n.get("Resources", {})) for n in nodes if n.get("Alive")]
+    if strategy == "STRICT_SPREAD":
+        count = sum(1 for c in per_node if c >= 1)
+    elif strategy == "STRICT_PACK":
+        count = max(per_node, default=0)
+    else:
+        count = min(sum(per_node), unbounded)
+    if available is not None:
+        count = min(count, fits(available))
+    return count
+
+
+class RayBackend:
+    """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
+
+    name = "ray"
+    bind_host = "0.0.0.0"
+
+    def __init__(self, scaling: ScalingConfig, *, env: dict[str, str] | None = None,
+                 placement_timeout_s: float | None = None) -> None:
+        self._scaling = scaling
+        self._env = env or {}
+        # The environment is read at each start of the group (a restart may need to wait
+        # longer than the first start) and checked now, so a bad value fails fit() first.
+        self._placement_timeout_s = placement_timeout_s
+        if placement_timeout_s is None:
+            read_placement_timeout()
+        self.workers: list[RayWorker] = []
+        self._group: PlacementGroup | None = None
+
+    def advertise_host(self) -> str:
+        self._ensure_ray()
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def _ensure_ray() -> None:
+        if not ray.is_initialized():
+            # RAY_ADDRESS (or a running local cluster) is used when set; otherwise Ray
+            # starts a cluster on this machine.
+            ray.init(log_to_driver=True)
+
+    def _bundle(self) -> dict[str, float]:
+        if self._scaling.resources_per_worker:
+            bundle = dict(self._scaling.resources_per_worker)
+        else:
+            bundle = {"CPU": 1.0}
+            if self._scaling.use_gpu:
+                bundle["GPU"] = 1.0
+        # accelerator_type travels as Ray Train's custom resource, so the placement group
+        # only lands on nodes that have that accelerator.
+        bundle.update(self._scaling.additional_resources_per_worker)
+        return bundle
+
+    def _describe_request(self, bundle: dict[str, float], num_workers: int,
+                          bounds: tuple[int, int] | None = None) -> str:
+        fewest = (f", the fewest of num_workers=({bounds[0]}, {bounds[1]})"
+                  if bounds is not None and bounds[0] < bounds[1] else "")
+        return (f"{num_workers} {'worker' if num_workers == 1 else 'workers'} "
+                f"({_format_resources(bundle)} each, strategy "
+                f"{self._scaling.placement_strategy}{fewest})")
+
+    def _try_place(self, bundle: dict[str, float], num_workers: int,
+                   timeout_s: float) -> PlacementGroup | None:
+        """A group of ``num_workers`` bundles if the cluster places it within
+        ``timeout_s``, else None (and no group left behind)."""
+        group: PlacementGroup = placement_group([bundle] * num_workers,
+                                                strategy=self._scaling.placement_strategy)
+        self._group = group
+        done, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if done:
+            return group
+        self._remove_group()
+        return None
+
+    def _place_elastic(self, bundle: dict[str, float], bounds: tuple[int, int],
+                       timeout_s: float) -> PlacementGroup:
+        """The largest group within ``bounds`` that the cluster places now, or one of
+        ``bounds[0]`` after the bounded wait; logs the size chosen and why."""
+        low, high = bounds
+        strategy = self._scaling.placement_strategy
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        room = count_fitting(bundle, strategy, nodes)
+        alive = sum(1 for n in nodes if n.get("Alive"))
+        why = (f"the cluster has room for {room} ({alive} alive "
+               f"{'node' if alive == 1 else 'nodes'})" if room < high else
+               f"the cluster has room for all {high}")
+        size = max(low, min(high, room))
+        probe_s = min(_PROBE_S, timeout_s)
+        while size > low:
+            group = self._try_place(bundle, size, probe_s)
+            if group is not None:
+                self._log_size(size, bounds, why)
+                return group
+            # What is free now (the previous group has been released by then) may rule
+            # out more than one size at once.
+            free = count_fitting(
+                bundle, strategy, ray.nodes(),  # type: ignore[no-untyped-call]
+                ray.available_resources())  # type: ignore[no-untyped-call]
+            why = (f"the cluster did not place {size} within {probe_s:g}s (resources in "
+                   f"use: room for {min(free, size - 1)} now)")
+            size = max(low, min(size - 1, free))
+        if room < low:
+            why = (f"the cluster has room for {room}, fewer than min_workers: waiting up to "
+                   f"{timeout_s:g}s for capacity")
+        self._log_size(low, bounds, why)
+        return self._place(bundle, low, timeout_s, bounds)
+
+    @staticmethod
+    def _log_size(size: int, bounds: tuple[int, int], why: str) -> None:
+        logger.info("Placing %d of %d..%d workers: %s", size, bounds[0], bounds[1], why)
+
+    def _place(self, bundle: dict[str, float], num_workers: int, timeout_s: float,
+               bounds: tuple[int, int] | None = None) -> PlacementGroup:
+        group: PlacementGroup = placement_group([bundle] * num_workers,
+                                                strategy=self._scaling.placement_strategy)
+        self._group = group
+        ready = group.ready()
+        request = self._describe_request(bundle, num_workers, bounds)
+        started = time.monotonic()
+        notice_s = min(_PLACEMENT_NOTICE_S, timeout_s)
+        done, _ = ray.wait([ready], timeout=notice_s)
+        if not done and timeout_s > notice_s:
+            logger.warning("Waiting for the Ray cluster to place %s, up to %gs (%s): %s",
+                           request, timeout_s, PLACEMENT_TIMEOUT_ENV, self._shortfall(
+                               bundle, num_workers))
+            done, _ = ray.wait([ready], timeout=max(0.0, timeout_s - notice_s))
+            if done:
+                logger.info("The Ray cluster placed %s after %.1fs", request,
+                            time.monotonic() - started)
+        if not done:
+            shortfall = self._shortfall(bundle, num_workers)
+            self._remove_group()
+            raise PlacementTimeoutError(
+                f"The Ray cluster could not place {request} within {timeout_s:g}s: "
+                f"{shortfall}. Add nodes with these resources, lower "
+                f"ScalingConfig.num_workers{' (its minimum)' if bounds else ''} or "
+                "resources_per_worker, or wait longer with "
+                f"{PLACEMENT_TIMEOUT_ENV}=<seconds>.")
+        return group
+
+    def _shortfall(self, bundle: dict[str, float], num_workers: int) -> str:
+        return describe_shortfall(
+            bundle, num_workers, self._scaling.placement_strategy,
+            ray.nodes(), ray.available_resources())  # type: ignore[no-untyped-call]
+
+    def start(self, num_workers: int, bootstrap: Bootstrap, *,
+              env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        timeout_s = (read_placement_timeout() if self._placement_timeout_s is None
+                     else self._placement_timeout_s)
+        self._ensure_ray()
+        bundle = self._bundle()
+        low = min(self._scaling.min_workers, num_workers)
+        if low < num_workers:
+            group = self._place_elastic(bundle, (low, num_workers), timeout_s)
+            num_workers = group.bundle_count
+        else:
+            group = self._place(bundle, num_workers, timeout_s)
+        path = os.pathsep.join(p for p in sys.path if p)
+        # One runtime environment for every actor (Ray sets up each distinct one apart);
+        # the per-rank variables are set by the actor itself once its rank is known.
+        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
+                    "CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": str(num_workers)}
+        actors = []
+        for index in range(num_workers):
+            options: dict[str, Any] = {
+                "num_cpus": bundle.get("CPU", 0.0),
+                "num_gpus": bundle.get("GPU", 0.0),
+                "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=index),
+                "runtime_env": {"env_vars": base_env},
+                "max_restarts": 0,
+            }
+            actors.append(_WorkerActor.options(**options).remote())  # type: ignore[attr-defined]
+        described = self._describe(actors, timeout_s)
+        # Ranks on one node are contiguous, nodes in the order of their first bundle.
+        node_order: dict[str, int] = {}
+        for _, _, node_id in described:
+            node_order.setdefault(node_id, len(node_order))
+        placed = sorted(zip(actors, described, strict=True),
+                        key=lambda item: (node_order[item[1][2]], item[1][0]))
+        per_node = {node: sum(1 for _, (_, _, n) in placed if n == node) for node in node_order}
+        self.workers = []
+        local_ranks: dict[str, int] = {}
+        for rank, (actor, (_, pid, node_id)) in enumerate(placed):
+            local_rank = local_ranks.get(node_id, 0)
+            local_ranks[node_id] = local_rank + 1
+            rank_env = {"CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
+                        "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}
+            ref = actor.run.remote(bootstrap.body(rank), rank_env)
+            self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
+        logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
+        return list(self.workers)
+
+    def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:
+        """(bundle index, pid, node id) of each actor once it runs, in bundle order.
+
+        An actor that died while starting (its node lost, a broken runtime environment)
+        gets pid -1: its ``run`` task fails at once and the controller sees that rank's
+        failure like any other. Actors not started within ``timeout_s`` fail the start.
+        """
+        refs = [actor.describe.remote() for actor in actors]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            missing = sorted(refs.index(ref) for ref in pending)
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            self._remove_group()
+            raise PlacementTimeoutError(
+                f"{len(missing)} of {len(actors)} Ray worker actors (placement bundles "
+                f"{', '.join(map(str, missing))}) did not start within {timeout_s:g}s of "
+                "their placement: their node may be overloaded or setting up the runtime "
+                f"environment; wait longer with {PLACEMENT_TIMEOUT_ENV}=<seconds>.")
+        described = []
+        for index, ref in enumerate(refs):
+            try:
+                pid, node_id = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                logger.warning("Ray worker actor %d failed as it started: %s", index,
+                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                pid, node_id = -1, f"unknown-{index}"
+            described.append((index, pid, node_id))
+        return described
+
+    def _remove_group(self) -> None:
+        if self._group is not None:
+            try:
+                remove_placement_group(self._group)
+            except Exception as exc:
+                logger.debug("Could not remove the placement group: %s", exc)
+            self._group = None
+
+    def shutdown(self, *, grace_s: float = 5.0) -> None:
+        deadline = time.monotonic() + max(0.0, grace_s)
+        for worker in self.workers:
+            if not worker.wait_exit(max(0.0, deadline - time.monotonic())):
+                ray.kill(worker.actor, no_restart=True)
+        for worker in self.workers:
+            ray.kill(worker.actor, no_restart=True)
+            worker.wait_exit(10.0)
+            worker.exit_watcher.close()
+        self.workers = []
+        self._remove_group()
+
+    def kill(self) -> None:
+        self.shutdown(grace_s=0.0)

@@ -1,0 +1,508 @@
+"""User-facing configuration dataclasses.
+
+They follow Ray Train 2.x names and arguments. Every config is frozen and keyword-only and
+validates in ``__post_init__``: a bad value raises :class:`ConfigError` naming the field,
+the value received and what is accepted, at the line where the config is built.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cairn._src import migration
+from cairn._src.errors import ConfigDeprecationError, ConfigError
+from cairn._src.field_types import check_field_types
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.tuning import TransferConfig
+
+# The hooks of cairn.Callback and cairn.UserCallback; a RunConfig callback must have one.
+HOOK_NAMES = ("on_report", "on_checkpoint", "on_failure", "on_run_end", "after_report",
+              "after_exception")
+
+
+class CheckpointUploadMode(enum.Enum):
+    """How ``report()`` gets a checkpoint onto storage.
+
+    * ``SYNC``: upload, commit, then return.
+    * ``ASYNC``: return at once with a handle; upload and commit on a background thread.
+    * ``NO_UPLOAD``: the checkpoint already lives on storage; record it by reference.
+    """
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"
+    NO_UPLOAD = "NO_UPLOAD"
+
+    @classmethod
+    def parse(
+        cls, value: object, *, argument: str = "checkpoint_upload_mode"
+    ) -> CheckpointUploadMode:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        accepted = ", ".join(repr(m.value) for m in cls)
+        raise ConfigError(f"{argument}={value!r} is not one of {accepted}.")
+
+
+def _check_int(name: str, value: object, *, minimum: int, allow: Sequence[int] = ()) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}.")
+    if value < minimum and value not in allow:
+        extra = "".join(f" or {a}" for a in allow)
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{extra}.")
+
+
+def _check_positive_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name}={value!r} must be a number > 0 (seconds).")
+
+
+BACKENDS = ("local", "ray")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_num_workers(value: object) -> None:
+    accepted = ("an integer >= 1, or a (min_workers, max_workers) tuple of integers with "
+                "1 <= min_workers <= max_workers, such as (2, 4)")
+    if isinstance(value, int) and _is_count(value):
+        if value < 1:
+            raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}.")
+        return
+    if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
+        hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
+                else "")
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
+    low, high = value
+    if low < 1:
+        raise ConfigError(
+            f"ScalingConfig.num_workers={value!r}: min_workers={low} must be >= 1; "
+            f"num_workers must be {accepted}."
+        )
+    if low > high:
+        raise ConfigError(
+            f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
+            f"max_workers={high}; num_workers must be {accepted}."
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """How many workers to run, and where.
+
+    ``backend`` picks who starts the worker processes: ``"local"`` (processes on this
+    machine, the default) or ``"ray"`` (actors on a Ray cluster).
+
+    ``accelerator_type`` (for example ``"A100"``) names the accelerator the workers' nodes
+    must have, as in Ray Train: it becomes the resource ``accelerator_type:<type>`` (0.001
+    per worker) in :attr:`additional_resources_per_worker` and :attr:`total_resources`, for
+    a cluster scheduler. The ``local`` backend runs on this machine, whatever its
+    accelerator: the value is accepted and recorded, and selects nothing.
+
+    ``num_workers`` is a number of workers, or a ``(min_workers, max_workers)`` tuple for
+    an elastic run, as in Ray Train: a backend starts as many workers as fit within the
+    bounds at each (re)start, and ``get_context().get_world_size()`` says how many it
+    got. The ``local`` backend always starts ``max_workers``. What is restored when the
+    world size changes: ``docs/elastic.md``.
+
+    ``tls`` encrypts the control channel between the driver and its workers (TLS 1.3,
+    a certificate made per run); ``None`` reads the ``CAIRN_TLS`` environment variable
+    (``1`` on, ``0`` off; unset: off). See ``docs/security.md``.
+    """
+
+    num_workers: int | tuple[int, int] = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+    accelerator_type: str | None = None
+    backend: str = "local"
+    tls: bool | None = None
+    trainer_resources: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.trainer_resources is not migration.DEPRECATED:
+            raise ConfigDeprecationError(migration.TRAINER_RESOURCES)
+        _check_num_workers(self.num_workers)
+        if self.tls is not None and not isinstance(self.tls, bool):
+            raise ConfigError(
+                f"ScalingConfig.tls={self.tls!r} must be True (encrypt the control channel), "
+                "False, or None (the CAIRN_TLS environment variable decides; unset: off)."
+            )
+        # Before the checks below read use_gpu: "false" is truthy.
+        check_field_types(self)
+        if self.accelerator_type is not None and not (
+            isinstance(self.accelerator_type, str) and self.accelerator_type
+        ):
+            raise ConfigError(
+                f"ScalingConfig.accelerator_type={self.accelerator_type!r} must be a non-empty "
+                "string (for example 'A100') or None."
+            )
+        if self.resources_per_worker is not None:
+            if not isinstance(self.resources_per_worker, dict) or not all(
+                isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float))
+                and v >= 0 for k, v in self.resources_per_worker.items()
+            ):
+                raise ConfigError(
+                    f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must "
+                    "be a dict of resource names to numbers >= 0 (for example {'CPU': 2})."
+                )
+            gpus = self.resources_per_worker.get("GPU", 0)
+            if not self.use_gpu and gpus > 0:
+                raise ConfigError(
+                    "`use_gpu` is False but `GPU` was found in `resources_per_worker`. "
+                    "Either set `use_gpu` to True or remove `GPU` from "
+                    "`resources_per_worker` (ScalingConfig.resources_per_worker="
+                    f"{self.resources_per_worker!r})."
+                )
+            if self.use_gpu and "GPU" in self.resources_per_worker and gpus == 0:
+                raise ConfigError(
+                    "`use_gpu` is True but `GPU` is set to 0 in `resources_per_worker`. "
+                    "Either set `use_gpu` to False or request a positive number of `GPU` "
+                    "in `resources_per_worker`."
+                )
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"ScalingConfig.backend={self.backend!r} is not one of "
+                + ", ".join(repr(b) for b in BACKENDS)
+                + "."
+            )
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        if self.placement_strategy not in strategies:
+            raise ConfigError(
+                f"ScalingConfig.placement_strategy={self.placement_strategy!r} is not one of "
+                + ", ".join(repr(s) for s in strategies)
+                + "."
+            )
+
+    @property
+    def elasticity_enabled(self) -> bool:
+        """Whether ``num_workers`` is a ``(min_workers, max_workers)`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers a (re)start may run with (``num_workers`` when fixed)."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers a (re)start asks for (``num_workers`` when fixed)."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        return self._resources_per_worker_not_none.get("CPU", 0)
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        return self._resources_per_worker_not_none.get("GPU", 0)
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        """Resources per worker besides CPU and GPU (the accelerator-type constraint too)."""
+        return {k: v for k, v in self._resources_per_worker_not_none.items()
+                if k not in ("CPU", "GPU")}
+
+    @property
+    def _resources_per_worker_not_none(self) -> dict[str, float]:
+        # As Ray Train: a GPU worker asks for no CPU by default (nodes have more CPUs than
+        # GPUs), a CPU worker for one CPU; resources given as 0 are dropped.
+        if self.resources_per_worker is None:
+            resources: dict[str, float] = {"GPU": 1} if self.use_gpu else {"CPU": 1}
+        else:
+            resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        if self.accelerator_type:
+            resources[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return resources
+
+    @property
+    def total_resources(self) -> dict[str, float]:
+        """What the whole worker group asks for: per-worker resources times the number of
+        workers (``max_workers`` for an elastic range: an upper bound)."""
+        return {k: v * self.max_workers for k, v in self._resources_per_worker_not_none.items()}
+
+
+UploadFailurePolicy = Literal["fail", "skip"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Which checkpoints to keep, and how uploads behave.
+
+    * ``num_to_keep``: keep the best N by ``checkpoint_score_attribute`` (or the latest N
+      when no attribute is given). The latest committed checkpoint and the one the current
+      attempt resumed from are always kept on top of those. ``None`` keeps everything.
+    * ``max_pending_uploads``: ASYNC uploads in flight per worker before ``report()`` waits.
+    * ``upload_failure_policy``: ``"fail"`` fails the attempt when an upload still fails
+      after retries (it counts against ``FailureConfig.max_failures``); ``"skip"`` drops
+      that checkpoint with a warning and training goes on.
+    * ``delete_unmanaged_checkpoints``: retention deletes NO_UPLOAD checkpoints that live
+      outside the run directory instead of only forgetting them.
+    * ``verify_on_resume``: what the driver checks of the checkpoint an attempt resumes
+      from. ``"sizes"`` (the default): its manifest, and that every file is a regular file
+      of the recorded size, without reading data; the workers verify checksums as they
+      restore, and a checksum failure on any rank makes the next attempt verify that
+      checkpoint fully and fall back from it on every rank. A checkpoint this driver
+      committed itself is not re-checked at all. ``"full"``: every byte is read and
+      checksummed on the driver before the workers start.
+    * ``local_tier_bytes``: with remote storage, each node keeps a copy of the newest
+      committed checkpoint, up to this many bytes per run, and a restarted worker on that
+      node restores from it, verified against the manifest (``0``, the default: off).
+    * ``local_tier_dir``: where that copy lives on each node (``None``:
+      ``CAIRN_LOCAL_TIER_DIR``, else ``cairn-local-tier`` in the temp directory; a
+      directory on ``/dev/shm`` keeps it in RAM).
+    """
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: Literal["max", "min"] = "max"
+    max_pending_uploads: int = 2
+    upload_failure_policy: UploadFailurePolicy = "fail"
+    delete_unmanaged_checkpoints: bool = False
+    verify_on_resume: Literal["sizes", "full"] = "sizes"
+    local_tier_bytes: int = 0
+    local_tier_dir: str | None = None
+    checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for removed in ("checkpoint_frequency", "checkpoint_at_end"):
+            if getattr(self, removed) is not migration.DEPRECATED:
+                raise ConfigDeprecationError(migration.checkpoint_config_message(removed))
+        if self.num_to_keep is not None:
+            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+        if self.checkpoint_score_attribute is not None and not (
+            isinstance(self.checkpoint_score_attribute, str) and self.checkpoint_score_attribute
+        ):
+            raise ConfigError(
+                "CheckpointConfig.checkpoint_score_attribute="
+                f"{self.checkpoint_score_attribute!r} must be a non-empty string or None."
+            )
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ConfigError(
+                f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} "
+                "is not one of 'max', 'min'."
+            )
+        _check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
+        if self.verify_on_resume not in ("sizes", "full"):
+            raise ConfigError(
+                f"CheckpointConfig.verify_on_resume={self.verify_on_resume!r} is not one of "
+                "'sizes' (the manifest and file sizes; workers verify checksums as they "
+                "restore), 'full' (every byte checksummed on the driver)."
+            )
+        if self.upload_failure_policy not in ("fail", "skip"):
+            raise ConfigError(
+                f"CheckpointConfig.upload_failure_policy={self.upload_failure_policy!r} "
+                "is not one of 'fail', 'skip'."
+            )
+        _check_int("CheckpointConfig.local_tier_bytes", self.local_tier_bytes, minimum=0)
+        if self.local_tier_dir is not None and not (
+                isinstance(self.local_tier_dir, str) and os.path.isabs(self.local_tier_dir)):
+            raise ConfigError(
+                f"CheckpointConfig.local_tier_dir={self.local_tier_dir!r} must be an "
+                "absolute path (the same on every node) or None."
+            )
+        check_field_types(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureConfig:
+    """What to do when a worker fails.
+
+    * ``max_failures``: how many times the worker group is restarted (``-1``: no limit,
+      ``0``: fail on the first failure).
+    * ``collective_timeout_s``: how long the controller waits for every rank to reach a
+      checkpoint report once one rank has, before failing with an error naming the ranks
+      that did not arrive.
+    * ``warm_standby``: the local backend keeps one spare process per rank, started and
+      with its imports done (``torch`` for :class:`cairn.torch.TorchTrainer`) while the
+      attempt trains, and hands the next attempt to them after a failure: a restart skips
+      interpreter start-up and imports. Costs one idle process per rank (no effect with
+      ``max_failures=0`` or the Ray backend).
+    """
+
+    max_failures: int = 0
+    collective_timeout_s: float = 600.0
+    warm_standby: bool = False
+    fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.fail_fast is not migration.DEPRECATED:
+            raise ConfigDeprecationError(migration.FAIL_FAST)
+        _check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
+        _check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)
+        if not isinstance(self.warm_standby, bool):
+            raise ConfigError(
+                f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."
+            )
+        check_field_types(self)
+
+
+def default_storage_path() -> str:
+    return os.environ.get("CAIRN_STORAGE_PATH", os.path.expanduser("~/cairn_results"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Where the run lives and how it behaves.
+
+    ``name`` identifies the run inside ``storage_path``: calling ``fit()`` again with the
+    same name and storage continues the run. ``storage_path`` is a local path or any URI
+    Cairn can resolve (``s3://``, ``gs://``, a registered custom scheme ...);
+    ``storage_filesystem`` is an explicit ``pyarrow.fs.FileSystem``, fsspec filesystem, or a
+    zero-argument factory returning one (use a factory when the object cannot be pickled).
+
+    ``storage_retry`` is the retry budget of every storage call of the run. ``startup_retry``
+    is the driver's budget while it starts (taking the lease, reading the run index,
+    settling what a dead driver left): ``None`` uses ``storage_retry``; give a longer one
+    (``RetryPolicy(max_attempts=20, max_backoff_s=30)``) to ride out a storage outage at
+    start. When it runs out, ``fit()`` raises :class:`StorageError` saying that the run is
+    intact and can be started again. ``storage_transfer`` sets the part size and the
+    requests in flight of transfers with remote storage in every worker, and in the driver
+    while ``fit()`` runs (:class:`cairn.storage.TransferConfig`; ``None``: each process's
+    own settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
+    ``fit()`` calls running at once in one process use the setting of the one started
+    last, and each takes only its own away when it returns.
+    """
+
+    name: str | None = None
+    storage_path: str | os.PathLike[str] | None = None
+    storage_filesystem: Any = None
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    callbacks: Sequence[Any] = ()
+    storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    storage_transfer: TransferConfig | None = None
+    worker_env: dict[str, str] | None = None
+    # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
+    # the driver's Python environment, so pip/conda/working_dir are refused.
+    worker_runtime_env: dict[str, Any] | None = None
+    log_to_driver: bool = True
+    startup_retry: RetryPolicy | None = None
+    # The driver's live view: 0 off, 1 one status line, 2 also a line per event; None: the
+    # CAIRN_PROGRESS environment variable, else 1.
+    progress: int | None = None
+    sync_config: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    verbose: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    stop: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    progress_reporter: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    log_to_file: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for removed in migration.RUN_CONFIG_REMOVED:
+            if getattr(self, removed) is not migration.DEPRECATED:
+                raise ConfigDeprecationError(migration.run_config_message(removed))
+        # Ray Train's RunConfig takes None for these and fills in the defaults.
+        defaults = {"checkpoint_config": CheckpointConfig, "failure_config": FailureConfig,
+                    "callbacks": tuple, "storage_retry": RetryPolicy}
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default())
+        if self.name is not None:
+            if not isinstance(self.name, str) or not self.name:
+                raise ConfigError(f"RunConfig.name={self.name!r} must be a non-empty string.")
+            if "/" in self.name or "\\" in self.name or self.name in (".", ".."):
+                raise ConfigError(
+                    f"RunConfig.name={self.name!r} must be a single path component "
+                    "(no '/', '\\', '.' or '..')."
+                )
+        if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
+            raise ConfigError(
+                f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string."
+            )
+        if self.storage_path is not None and not os.fspath(self.storage_path):
+            raise ConfigError(
+                f"RunConfig.storage_path={self.storage_path!r} is empty; pass a directory or "
+                "a URI such as 's3://bucket/runs', or leave it out (None) for the default "
+                "(the CAIRN_STORAGE_PATH environment variable, else ~/cairn_results)."
+            )
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise ConfigError(
+                f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a "
+                "CheckpointConfig."
+            )
+        if self.startup_retry is not None and not isinstance(self.startup_retry, RetryPolicy):
+            raise ConfigError(
+                f"RunConfig.startup_retry={self.startup_retry!r} must be a cairn.RetryPolicy "
+                "or None (None: the start-up uses storage_retry)."
+            )
+        if not isinstance(self.failure_config, FailureConfig):
+            raise ConfigError(
+                f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig."
+            )
+        if self.progress is not None and (type(self.progress) is not int
+                                          or self.progress not in (0, 1, 2)):
+            raise ConfigError(
+                f"RunConfig.progress={self.progress!r} must be 0 (no live view), 1 (a status "
+                "line), 2 (a status line and a line per event) or None (the CAIRN_PROGRESS "
+                "environment variable, else 1)."
+            )
+        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks,
+                                                                       Sequence):
+            raise ConfigError(
+                f"RunConfig.callbacks={self.callbacks!r} must be a list of cairn.Callback or "
+                "cairn.UserCallback objects."
+            )
+        for callback in self.callbacks:
+            if not any(callable(getattr(callback, hook, None)) for hook in HOOK_NAMES):
+                raise ConfigError(
+                    f"RunConfig.callbacks contains {callback!r}, which has none of the "
+                    f"callback hooks ({', '.join(HOOK_NAMES)}): pass cairn.Callback or "
+                    "cairn.UserCallback subclasses (Ray Tune callbacks do not apply)."
+                )
+        if not isinstance(self.storage_retry, RetryPolicy):
+            raise ConfigError(
+                f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."
+            )
+        if self.storage_transfer is not None and not isinstance(self.storage_transfer,
+                                                                TransferConfig):
+            raise ConfigError(
+                f"RunConfig.storage_transfer={self.storage_transfer!r} must be a "
+                "cairn.storage.TransferConfig or None (None: the process's settings)."
+            )
+        check_field_types(self)
+        self._merge_worker_runtime_env()
+
+    def _merge_worker_runtime_env(self) -> None:
+        runtime_env = self.worker_runtime_env
+        if runtime_env is None:
+            return
+        if not isinstance(runtime_env, Mapping):
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env={runtime_env!r} must be a dict such as "
+                "{'env_vars': {'NAME': 'value'}}, or None."
+            )
+        unsupported = sorted(str(key) for key in runtime_env if key != "env_vars")
+        if unsupported:
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env has {unsupported}; Cairn supports only "
+                "'env_vars' there: workers run in the driver's Python environment and working "
+                "directory, so install packages (pip, conda, py_modules) and ship code "
+                "(working_dir) on every node beforehand."
+            )
+        env_vars = runtime_env.get("env_vars") or {}
+        if not isinstance(env_vars, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+        ):
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env['env_vars']={env_vars!r} must be a dict of "
+                "str to str."
+            )
+        merged = dict(env_vars)
+        for name, value in (self.worker_env or {}).items():
+            if merged.get(name, value) != value:
+                raise ConfigError(
+                    f"RunConfig.worker_env[{name!r}]={value!r} and "
+                    f"worker_runtime_env['env_vars'][{name!r}]={merged[name]!r} disagree; "
+                    "set the variable in one of them."
+                )
+            merged[name] = value
+        object.__setattr__(self, "worker_env", merged)

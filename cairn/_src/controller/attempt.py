@@ -1,0 +1,52 @@
+"""What the controller knows about one attempt of a worker group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from cairn._src.backends.protocol import WorkerHandle
+from cairn._src.checkpoint.views import CheckpointView
+from cairn._src.controller.reports import ReportTracker
+from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.wire.messages import DoneMessage
+
+
+@dataclass
+class Attempt:
+    """One attempt's workers, connections, reports and failures (the controller loop's)."""
+
+    number: int
+    tracker: ReportTracker
+    resume: CheckpointView | None
+    first_report_index: int
+    started_at: float
+    workers: list[WorkerHandle] = field(default_factory=list)
+    connections: dict[int, Connection] = field(default_factory=dict)
+    connected: set[int] = field(default_factory=set)
+    skipped_dirs: dict[int, str] = field(default_factory=dict)
+    done: dict[int, DoneMessage] = field(default_factory=dict)
+    failures: list[WorkerFailure] = field(default_factory=list)
+    fatal: bool = False
+    commits_in_flight: int = 0
+    first_report_seen: bool = False
+    train_started: bool = False
+    announced_dirs: set[str] = field(default_factory=set)
+    last_commit_t: float | None = None
+    # A rank found the resume checkpoint damaged (see Controller._resume_found_damaged).
+    resume_damaged: bool = False
+
+    def has_failure(self, rank: int) -> bool:
+        return any(f.rank == rank for f in self.failures)
+
+
+def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:
+    """rank -> (local rank, local world size, node rank); nodes numbered by lowest rank."""
+    by_node: dict[str, list[int]] = {}
+    for worker in sorted(workers, key=lambda w: w.rank):
+        by_node.setdefault(worker.node_id, []).append(worker.rank)
+    result = {}
+    for node_rank, ranks in enumerate(by_node.values()):
+        for local_rank, rank in enumerate(ranks):
+            result[rank] = (local_rank, len(ranks), node_rank)
+    return result

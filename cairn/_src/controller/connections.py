@@ -1,0 +1,244 @@
+"""The controller's connections to its workers.
+
+An acceptor thread takes connections on the controller's listener and authenticates each
+on a handshake thread of its own, with a deadline; authenticated connections, like the
+commit thread's results, reach the controller loop through :meth:`WorkerChannels.post`:
+an inbox and a wake-up pipe the loop waits on without polling.
+
+Sends and reads run on the controller loop's thread only; a worker whose connection
+breaks becomes that rank's failure in its attempt.
+
+The listener binds one address (loopback, or the driver node's address on a cluster);
+with TLS on, each accepted connection is a TLS tunnel (:mod:`cairn._src.wire.tls`);
+without it, sends to another machine carry no storage credentials
+(:mod:`cairn._src.wire.channel_security`). Refused peers are logged once per address.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
+
+from cairn._src.controller.attempt import Attempt
+from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.wire.channel_security import CredentialFreeConnection, RefusalLog, is_same_host
+from cairn._src.wire.sockets import abort_connection, disable_nagle
+from cairn._src.wire.tls import RunCertificate, make_run_certificate, open_server_tunnel
+
+logger = logging.getLogger(__name__)
+
+_HANDSHAKE_TIMEOUT_S = 10.0
+_MESSAGES_PER_WAKE = 1000
+
+
+class WorkerChannels:
+    """The listener, its acceptor thread, the loop's inbox and wake-up pipe, and sends.
+
+    ``bind_host`` is the one address the listener binds: loopback for the local backend,
+    the driver node's address on a cluster (never every interface). With ``tls`` the
+    channel is encrypted with a certificate made for this run (:mod:`cairn._src.wire.tls`);
+    :attr:`certificate_pem` is then what workers must trust (``certificate`` gives one
+    made beforehand, and implies TLS). ``same_host(peer, bind_host)`` tells which peers
+    run on the driver's machine: without TLS, sends to any other peer carry no storage
+    credentials (:mod:`channel_security`).
+    """
+
+    def __init__(self, bind_host: str, *, tls: bool = False,
+                 certificate: RunCertificate | None = None,
+                 same_host: Callable[[str, str], bool] = is_same_host) -> None:
+        self.authkey = secrets.token_bytes(32)
+        self.bind_host = bind_host
+        if certificate is None and tls:
+            certificate = make_run_certificate(bind_host)
+        self._certificate = certificate
+        self._same_host = same_host
+        self.refusals = RefusalLog()
+        self._stripped_for: set[str] = set()
+        self._stripped_lock = threading.Lock()
+        family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+        self._listener = socket.create_server((bind_host, 0), family=family, backlog=128)
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.wake_r, self._wake_w = os.pipe()
+        self._closing = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
+                                          daemon=True)
+
+    @property
+    def certificate_pem(self) -> str | None:
+        """The run's TLS certificate for workers to trust (None without TLS)."""
+        return self._certificate.certificate_pem if self._certificate else None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address the listener is bound to."""
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    # --- helper threads ------------------------------------------------------------------
+
+    def post(self, kind: str, payload: Any) -> None:
+        """Hand an item to the controller loop and wake it (any thread)."""
+        self._inbox.put((kind, payload))
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def next_item(self) -> tuple[str, Any] | None:
+        """The next posted item, or None when the inbox is empty (the loop's thread)."""
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def clear_wake(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                # The handshake runs on a thread of its own, with a deadline, so a peer
+                # that connects and says nothing (a port scan on a cluster node) cannot
+                # hold up the workers behind it.
+                sock, address = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                continue
+            if self._closing:
+                sock.close()
+                return
+            threading.Thread(target=self._handshake, args=(sock, str(address[0])),
+                             name="cairn-handshake", daemon=True).start()
+
+    def _handshake(self, sock: socket.socket, peer: str) -> None:
+        if self._certificate is not None:
+            try:
+                sock = open_server_tunnel(sock, self._certificate.server_context,
+                                          _HANDSHAKE_TIMEOUT_S)
+            except Exception as exc:
+                if not self._closing:
+                    self.refusals.refused(peer, f"TLS handshake failed: {exc}")
+                return
+        connection = self._wrap(sock, peer)
+        deadline = threading.Timer(_HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
+        deadline.start()
+        try:
+            deliver_challenge(connection, self.authkey)
+            answer_challenge(connection, self.authkey)
+            disable_nagle(connection)
+            hello = connection.recv()
+        except Exception as exc:
+            connection.close()
+            if not self._closing:
+                # A peer without the run's secret, or one that stalled or hung up.
+                self.refusals.refused(peer, exc)
+            return
+        finally:
+            deadline.cancel()
+        self.post("connection", (connection, hello))
+
+    def _wrap(self, sock: socket.socket, peer: str) -> Connection:
+        if self._certificate is not None or self._same_host(peer, self.bind_host):
+            return Connection(sock.detach())
+
+        def stripped() -> None:
+            with self._stripped_lock:
+                if peer in self._stripped_for:
+                    return
+                self._stripped_for.add(peer)
+            logger.warning(
+                "The control channel to %s (another machine) is not encrypted, so the "
+                "credentials in the storage URI are not sent to it: workers there reach "
+                "the storage with the credentials of their own environment. To send them, "
+                "turn on TLS (ScalingConfig(tls=True) or CAIRN_TLS=1).", peer)
+
+        return CredentialFreeConnection(sock.detach(), stripped)
+
+    # --- the loop's side -----------------------------------------------------------------
+
+    def read(self, attempt: Attempt, rank: int, connection: Connection,
+             handle: Callable[[object], None], *, everything: bool = False) -> None:
+        """Hand the rank's waiting messages to ``handle``; a broken connection is the
+        rank's failure."""
+        try:
+            # Bounded, so one chatty rank cannot hold up the others' exits and commits;
+            # after the worker exited, everything it sent is read.
+            read = 0
+            while (everything or read < _MESSAGES_PER_WAKE) and connection.poll():
+                handle(connection.recv())
+                read += 1
+        except (EOFError, OSError):
+            attempt.connections.pop(rank, None)
+            connection.close()
+            if rank not in attempt.done and not attempt.has_failure(rank):
+                attempt.failures.append(describe_lost(attempt, rank))
+
+    def send(self, attempt: Attempt, rank: int, message: object) -> None:
+        """Send to one worker; a worker gone meanwhile is left to the reader.
+
+        A worker that finished sends Done and closes its end: a send after that fails,
+        while its Done may still be unread in the socket. The connection stays, so the
+        reader (or the exit watcher, which reads everything first) sees Done, or sees the
+        end of the stream without one and records the rank's failure.
+        """
+        connection = attempt.connections.get(rank)
+        if connection is None:
+            return
+        try:
+            connection.send(message)
+        except OSError as exc:
+            logger.debug("Could not send to rank %d (%s); its messages are read first",
+                         rank, exc)
+
+    def broadcast(self, attempt: Attempt, message: object) -> None:
+        for rank in list(attempt.connections):
+            self.send(attempt, rank, message)
+
+    # --- closing -------------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        self._closing = True
+        try:
+            # accept() does not return when the listener closes under it: knock once.
+            socket.create_connection((self.bind_host, self.port), 5).close()
+        except OSError:
+            pass
+        self._acceptor.join(5.0)
+        self.refusals.summarize()
+
+    def close(self) -> None:
+        """Close the listener and the wake-up pipe (after :meth:`stop_accepting`)."""
+        self._listener.close()
+        os.close(self.wake_r)
+        os.close(self._wake_w)
+
+
+def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:
+    """A worker's connection closed without Done: say how its process ended."""
+    worker = next(w for w in attempt.workers if w.rank == rank)
+    # A dying process closes its socket a moment before it can be reaped.
+    if not worker.wait_exit(0.5):
+        return WorkerFailure(rank=rank, traceback="",
+                             summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
+                             "connection to the controller")
+    return WorkerFailure(rank=rank, traceback="",
+                         summary=f"Worker rank {rank} (pid {worker.pid}) "
+                         f"{worker.describe_exit()}")

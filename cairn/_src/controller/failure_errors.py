@@ -1,0 +1,85 @@
+"""The error ``fit()`` raises when workers fail: a :class:`WorkerGroupError` carrying each
+failed rank's own exception, as Ray Train's ``worker_failures``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+from cairn._src.controller.worker_failures import WorkerFailure, ordered_ranks
+from cairn._src.errors import WorkerGroupError, WorkerProcessError
+from cairn._src.storage.uris import redact_text
+
+logger = logging.getLogger(__name__)
+
+
+def worker_exceptions(failures: Sequence[WorkerFailure]) -> dict[int, BaseException]:
+    """``{rank: exception}`` for every failed rank, ordered by rank.
+
+    A rank's first failure counts. Its exception is the object its train function raised,
+    unpickled here; a rank that failed without one (it exited, was killed, lost its
+    connection, hung), or whose exception cannot be unpickled in the driver, gets a
+    :class:`WorkerProcessError` with the failure's text and traceback.
+    """
+    found: dict[int, BaseException] = {}
+    for failure in failures:
+        if failure.rank in found:
+            continue
+        exception: object = None
+        if failure.exception is not None:
+            try:
+                exception = cloudpickle.loads(failure.exception)
+            except Exception as exc:  # a class the driver cannot import, say
+                logger.warning("The exception of rank %d cannot be unpickled in the driver "
+                               "(%s: %s); keeping its text", failure.rank,
+                               type(exc).__name__, exc)
+        if not isinstance(exception, BaseException):
+            text = failure.summary
+            if failure.traceback:
+                text += "\n" + failure.traceback.rstrip()
+            exception = WorkerProcessError(text)
+        found[failure.rank] = exception
+    return dict(sorted(found.items()))
+
+
+def worker_group_error(
+    failures: Sequence[WorkerFailure], reason: str, run_path: str | None = None
+) -> WorkerGroupError:
+    """The error for an attempt that failed with ``failures`` (``reason``: their grouped
+    text); ``run_path`` is where its committed checkpoints stay."""
+    return WorkerGroupError(reason, worker_exceptions(failures), run_path)
+
+
+# What the event log keeps of an error message: enough to say why, never a whole log.
+MESSAGE_LIMIT = 2000
+
+
+def error_summary(error: BaseException, ranks: Sequence[int]) -> dict[str, Any]:
+    """A failure as the event log keeps it: ``{"type", "ranks", "message"}``, the message
+    bounded and with any URI in it redacted (the log lives on storage)."""
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__.replace('cairn._src.errors', 'cairn')}.{kind.__qualname__}")
+    message = redact_text(str(error))
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 3] + "..."
+    return {"type": name, "ranks": sorted(int(r) for r in ranks), "message": message}
+
+
+def failure_records(failures: Sequence[WorkerFailure],
+                    error: WorkerGroupError) -> list[dict[str, Any]]:
+    """Each failed rank's error as the event log keeps it (:func:`error_summary` plus
+    ``"frame"``: where it failed, or None), the causes first (the rank that died before
+    the ranks whose collective then lost it; see ``worker_failures.cause_order``)."""
+    frames: dict[int, dict[str, Any] | None] = {}
+    for failure in failures:
+        if frames.get(failure.rank) is None:
+            frames[failure.rank] = failure.frame
+    exceptions = error.worker_failures
+    ranks = [r for r in ordered_ranks(list(failures)) if r in exceptions]
+    ranks += [r for r in exceptions if r not in ranks]
+    return [{**error_summary(exceptions[rank], ranks=(rank,)), "frame": frames.get(rank)}
+            for rank in ranks]

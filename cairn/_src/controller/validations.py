@@ -1,0 +1,300 @@
+"""Validation of committed checkpoints, off the train loop, in the driver.
+
+``report(..., validation=...)`` asks for the checkpoint of that report to be validated.
+The controller hands it here once the checkpoint is handed to the commit; the runner
+validates one checkpoint at a time, in report order, on its own thread
+(``cairn-validation``), calling ``ValidationConfig.fn(checkpoint, **kwargs)`` on a
+helper thread so that ``ValidationTaskConfig.timeout_s`` can be enforced (a validation
+that passes it is reported ``VALIDATION_TIMEOUT``; Python cannot stop the thread, so it
+runs to its end and its result is ignored).
+
+Durability and ordering:
+
+* the request is in the run's event log (``validation_requested``, flushed) before the
+  checkpoint is committed, so a driver killed while it is pending runs it again on the
+  next ``fit()`` (``validation_finished`` ends it);
+* while pending, retention never deletes the checkpoint (:class:`ProtectPending` wraps
+  the manager's policy);
+* the result is applied on the commit thread (the checkpoint manager's only writer): the
+  metrics are merged into the manifest and the index, retention runs again with them, and
+  only then is ``validation_finished`` logged and the checkpoint's protection lifted.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from cairn._src.checkpoint.index import CheckpointRecord
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.reported import ReportedCheckpointStatus
+from cairn._src.checkpoint.retention import RetentionPolicy
+from cairn._src.checkpoint.views import ReadyCheckpoint, checkpoint_from_view
+from cairn._src.config.validation import ValidationConfig, merged_task
+from cairn._src.errors import ReportError
+from cairn._src.run.report_checks import check_score_attribute, score_value, validate_metrics
+from cairn._src.run.segment_log import SegmentLog
+
+logger = logging.getLogger(__name__)
+
+REQUESTED = "validation_requested"
+FINISHED = "validation_finished"
+
+
+@dataclass(frozen=True)
+class ProtectPending:
+    """A retention policy that keeps whatever ``inner`` keeps and every checkpoint whose
+    validation is pending."""
+
+    inner: RetentionPolicy
+    pending: Callable[[], set[str]]
+
+    def should_keep(self, records: Sequence[CheckpointRecord]) -> list[bool]:
+        protected = self.pending()
+        keep = self.inner.should_keep(records)
+        return [k or r.dir_name in protected for k, r in zip(keep, records, strict=True)]
+
+
+@dataclass(frozen=True)
+class _Job:
+    dir_name: str
+    index: int
+    task: dict[str, Any]
+
+
+_STOP = object()
+
+
+class ValidationRunner:
+    """Runs the validations of one run (all its attempts). Thread-safe.
+
+    ``submit(fn)`` runs ``fn`` on the controller's commit thread; ``wake()`` nudges the
+    controller loop (a finished validation may answer ``get_all_reported_checkpoints``).
+    """
+
+    def __init__(self, config: ValidationConfig | None, manager: CheckpointManager,
+                 events: SegmentLog, *, submit: Callable[[Callable[[], None]], None],
+                 wake: Callable[[], None]) -> None:
+        self.config = config
+        self._manager = manager
+        self._events = events
+        self._submit = submit
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending: dict[str, _Job] = {}
+        # Pending, but no longer protected: their result is being applied (and re-ranked).
+        self._applying: set[str] = set()
+        self._status: dict[str, ReportedCheckpointStatus] = {}
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        # Held while a result is applied to the index, and by paused(): the controller's
+        # own index writes at attempt boundaries must not interleave with one.
+        self._apply_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        manager.policy = ProtectPending(manager.policy, self.pending_names)
+
+    # --- state -------------------------------------------------------------------------
+
+    def pending_names(self) -> set[str]:
+        """The checkpoints retention must keep."""
+        with self._lock:
+            return set(self._pending) - self._applying
+
+    def pending_up_to(self, index: int) -> bool:
+        """Whether a validation of a report up to ``index`` will still finish in this run
+        (without a validation config, those left by an earlier driver never do)."""
+        with self._lock:
+            return self.config is not None and any(
+                job.index <= index for job in self._pending.values())
+
+    def status(self, dir_name: str) -> ReportedCheckpointStatus:
+        with self._lock:
+            if dir_name in self._pending:
+                return ReportedCheckpointStatus.PENDING_VALIDATION
+            return self._status.get(dir_name, ReportedCheckpointStatus.COMMITTED)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def resume(self, records: Iterable[dict[str, Any]]) -> None:
+        """Re-queue the validations a previous driver left pending (from the event log)."""
+        requested: dict[str, _Job] = {}
+        for record in records:
+            kind, name = record.get("type"), record.get("dir_name")
+            if not isinstance(name, str):
+                continue
+            if kind == REQUESTED and isinstance(record.get("task"), dict):
+                requested[name] = _Job(name, int(record.get("index", 0)), record["task"])
+            elif kind == FINISHED:
+                requested.pop(name, None)
+                status = record.get("status")
+                if isinstance(status, str) and status in ReportedCheckpointStatus.__members__:
+                    with self._lock:
+                        self._status[name] = ReportedCheckpointStatus[status]
+        kept = {r.dir_name for r in self._manager.index.checkpoints}
+        jobs = sorted((j for j in requested.values() if j.dir_name in kept),
+                      key=lambda j: j.index)
+        if not jobs:
+            return
+        if self.config is None:
+            logger.warning("Validations of %s are pending from an earlier driver, but this "
+                           "Trainer has no validation_config: they stay pending",
+                           [j.dir_name for j in jobs])
+            with self._lock:
+                self._pending.update({j.dir_name: j for j in jobs})
+            return
+        logger.info("Running the validations an earlier driver left pending: %s",
+                    [j.dir_name for j in jobs])
+        for job in jobs:
+            self._enqueue(job)
+
+    def before_commit(self, ready: ReadyCheckpoint) -> None:
+        """Record the request durably (before the checkpoint can exist) and protect it."""
+        if ready.validation is None:
+            return
+        job = _Job(ready.dir_name, ready.index, dict(ready.validation))
+        self._events.append({"type": REQUESTED, "t": time.time(), "dir_name": job.dir_name,
+                             "index": job.index, "task": job.task})
+        self._events.flush()
+        with self._lock:
+            self._pending[job.dir_name] = job
+
+    def after_commit(self, ready: ReadyCheckpoint, committed: bool) -> None:
+        """Start the validation of a committed checkpoint; forget one that did not commit."""
+        if ready.validation is None:
+            return
+        with self._lock:
+            job = self._pending.get(ready.dir_name)
+            if not committed:
+                self._pending.pop(ready.dir_name, None)
+                self._idle.notify_all()
+                return
+        if job is not None:
+            self._enqueue(job)
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._lock:
+            self._pending[job.dir_name] = job
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cairn-validation",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def wait_idle(self) -> None:
+        """Block until no validation is pending (the end of a successful run)."""
+        with self._idle:
+            while self._pending and self.config is not None:
+                self._idle.wait(1.0)
+
+    def close(self) -> None:
+        self._jobs.put(_STOP)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No validation result is applied to the index inside this block."""
+        with self._apply_lock:
+            yield
+
+    # --- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            try:
+                status, metrics = self._validate(job)
+            except Exception:
+                logger.exception("Validation of %s failed", job.dir_name)
+                status, metrics = ReportedCheckpointStatus.VALIDATION_FAILED, {}
+            done = threading.Event()
+            self._submit(functools.partial(self._apply, job, status, metrics, done))
+            # One at a time: the next validation starts after this one is applied.
+            done.wait()
+
+    def _validate(self, job: _Job) -> tuple[ReportedCheckpointStatus, dict[str, Any]]:
+        assert self.config is not None
+        record = self._manager.index.find(job.dir_name)
+        if record is None:
+            logger.warning("Not validating %s: it is no longer in the run index", job.dir_name)
+            return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        checkpoint = checkpoint_from_view(self._manager.view(record))
+        kwargs, timeout = merged_task(self.config, job.task)
+        box: list[Any] = []
+        fn = self.config.fn
+
+        def call() -> None:
+            try:
+                box.append(("ok", fn(checkpoint, **kwargs)))
+            except BaseException as exc:
+                box.append(("error", exc))
+
+        worker = threading.Thread(target=call, name=f"cairn-validate-{job.dir_name}",
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            logger.warning("Validation of %s passed its timeout_s=%s; its result will be "
+                           "ignored", job.dir_name, timeout)
+            return ReportedCheckpointStatus.VALIDATION_TIMEOUT, {}
+        outcome, value = box[0]
+        if outcome == "error":
+            logger.error("The validation function raised for %s: %s: %s", job.dir_name,
+                         type(value).__name__, value)
+            return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        if not isinstance(value, dict):
+            logger.error("The validation function returned %s for %s; it must return a dict "
+                         "of metrics", type(value).__name__, job.dir_name)
+            return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        # The checks report() makes of metrics: a score retention cannot rank by (NaN, a
+        # string) would otherwise re-rank the checkpoints with it.
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        what = f"The validation function {name} returned metrics for {job.dir_name} that"
+        try:
+            metrics = validate_metrics(value, what=what)
+            attribute = self._manager.config.checkpoint_score_attribute
+            if attribute is not None and score_value(metrics, attribute) is not None:
+                check_score_attribute(metrics, attribute, what=what)
+        except ReportError as exc:
+            logger.error("%s The validation is VALIDATION_FAILED: its metrics are not "
+                         "merged into %s, which keeps its reported metrics and its place "
+                         "in retention; the run goes on.", exc, job.dir_name)
+            return ReportedCheckpointStatus.VALIDATION_FAILED, {}
+        return ReportedCheckpointStatus.VALIDATED, metrics
+
+    def _apply(self, job: _Job, status: ReportedCheckpointStatus, metrics: dict[str, Any],
+               done: threading.Event) -> None:
+        """On the commit thread: merge, re-rank, log, then lift the protection."""
+        dropped: tuple[CheckpointRecord, ...] = ()
+        self._apply_lock.acquire()
+        try:
+            with self._lock:
+                # No longer protected: retention may now drop it, by its validated score.
+                self._applying.add(job.dir_name)
+            dropped = self._manager.apply_validation(job.dir_name, metrics)
+            self._events.append({"type": FINISHED, "t": time.time(), "dir_name": job.dir_name,
+                                 "index": job.index, "status": status.value,
+                                 "metrics": metrics})
+            self._events.flush()
+            with self._lock:
+                self._status[job.dir_name] = status
+            logger.info("Validation of %s: %s %s", job.dir_name, status.value, metrics)
+        except Exception:
+            logger.exception("Could not record the validation of %s; it runs again on the "
+                             "next fit()", job.dir_name)
+        finally:
+            self._apply_lock.release()
+            with self._idle:
+                self._pending.pop(job.dir_name, None)
+                self._applying.discard(job.dir_name)
+                self._idle.notify_all()
+            done.set()
+            self._wake()
+        self._manager.delete_dropped(dropped)

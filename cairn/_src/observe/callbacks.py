@@ -1,0 +1,206 @@
+"""Driver-side callbacks: follow a run from the process that called ``fit()``.
+
+Two interfaces, both accepted in ``RunConfig(callbacks=[...])``: Cairn's
+:class:`Callback` (``on_report``, ``on_checkpoint``, ``on_failure``, ``on_run_end``) and
+Ray Train v2's :class:`UserCallback` (``after_report``, ``after_exception``). The
+controller calls them through one :class:`CallbackDispatcher`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cairn._src.errors import ControllerError
+
+if TYPE_CHECKING:
+    from cairn._src.checkpoint.checkpoint import Checkpoint
+    from cairn._src.config.run import RunConfig, ScalingConfig
+    from cairn._src.errors import WorkerGroupError
+    from cairn._src.train.result import Result
+
+logger = logging.getLogger(__name__)
+
+
+class Callback:
+    """Subclass and override what you need; pass instances in ``RunConfig(callbacks=[...])``.
+
+    Hooks run on the driver's controller thread, in order: keep them quick (hand slow work,
+    such as posting to a tracking server, to a thread of your own). An exception in a hook
+    fails the run with a :class:`~cairn.ControllerError` wrapping it, as in Ray Train. Any
+    object with some of these methods works too.
+    """
+
+    def on_report(self, report_index: int, metrics: dict[str, Any]) -> None:
+        """Rank 0 reported ``metrics`` as report ``report_index`` (not yet committed)."""
+
+    def on_checkpoint(self, dir_name: str, metrics: dict[str, Any]) -> None:
+        """The checkpoint ``dir_name`` was committed."""
+
+    def on_failure(self, error: BaseException) -> None:
+        """An attempt failed (whether or not it will be retried)."""
+
+    def on_run_end(self, result: Result) -> None:
+        """``fit()`` is about to return or raise ``result.error``."""
+
+
+@dataclass(frozen=True)
+class TrainRunContext:
+    """What a :class:`UserCallback` learns about the run, as in Ray Train."""
+
+    run_config: RunConfig
+    train_loop_config: dict[str, Any] | None
+    scaling_config: ScalingConfig
+    # Unique per fit() call, as Ray Train's (the run's name is run_config.name).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
+
+    def get_run_config(self) -> RunConfig:
+        return self.run_config
+
+
+class UserCallback:
+    """Ray Train v2's callback interface, called on the driver (never in a worker).
+
+    * ``after_report`` once every rank has made report n, in report order: with
+      ``checkpoint=None`` for a metric-only report, or once the report's checkpoint is
+      committed, with that :class:`~cairn.Checkpoint`. ``metrics[i]`` is what rank ``i``
+      reported.
+    * ``after_exception`` when an attempt fails, with ``{rank: exception}``: the
+      exception each failed rank's train function raised, or a
+      :class:`~cairn.WorkerProcessError` for a rank that exited, was killed or hung.
+
+    An exception in a hook fails the run with a :class:`~cairn.ControllerError`.
+    """
+
+    def after_report(
+        self,
+        run_context: TrainRunContext,
+        metrics: list[dict[str, Any]],
+        checkpoint: Checkpoint | None,
+    ) -> None:
+        """Every rank reported; ``checkpoint`` is committed (None: no rank passed one)."""
+
+    def after_exception(
+        self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]
+    ) -> None:
+        """One or more workers failed: ``worker_exceptions`` maps ranks to exceptions."""
+
+
+def call_hooks(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    """Call ``hook(*args)`` on every callback that has it, in order. One that raises stops
+    the others; its exception is logged and re-raised as :class:`ControllerError`."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is None:
+            continue
+        try:
+            method(*args)
+        except Exception as exc:
+            logger.exception("Callback %s raised in %s", type(callback).__name__, hook)
+            raise ControllerError(exc) from exc
+
+
+@dataclass
+class _PendingReport:
+    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    has_checkpoint: bool = False
+    resolved: bool = False
+    checkpoint: Checkpoint | None = None
+
+
+class CallbackDispatcher:
+    """Calls every callback's hooks at the right moment; owned by the controller thread.
+
+    ``after_report`` is called in report order: report n waits until every rank reported
+    it and, when it carries a checkpoint, until that checkpoint is committed (or skipped),
+    and until reports before n were delivered. Reports of a failed attempt that never
+    completed are dropped, as the attempt's reports are. A hook that raises is logged and
+    re-raised as :class:`ControllerError`.
+    """
+
+    def __init__(self, callbacks: Sequence[Any], run_context: TrainRunContext,
+                 world_size: int) -> None:
+        self._callbacks = list(callbacks)
+        self._context = run_context
+        self._world_size = world_size
+        self._pending: dict[int, _PendingReport] = {}
+        # The indices of _pending, smallest first: delivery takes the lowest in O(log n)
+        # (ranks far apart keep many reports pending).
+        self._order: list[int] = []
+        # Reports up to this index were delivered; later news of them (a second rank's
+        # skipped upload, say) is ignored. Indices only grow, across attempts too.
+        self._delivered_through = 0
+
+    def set_world_size(self, world_size: int) -> None:
+        """The size of the attempt starting now (an elastic run's may differ from the
+        last); reports of earlier attempts still pending are dropped, as they are."""
+        self._world_size = world_size
+
+    def _call(self, hook: str, *args: Any) -> None:
+        call_hooks(self._callbacks, hook, *args)
+
+    def reported(self, rank: int, index: int, metrics: dict[str, Any],
+                 has_checkpoint: bool) -> None:
+        """Rank ``rank`` made report ``index`` (every rank's report comes through here)."""
+        if rank == 0:
+            self._call("on_report", index, metrics)
+        if index <= self._delivered_through:
+            return
+        pending = self._pending_report(index)
+        pending.metrics[rank] = metrics
+        pending.has_checkpoint = pending.has_checkpoint or has_checkpoint
+        if len(pending.metrics) == self._world_size and not pending.has_checkpoint:
+            pending.resolved = True
+        self._deliver()
+
+    def committed(self, index: int, dir_name: str, metrics: dict[str, Any],
+                  checkpoint: Checkpoint) -> None:
+        """The checkpoint of report ``index`` was committed."""
+        self._call("on_checkpoint", dir_name, metrics)
+        if index <= self._delivered_through:
+            return
+        pending = self._pending_report(index)
+        pending.has_checkpoint = True
+        pending.resolved = True
+        pending.checkpoint = checkpoint
+        self._deliver()
+
+    def skipped(self, index: int) -> None:
+        """The checkpoint of report ``index`` was dropped (``upload_failure_policy="skip"``):
+        its report is delivered without one."""
+        if index <= self._delivered_through:
+            return
+        pending = self._pending_report(index)
+        pending.has_checkpoint = True
+        pending.resolved = True
+        self._deliver()
+
+    def failed(self, error: WorkerGroupError) -> None:
+        """An attempt failed with ``error``; its undelivered reports are dropped."""
+        self._pending.clear()
+        self._order.clear()
+        self._call("after_exception", self._context, dict(error.worker_failures))
+        self._call("on_failure", error)
+
+    def _pending_report(self, index: int) -> _PendingReport:
+        pending = self._pending.get(index)
+        if pending is None:
+            pending = self._pending[index] = _PendingReport()
+            heapq.heappush(self._order, index)
+        return pending
+
+    def _deliver(self) -> None:
+        while self._order:
+            index = self._order[0]
+            pending = self._pending[index]
+            if not pending.resolved or len(pending.metrics) < self._world_size:
+                return
+            heapq.heappop(self._order)
+            del self._pending[index]
+            self._delivered_through = index
+            metrics = [pending.metrics[rank] for rank in range(self._world_size)]
+            self._call("after_report", self._context, metrics, pending.checkpoint)

@@ -1,0 +1,237 @@
+"""Messages between workers and the controller.
+
+They travel pickled over an authenticated ``multiprocessing.connection`` (HMAC challenge
+with the per-run secret). Worker -> controller messages carry the sender's rank; the
+controller answers checkpoint reports by report index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn._src.checkpoint.views import CheckpointView
+from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.transfer import FileEntry
+from cairn._src.storage.tuning import TransferConfig
+
+# --- worker -> controller ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointIntent:
+    """What a rank will contribute to the checkpoint of one report.
+
+    For an upload: the relative paths and sizes it will write under ``dir_name``. For a
+    reference (NO_UPLOAD, or ``checkpoint_upload_fn``), ``reference`` is where the data is.
+    """
+
+    dir_name: str
+    mode: str
+    files: dict[str, int] = field(default_factory=dict)
+    reference: StorageLocation | None = None
+    explicit_dir_name: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    upload_fn: bool = False
+    # report(validation=...): the JSON task ({} for the trainer's defaults), or None.
+    validation: dict[str, Any] | None = None
+    # Which directory of which machine the files are read from (local_dir_identity): ranks
+    # that report one shared directory give the same value, and it is uploaded once.
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportMessage:
+    """A rank's n-th ``report()``.
+
+    ``dir_name`` is the ``checkpoint_dir_name`` a rank gave without a checkpoint of its own
+    (another rank passes the checkpoint, as in Ray Train): it must match that checkpoint's.
+    """
+
+    rank: int
+    index: int
+    metrics: dict[str, Any]
+    checkpoint: CheckpointIntent | None
+    sent_at: float
+    dir_name: str | None = None
+
+
+@dataclass(frozen=True)
+class UploadedMessage:
+    """A rank finished writing its files (or registering its reference) for a report.
+
+    ``duplicates`` holds the size and checksum of this rank's own copy of each path that
+    another rank uploads (the verdict's ``duplicates``): it was not uploaded, and the
+    commit compares it with the uploaded copy.
+    """
+
+    rank: int
+    index: int
+    entries: dict[str, FileEntry]
+    reference: StorageLocation | None
+    bytes_written: int
+    seconds: float
+    duplicates: dict[str, FileEntry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReportedCheckpointsRequest:
+    """``get_all_reported_checkpoints()``: answer once reports up to ``index`` are resolved
+    (``consistency_mode`` "COMMITTED" or "VALIDATED"), or at ``timeout_s``."""
+
+    rank: int
+    request_id: int
+    index: int
+    consistency_mode: str
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class UploadFailedMessage:
+    rank: int
+    index: int
+    error: str
+
+
+@dataclass(frozen=True)
+class TimingMessage:
+    """Time a rank spent blocked (``kind``: report, checkpoint_stall, restore ...)."""
+
+    rank: int
+    kind: str
+    seconds: float
+    at: float
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class DoneMessage:
+    rank: int
+    report_count: int
+    return_value: bytes | None
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    rank: int
+    error_type: str
+    message: str
+    traceback: str
+    exception: bytes | None
+    fatal: bool
+    # The failing frame in the user's code: {"file", "line", "function"} (see
+    # code_locations.failing_frame), or None.
+    frame: dict[str, Any] | None = None
+
+
+# --- controller -> worker ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupMessage:
+    """Everything a worker needs to run its share of an attempt."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    attempt: int
+    experiment_name: str
+    run: StorageLocation
+    train_fn: bytes
+    config: bytes
+    pass_config: bool
+    resume: CheckpointView | None
+    first_report_index: int
+    score_attribute: str | None
+    max_pending_uploads: int
+    upload_failure_policy: str
+    retry: bytes
+    setup_hooks: bytes
+    teardown_hooks: bytes
+    # Whether the trainer has a ValidationConfig (report(validation=...) is refused if not).
+    validation: bool = False
+    # The token of the storage check marker the driver wrote (storage_check), or None.
+    storage_token: str | None = None
+    # Trainer(datasets=...): the names, and this rank's pickled {name: DataIterator}.
+    dataset_names: tuple[str, ...] = ()
+    dataset_shards: bytes | None = None
+    # CheckpointConfig.local_tier_bytes and local_tier_dir (0: no local tier).
+    local_tier_bytes: int = 0
+    local_tier_dir: str | None = None
+    # RunConfig.storage_transfer (None: the worker keeps its process default).
+    transfer: TransferConfig | None = None
+
+
+@dataclass(frozen=True)
+class ProceedMessage:
+    """The controller accepted a rank's checkpoint intent: upload now.
+
+    ``duplicates`` are paths that another rank of the same report uploads: this rank does
+    not upload them, it sends its own size and checksum of each instead (identical copies
+    are stored once). ``shared`` is "" (upload the files listed at report time), "upload"
+    (other ranks reported this same directory and every rank has reported: list it again
+    now and upload it whole, except ``duplicates``; of ``stale``, what an earlier upload
+    of it wrote (path -> entry), a file the directory still holds with the same size and
+    checksum is not written again, and one it no longer holds is deleted) or "skip"
+    (another rank uploads this directory; upload nothing).
+    """
+
+    index: int
+    duplicates: tuple[str, ...] = ()
+    shared: str = ""
+    stale: dict[str, FileEntry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RejectMessage:
+    """The controller refused a checkpoint report; ``error`` is raised in the worker."""
+
+    index: int
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class CommittedMessage:
+    index: int
+    checkpoint: CheckpointView | None
+    error: str | None = None
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class ReportedCheckpointsReply:
+    """The run's kept checkpoints, each with its status name (ReportedCheckpointStatus)."""
+
+    request_id: int
+    checkpoints: tuple[tuple[CheckpointView, str], ...]
+
+
+BARRIER = "barrier"
+
+
+BROADCAST = "broadcast_from_rank_zero"
+
+
+@dataclass(frozen=True)
+class CollectiveMessage:
+    """Worker -> controller: ``rank`` reached its ``seq``-th collective call.
+
+    ``reports`` is the number of ``report()`` calls the rank made before it; ``data`` is
+    the pickled payload (rank 0 of a broadcast only).
+    """
+
+    rank: int
+    seq: int
+    kind: str
+    reports: int
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
+class CollectiveReleaseMessage:
+    """Controller -> worker: every rank reached collective ``seq``; ``data`` is rank 0's."""
+
+    seq: int
+    data: bytes | None = None

@@ -1,0 +1,38 @@
+"""Socket settings both ends of the control channel apply."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+
+def disable_nagle(connection: Any) -> None:
+    """Send small messages at once on a TCP connection.
+
+    Reports are small messages sent back to back; with Nagle's algorithm on, the second
+    waits for the peer's delayed ACK (about 40 ms on Linux).
+    """
+    try:
+        sock = socket.socket(fileno=os.dup(connection.fileno()))
+    except OSError:
+        return
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
+
+
+def abort_connection(connection: Any) -> None:
+    """Wake any thread blocked reading ``connection``: it sees the end of the stream."""
+    try:
+        sock = socket.socket(fileno=os.dup(connection.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()

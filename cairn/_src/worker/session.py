@@ -1,0 +1,694 @@
+"""The worker side of a run: ``report()``, ``get_checkpoint()`` and ``get_context()``.
+
+The user's function runs on the worker's main thread. Around it:
+
+* a receiver thread reads the controller's answers and resolves waiters; when the
+  controller's connection drops (the driver died), the worker exits at once;
+* an uploader thread runs ASYNC uploads one report after another (each with parallel file
+  transfers), at most ``max_pending_uploads`` queued, beyond which ``report()`` waits.
+
+Metric-only reports are one message on the socket: they never wait for other ranks or for
+the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cairn._src.checkpoint import local_tier
+from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
+from cairn._src.checkpoint.local_tier import LocalTier
+from cairn._src.checkpoint.references import check_reference, check_upload_source
+from cairn._src.checkpoint.reported import CheckpointConsistencyMode, ReportedCheckpoint
+from cairn._src.checkpoint.views import CheckpointView, checkpoint_from_view
+from cairn._src.config.run import CheckpointUploadMode
+from cairn._src.config.validation import task_for_report
+from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
+from cairn._src.run.layout import default_checkpoint_dir_name
+from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
+from cairn._src.storage.fileio import delete_file, is_dir
+from cairn._src.storage.location import resolve
+from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
+from cairn._src.wire.datasets import DatasetShards
+from cairn._src.wire.messages import (
+    CheckpointIntent,
+    CollectiveReleaseMessage,
+    CommittedMessage,
+    ProceedMessage,
+    RejectMessage,
+    ReportedCheckpointsReply,
+    ReportMessage,
+    SetupMessage,
+    TimingMessage,
+    UploadedMessage,
+    UploadFailedMessage,
+)
+from cairn._src.worker.collectives import WorkerCollectives
+from cairn._src.worker.context import RunStorage, TrainContext
+from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.reported_client import ReportedCheckpointsClient
+from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
+
+logger = logging.getLogger(__name__)
+
+UploadFn = Callable[[Checkpoint, str], Checkpoint]
+
+
+class _Waiter:
+    """One pending answer from the controller for a report index."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: object = None
+
+    def set(self, value: object) -> None:
+        self.value = value
+        self.event.set()
+
+    def get(self) -> object:
+        self.event.wait()
+        return self.value
+
+
+@dataclass
+class _UploadJob:
+    index: int
+    dir_name: str
+    checkpoint: Checkpoint
+    files: dict[str, int]
+    upload_fn: UploadFn | None
+    delete_local: bool
+    handle: ReportHandle
+    metadata: dict[str, Any]
+    write: Callable[[str], None] | None = None
+    validation: dict[str, Any] | None = None
+    # local_dir_identity of the directory (None: a private one, or an upload function).
+    source: str | None = None
+    # What the commit resolves when the local directory is deleted only after the commit
+    # (other ranks may share it): ``handle`` is resolved once it is gone.
+    inner: ReportHandle | None = None
+    # This rank's part went to the controller (uploaded, or none to upload).
+    sent: bool = False
+    # Uploaded by the upload thread while the training loop runs (ASYNC).
+    background: bool = False
+
+
+_STOP = object()
+
+
+def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
+                    skipped: set[str], retry: RetryPolicy) -> dict[str, FileEntry]:
+    """Of what the first upload of a shared ``directory`` wrote (``earlier``), the files
+    it still holds as they were (``files``: its listing now; ``skipped``: paths another
+    rank uploads): hashed again here, a local read, and not written again. The same size
+    with other bytes is a change; a file that changes while it is read makes this return
+    nothing, so that everything is uploaded."""
+    same_size = sorted(rel for rel, entry in earlier.items()
+                       if rel not in skipped and files.get(rel) == entry.size)
+    if not same_size:
+        return {}
+    try:
+        now = compute_entries(resolve(directory), same_size, retry=retry, follow_links=True)
+    except CairnError:
+        return {}
+    return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
+
+
+class WorkerSession:
+    """State of one worker process for one attempt. Created by ``worker.main``."""
+
+    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy) -> None:
+        self._connection = connection
+        self._setup = setup
+        self._retry = retry
+        self.retry = retry
+        self.rank = setup.rank
+        self.context = TrainContext(
+            world_rank=setup.rank,
+            world_size=setup.world_size,
+            local_rank=setup.local_rank,
+            local_world_size=setup.local_world_size,
+            node_rank=setup.node_rank,
+            experiment_name=setup.experiment_name,
+            attempt=setup.attempt,
+            storage=RunStorage(setup.run),
+        )
+        self.datasets = DatasetShards(setup.dataset_names, setup.dataset_shards)
+        # This node's copy of the newest committed checkpoint (None: off, or local storage):
+        # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
+        self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
+        local_tier.activate(self._tier)
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._next_index = setup.first_report_index
+        self._latest: CheckpointView | None = setup.resume
+        self._proceed: dict[int, _Waiter] = {}
+        self._handles: dict[int, ReportHandle] = {}
+        self._async_error: BaseException | None = None
+        self._uploads: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(setup.max_pending_uploads)
+        self._stopping = False
+        self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
+        self._reported = ReportedCheckpointsClient(self.rank, self.send,
+                                                   lambda: self._next_index - 1)
+        self._receiver = threading.Thread(target=self._receive, name="cairn-receiver", daemon=True)
+        self._receiver.start()
+        self._uploader = threading.Thread(target=self._upload_loop, name="cairn-uploader",
+                                          daemon=True)
+        self._uploader.start()
+
+    # --- the public API ----------------------------------------------------------------------
+
+    def get_checkpoint(self) -> Checkpoint | None:
+        with self._state_lock:
+            view = self._latest
+        return checkpoint_from_view(view) if view is not None else None
+
+    def report(
+        self,
+        metrics: object,
+        checkpoint: Checkpoint | None = None,
+        *,
+        checkpoint_dir_name: str | None = None,
+        checkpoint_upload_mode: object = CheckpointUploadMode.SYNC,
+        delete_local_checkpoint_after_upload: bool | None = None,
+        checkpoint_upload_fn: UploadFn | None = None,
+        validation: object = False,
+    ) -> ReportHandle:
+        self._raise_async_error()
+        clean = validate_metrics(metrics)
+        mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
+        task = self._validation_task(validation, checkpoint)
+        if checkpoint is None:
+            # A name without a checkpoint is accepted, as in Ray Train: another rank may pass
+            # the checkpoint of this report; the controller checks that the names agree.
+            if checkpoint_dir_name is not None:
+                check_dir_name(checkpoint_dir_name)
+            index = self._take_index()
+            self.send(ReportMessage(self.rank, index, clean, None, time.time(),
+                                    dir_name=checkpoint_dir_name))
+            return ReportHandle(index, has_checkpoint=False)
+        return self._report_checkpoint(
+            clean, checkpoint, checkpoint_dir_name, mode,
+            delete_local_checkpoint_after_upload, checkpoint_upload_fn, task,
+        )
+
+    def _validation_task(self, validation: object,
+                         checkpoint: Checkpoint | None) -> dict[str, Any] | None:
+        task = task_for_report(validation)
+        if task is None:
+            return None
+        if checkpoint is None:
+            raise ReportError(
+                f"report(validation={validation!r}) was given without a checkpoint. "
+                "Validation requires a checkpoint to be provided."
+            )
+        if not self._setup.validation:
+            raise ReportError(
+                f"report(validation={validation!r}): `validation_config` was not set on the "
+                "trainer, but a validation was requested. Pass Trainer(..., "
+                "validation_config=cairn.ValidationConfig(fn)) or drop validation=."
+            )
+        return task
+
+    def get_all_reported_checkpoints(
+        self, consistency_mode: object = CheckpointConsistencyMode.VALIDATED,
+        timeout_s: object = None,
+    ) -> list[ReportedCheckpoint]:
+        return self._reported.get_all(consistency_mode, timeout_s)
+
+    # --- checkpoint reports ----------------------------------------------------------------
+
+    def _report_checkpoint(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint,
+        dir_name: str | None,
+        mode: CheckpointUploadMode,
+        delete_local: bool | None,
+        upload_fn: UploadFn | None,
+        validation: dict[str, Any] | None = None,
+    ) -> ReportHandle:
+        if not isinstance(checkpoint, Checkpoint):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}) must be a cairn.Checkpoint or None, not "
+                f"{type(checkpoint).__name__}. Wrap a directory with "
+                "Checkpoint.from_directory(path)."
+            )
+        if mode is not CheckpointUploadMode.NO_UPLOAD:
+            check_upload_source(checkpoint.location, self._setup.run,
+                                what=f"report(checkpoint={checkpoint!r})")
+        if validation is None:
+            # With a validation, the score may come from the validation's metrics.
+            check_score_attribute(metrics, self._setup.score_attribute)
+        if dir_name is not None:
+            check_dir_name(dir_name)
+        if upload_fn is not None and not callable(upload_fn):
+            raise ReportError(
+                f"report(checkpoint_upload_fn={upload_fn!r}) must be a callable "
+                "(checkpoint, checkpoint_dir_name) -> Checkpoint."
+            )
+        if delete_local is not None and not isinstance(delete_local, bool):
+            raise ReportError(
+                f"report(delete_local_checkpoint_after_upload={delete_local!r}) must be True, "
+                "False or None."
+            )
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            return self._register_reference(metrics, checkpoint, dir_name, validation)
+        files: dict[str, int] = {}
+        metadata: dict[str, Any] = {}
+        if upload_fn is None:
+            files, has_metadata = self._local_files(checkpoint)
+            if has_metadata:
+                metadata = checkpoint.get_metadata()
+        index = self._take_index()
+        name = dir_name or default_checkpoint_dir_name(index)
+        handle = ReportHandle(index, has_checkpoint=True)
+        job = _UploadJob(
+            index=index,
+            dir_name=name,
+            checkpoint=checkpoint,
+            files=files,
+            upload_fn=upload_fn,
+            delete_local=(mode is CheckpointUploadMode.ASYNC) if delete_local is None
+            else delete_local,
+            handle=handle,
+            metadata=metadata,
+            validation=validation,
+            source=local_dir_identity(checkpoint.path) if upload_fn is None else None,
+        )
+        if job.delete_local and job.source is not None:
+            # Another rank may report this same directory and still be writing into it:
+            # it goes once the report resolved, before the caller's handle says so.
+            job.inner = ReportHandle(index, has_checkpoint=True)
+        if mode is CheckpointUploadMode.ASYNC:
+            job.background = True
+            return self._enqueue(job, metrics)
+        started = time.perf_counter()
+        self._announce(job, metrics, mode)
+        try:
+            self._run_upload(job)
+            (job.inner or handle).wait()
+        except CheckpointSkippedError:
+            pass  # upload_failure_policy="skip": training goes on without this checkpoint
+        finally:
+            self._after_commit(job)
+        self._timing("checkpoint_stall", time.perf_counter() - started, index)
+        return handle
+
+    def _enqueue(self, job: _UploadJob, metrics: dict[str, Any]) -> ReportHandle:
+        started = time.perf_counter()
+        # Back-pressure: a free slot first, then the report goes out in order.
+        self._slots.acquire()
+        stall = time.perf_counter() - started
+        self._announce(job, metrics, CheckpointUploadMode.ASYNC)
+        self._uploads.put(job)
+        self._timing("checkpoint_stall", stall, job.index)
+        return job.handle
+
+    def report_deferred(
+        self,
+        metrics: object,
+        *,
+        files: Iterable[str],
+        write: Callable[[str], None],
+        checkpoint_dir_name: str | None = None,
+    ) -> ReportHandle:
+        """An ASYNC checkpoint report whose files are written later, off the train loop.
+
+        ``files`` names the relative paths ``write(directory)`` will create; they are
+        claimed at once (so rank collisions are caught now), and ``write`` runs on the
+        upload thread into a private temporary directory that is uploaded, then deleted.
+        The caller must hand ``write`` data it will not modify (a copy).
+        """
+        self._raise_async_error()
+        clean = validate_metrics(metrics)
+        check_score_attribute(clean, self._setup.score_attribute)
+        if checkpoint_dir_name is not None:
+            check_dir_name(checkpoint_dir_name)
+        declared = {check_relative_path(name, argument="files"): 0 for name in files}
+        if not declared:
+            raise ReportError("report_deferred(files=...) must name at least one file.")
+        directory = tempfile.mkdtemp(prefix="cairn-deferred-")
+        index = self._take_index()
+        job = _UploadJob(
+            index=index,
+            dir_name=checkpoint_dir_name or default_checkpoint_dir_name(index),
+            checkpoint=Checkpoint.from_directory(directory),
+            files=declared,
+            upload_fn=None,
+            delete_local=True,
+            handle=ReportHandle(index, has_checkpoint=True),
+            metadata={},
+            write=write,
+        )
+        return self._enqueue(job, clean)
+
+    def _write_deferred(self, job: _UploadJob) -> None:
+        assert job.write is not None
+        job.write(job.checkpoint.path)
+        written = set(list_local_files(job.checkpoint.path))
+        if written != set(job.files):
+            missing = sorted(set(job.files) - written)
+            extra = sorted(written - set(job.files))
+            raise ReportError(
+                f"The deferred checkpoint of report {job.index} did not write the files it "
+                f"declared: missing {missing}, undeclared {extra}."
+            )
+
+    def _local_files(self, checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
+        """The files to upload, and whether the directory holds checkpoint metadata (set
+        before the report, it travels in the manifest, not as a file)."""
+        files = self._list_local(checkpoint)
+        return files, files.pop(METADATA_FILE_NAME, None) is not None
+
+    def _list_local(self, checkpoint: Checkpoint) -> dict[str, int]:
+        if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
+                "ASYNC upload a local directory. For a checkpoint already on storage use "
+                "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
+            )
+        try:
+            return list_local_files(checkpoint.path)
+        except CairnError as exc:
+            raise ReportError(f"report(checkpoint=...): {exc}") from exc
+
+    def _register_reference(
+        self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
+        validation: dict[str, Any] | None = None,
+    ) -> ReportHandle:
+        # Refuses what no new process could reach, credentials in the URI and Cairn's own
+        # data; a path on the run's storage filesystem comes back bound to the run's store.
+        location = check_reference(
+            checkpoint.location, self._setup.run, self._retry,
+            what=f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD)")
+        if not is_dir(location, self._retry):
+            raise ReportError(
+                f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): "
+                f"{location.display()} does not exist or is not a directory. Finish writing the "
+                "checkpoint before reporting it."
+            )
+        index = self._take_index()
+        name = dir_name or default_checkpoint_dir_name(index)
+        handle = ReportHandle(index, has_checkpoint=True)
+        with self._state_lock:
+            self._handles[index] = handle
+        intent = CheckpointIntent(name, CheckpointUploadMode.NO_UPLOAD.value, reference=location,
+                                  explicit_dir_name=dir_name is not None,
+                                  metadata=checkpoint.get_metadata(), validation=validation)
+        self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
+        return handle
+
+    def _announce(self, job: _UploadJob, metrics: dict[str, Any],
+                  mode: CheckpointUploadMode) -> None:
+        waiter = _Waiter()
+        with self._state_lock:
+            self._proceed[job.index] = waiter
+            self._handles[job.index] = job.inner or job.handle
+        intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
+                                  explicit_dir_name=job.dir_name
+                                  != default_checkpoint_dir_name(job.index),
+                                  metadata=job.metadata, upload_fn=job.upload_fn is not None,
+                                  validation=job.validation, source=job.source)
+        self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
+
+    def _run_upload(self, job: _UploadJob) -> None:
+        """Wait for the go-ahead, upload, announce; the commit resolves ``job.handle``."""
+        with self._state_lock:
+            waiter = self._proceed[job.index]
+        answer = waiter.get()
+        with self._state_lock:
+            self._proceed.pop(job.index, None)
+        if isinstance(answer, RejectMessage):
+            if job.write is not None:
+                shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            self._fail_handle(job.index, answer.error)
+            if isinstance(answer.error, CheckpointSkippedError):
+                return  # another rank's part failed to upload; the report is skipped
+            raise answer.error
+        destination = self._setup.run.join(job.dir_name)
+        started = time.perf_counter()
+        try:
+            if job.upload_fn is not None:
+                uploaded = job.upload_fn(job.checkpoint, job.dir_name)
+                if not isinstance(uploaded, Checkpoint):
+                    raise ReportError(
+                        f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
+                        "cairn.Checkpoint it uploaded."
+                    )
+                message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
+                                          time.perf_counter() - started)
+            elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
+                # Another rank reported this same directory and uploads it whole.
+                message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
+            else:
+                if job.write is not None:
+                    self._write_deferred(job)
+                skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
+                files = job.files
+                unchanged: dict[str, FileEntry] = {}
+                if isinstance(answer, ProceedMessage) and answer.shared == "upload":
+                    # Every rank sharing the directory has reported: it is complete now,
+                    # while the listing taken at report() may have caught a shard still
+                    # being written by another rank.
+                    files, _ = self._local_files(job.checkpoint)
+                    skipped &= set(files)
+                    unchanged = unchanged_files(job.checkpoint.path, files, answer.stale,
+                                                skipped, self._retry)
+                written = upload_directory(job.checkpoint.path, destination,
+                                           files={f: size for f, size in files.items()
+                                                  if f not in skipped and f not in unchanged},
+                                           retry=self._retry, background=job.background)
+                entries = dict(sorted({**written, **unchanged}.items()))
+                if isinstance(answer, ProceedMessage) and answer.stale:
+                    # Written by the first upload of this directory and gone since (a
+                    # temporary file renamed): not part of the checkpoint.
+                    for rel in sorted(set(answer.stale) - set(files)):
+                        delete_file(destination.join(rel), self._retry)
+                # Paths another rank uploads: hashed here, not written, so the controller
+                # can tell identical copies (stored once) from a collision.
+                duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped),
+                                             retry=self._retry,
+                                             follow_links=True) if skipped else {}
+                size = sum(entry.size for entry in written.values())
+                message = UploadedMessage(self.rank, job.index, entries, None, size,
+                                          time.perf_counter() - started, duplicates=duplicates)
+        except BaseException as caught:
+            if job.write is not None:
+                shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            exc = self._removed_source(job, caught) or caught
+            self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
+            if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
+                logger.warning("Skipping the checkpoint of report %d: its upload failed after "
+                               "retries: %s", job.index, exc)
+                self._fail_handle(job.index, CheckpointSkippedError(
+                    f"The checkpoint of report {job.index} was skipped: {exc}"))
+                return
+            self._fail_handle(job.index, exc)
+            if exc is not caught:
+                raise exc from caught
+            raise
+        if self._tier is not None and message.entries:
+            # Before the local copy may go: the files this worker uploaded, as uploaded.
+            self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
+        if (job.delete_local and job.inner is None
+                and message.reference != job.checkpoint.location):
+            # The data is on storage now; the local copy is not needed for the commit. An
+            # upload function that registered the directory in place (torch DCP writing
+            # straight to its final location) returns that same directory: it stays.
+            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        job.sent = True
+        self.send(message)
+
+    def _removed_source(self, job: _UploadJob, error: BaseException) -> ReportError | None:
+        """The error of an ASYNC upload whose directory the train function removed first;
+        under upload_failure_policy="fail" it fails the run at once (a restart would only
+        repeat it), not after the attempts of FailureConfig.max_failures."""
+        if not job.background or job.upload_fn is not None or job.write is not None:
+            return None
+        removed = removed_source_error(job.checkpoint.path, error, job.index)
+        if removed is not None:
+            if self._setup.upload_failure_policy != "skip":
+                self.send(fatal_error_message(self.rank, removed))
+        return removed
+
+    def _upload_loop(self) -> None:
+        lower_thread_priority()
+        while True:
+            job = self._uploads.get()
+            if job is _STOP:
+                return
+            try:
+                self._run_upload(job)
+                (job.inner or job.handle).wait()
+            except CheckpointSkippedError:
+                pass
+            except BaseException as exc:
+                with self._state_lock:
+                    if self._async_error is None:
+                        self._async_error = exc
+                logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
+            finally:
+                self._after_commit(job)
+                self._slots.release()
+
+    @staticmethod
+    def _after_commit(job: _UploadJob) -> None:
+        """Delete a directory kept until the report resolved, then resolve ``handle``.
+
+        As with a directory deleted right after its upload, one that was never uploaded (the
+        report was refused first) stays.
+        """
+        inner = job.inner
+        if inner is None or not inner.done():
+            return
+        if job.sent:
+            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        job.handle._resolve(inner._checkpoint, inner._error)
+
+    def _fail_handle(self, index: int, error: BaseException) -> None:
+        with self._state_lock:
+            handle = self._handles.pop(index, None)
+        if handle is not None:
+            handle._resolve(None, error)
+
+    def _raise_async_error(self) -> None:
+        with self._state_lock:
+            error, self._async_error = self._async_error, None
+        if error is not None:
+            raise error
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _take_index(self) -> int:
+        with self._state_lock:
+            index = self._next_index
+            self._next_index += 1
+        return index
+
+    @property
+    def report_count(self) -> int:
+        return self._next_index - self._setup.first_report_index
+
+    def send(self, message: object) -> None:
+        with self._send_lock:
+            self._connection.send(message)
+
+    def _timing(self, kind: str, seconds: float, index: int | None = None) -> None:
+        self.send(TimingMessage(self.rank, kind, seconds, time.time(), index))
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                message = self._connection.recv()
+            except (EOFError, OSError):
+                if not self._stopping:
+                    # The controller is gone (driver killed): nobody will commit or answer;
+                    # leave now rather than train on unobserved.
+                    os._exit(70)
+                return
+            if isinstance(message, ProceedMessage | RejectMessage):
+                with self._state_lock:
+                    waiter = self._proceed.get(message.index)
+                    if (waiter is None and isinstance(message, RejectMessage)
+                            and not isinstance(message.error, CheckpointSkippedError)
+                            and self._async_error is None):
+                        # Nobody waits on a refused NO_UPLOAD report: the error is raised
+                        # at this rank's next report() or when its function returns.
+                        self._async_error = message.error
+                if waiter is not None:
+                    waiter.set(message)
+                if isinstance(message, RejectMessage):
+                    self._fail_handle(message.index, message.error)
+            elif isinstance(message, CommittedMessage):
+                self._on_committed(message)
+            elif isinstance(message, CollectiveReleaseMessage):
+                self.collectives.on_release(message)
+            elif isinstance(message, ReportedCheckpointsReply):
+                self._reported.on_reply(message)
+
+    def _on_committed(self, message: CommittedMessage) -> None:
+        if self._tier is not None and message.checkpoint is not None:
+            self._tier.committed(message.checkpoint.report_index)
+        with self._state_lock:
+            if message.checkpoint is not None and (
+                self._latest is None or message.checkpoint.report_index
+                > self._latest.report_index
+            ):
+                self._latest = message.checkpoint
+            handle = self._handles.pop(message.index, None)
+        if handle is None:
+            return
+        if message.skipped:
+            handle._resolve(None, CheckpointSkippedError(message.error or "skipped"))
+        elif message.error is not None:
+            handle._resolve(None, CairnError(message.error))
+        else:
+            view = message.checkpoint
+            handle._resolve(checkpoint_from_view(view) if view else None, None)
+
+    def finish(self) -> None:
+        """Wait until every ASYNC upload of this worker has committed, then stop threads."""
+        self._uploads.put(_STOP)
+        self._uploader.join()
+        with self._state_lock:
+            pending = list(self._handles.values())
+        for handle in pending:
+            handle.wait()
+        self._raise_async_error()
+
+    def close(self) -> None:
+        self._stopping = True
+        local_tier.activate(None)
+
+
+# How much lower than the train loop's the background upload threads' CPU priority is.
+BACKGROUND_NICENESS = 10
+
+
+def lower_thread_priority(increment: int = BACKGROUND_NICENESS) -> None:
+    """Give the calling thread a lower CPU priority (Linux: niceness is per thread, and the
+    threads it starts, such as a transfer's pool, inherit it): ASYNC uploads, checksums and
+    snapshot serialization then take the cores the train loop leaves, rather than share
+    them with it. Silently nothing where threads have no niceness of their own."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
+    except (AttributeError, OSError):
+        pass
+
+
+_session: WorkerSession | None = None
+
+
+def set_session(session: WorkerSession | None) -> None:
+    global _session
+    _session = session
+
+
+def get_session(function: str) -> WorkerSession:
+    if _session is None:
+        raise ReportError(
+            f"cairn.{function}() was called outside a Cairn worker. Call it inside the "
+            "train_loop_per_worker function that Trainer(...).fit() runs."
+        )
+    return _session

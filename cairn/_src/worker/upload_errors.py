@@ -1,0 +1,56 @@
+"""The error of a background upload whose source the train function removed first.
+
+An ASYNC ``report()`` returns before its upload reads the directory. A directory deleted
+right after the call (``with tempfile.TemporaryDirectory() as d: ... report(...)``) is
+gone when the upload opens it: a mistake every restart would repeat, not a storage fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+import cloudpickle
+
+from cairn._src.errors import ReportError
+from cairn._src.wire.messages import ErrorMessage
+
+logger = logging.getLogger(__name__)
+
+_HOW_TO_KEEP = (
+    "An ASYNC report() returns before the background upload reads the directory, so it "
+    "must stay until the report's handle is done: write the checkpoint into "
+    "tempfile.mkdtemp() (not a tempfile.TemporaryDirectory() block) and report it with "
+    "delete_local_checkpoint_after_upload=True (the ASYNC default), which deletes it once "
+    "uploaded; or call handle.wait() before deleting it yourself."
+)
+
+
+def removed_source_error(directory: str, error: BaseException,
+                         index: int) -> ReportError | None:
+    """A :class:`ReportError` saying that ``directory`` (the local checkpoint of report
+    ``index``), or a file in it, was removed before the background upload read it, when
+    ``error`` (the upload's) is a file that is not there; else None."""
+    missing = [e for e in (error, error.__cause__) if isinstance(e, FileNotFoundError)]
+    if not missing:
+        return None
+    if not os.path.isdir(directory):
+        what = f"The checkpoint directory {directory!r} of report {index} (ASYNC) was removed"
+    else:
+        gone = getattr(missing[0], "filename", None) or "a file"
+        what = (f"{gone!r} of the checkpoint directory {directory!r} of report {index} "
+                "(ASYNC) was removed or renamed")
+    return ReportError(f"{what} before the background upload read it. {_HOW_TO_KEEP}")
+
+
+def fatal_error_message(rank: int, error: BaseException) -> ErrorMessage:
+    """The message that fails the attempt at once for ``error``, as a fatal error raised by
+    the train function does: the run ends without a restart, which would repeat it."""
+    try:
+        pickled: bytes | None = cloudpickle.dumps(error)
+    except Exception:
+        pickled = None
+    return ErrorMessage(rank=rank, error_type=type(error).__name__, message=str(error),
+                        traceback="".join(traceback.format_exception(error)),
+                        exception=pickled, fatal=True)
