@@ -128,11 +128,18 @@ def test_fields_beyond_the_schema_are_lenient_as_the_readers_were() -> None:
     assert older.to_record()["attempt_t"] == 2.0
 
 
-def test_as_events_skips_what_does_not_match() -> None:
+def test_as_events_takes_records_in_memory_leniently() -> None:
     typed = events.Commit(t=1.0, index=1)
-    parsed = as_events([typed, {"type": "session_start", "t": 0.5}, {"type": "x"}, 7, None])
-    assert parsed == [typed, events.SessionStart(t=0.5)]
+    parsed = as_events([typed, {"type": "session_start", "t": 0.5}, 7, None, {"t": 1.0},
+                        {"type": "", "t": 1.0}, {"type": 5, "t": 1.0},
+                        {"type": "commit", "t": float("nan"), "bytes": 3},
+                        {"type": "attempt_start", "attempt": "zero", "t": 2.0},
+                        {"type": "failure", "t": "late", "ranks": [True, 2, -1], "reason": 7}])
+    assert parsed == [typed, events.SessionStart(t=0.5), events.Commit(t=None, bytes=3),
+                      events.AttemptStart(t=2.0), Failure(t=None, ranks=(2,))]
     assert all(isinstance(e, Event) for e in parsed)
+    unknown = as_events([{"type": "newer", "t": "x"}])
+    assert isinstance(unknown[0], UnknownEvent) and unknown[0].t is None
 
 
 def test_read_events_parses_the_log_and_skips_bad_records(

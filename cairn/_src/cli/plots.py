@@ -17,6 +17,7 @@ from cairn._src.goodput.summary import summarize
 from cairn._src.goodput.timeline import build_timeline
 from cairn._src.plots import drawing
 from cairn._src.plots.series import X_AXES, build_plot
+from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.location import StorageLocation
@@ -35,7 +36,7 @@ def _check_out(path: str | None) -> None:
 def cmd_goodput(args: argparse.Namespace) -> int:
     _check_out(args.out)
     run, _ = open_run(args.run)
-    events = read_log(run.join(EVENTS_DIR), RETRY)
+    events = read_events(run.join(EVENTS_DIR), RETRY)
     summary = summarize(events)
     if args.out:
         drawing.draw_timeline(build_timeline(events), summary, _run_name(run), args.out)
@@ -69,7 +70,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
     records = read_log(run.join(METRICS_DIR), RETRY)
     metrics = list(dict.fromkeys(args.metric))
-    events = read_log(run.join(EVENTS_DIR), RETRY)
+    events = read_events(run.join(EVENTS_DIR), RETRY)
     kept = {r.dir_name: r.report_index for r in index.checkpoints}
     plot = build_plot(_run_name(run), records, events, kept, metrics, args.x, log=args.log)
     if args.out:

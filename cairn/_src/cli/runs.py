@@ -38,6 +38,7 @@ from cairn._src.cli.common import (
 from cairn._src.cli.show import checkpoint_statuses
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
+from cairn._src.run.events import CheckpointDropped, read_events
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseInfo, break_lease
 from cairn._src.run.segment_log import SegmentLog, read_log
@@ -87,15 +88,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 f"{manifest.total_bytes / 2**20:.2f} MiB)")
     # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
     indexed = {r.dir_name for r in index.checkpoints}
-    for event in read_log(run.join(EVENTS_DIR), RETRY):
-        name = event.get("dir_name")
-        if (event.get("type") != "checkpoint_dropped" or not isinstance(name, str)
-                or name in indexed or not could_have_created(name)
+    for event in read_events(run.join(EVENTS_DIR), RETRY):
+        if not isinstance(event, CheckpointDropped):
+            continue
+        name = event.dir_name
+        if (name is None or name in indexed or not could_have_created(name)
                 or (args.checkpoint and name not in args.checkpoint)
                 or not is_dir(run.join(name), RETRY)):
             continue
         indexed.add(name)
-        reason = redact_text(str(event.get("reason", "")))[:200]
+        reason = redact_text(event.reason)[:200]
         results.append({"dir_name": name, "report_index": None, "status": "dropped",
                         "files": None, "size_bytes": None, "error": reason})
         say(f"DROPPED {name}: damaged, dropped from the index at resume ({reason}); delete "
@@ -251,6 +253,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if not args.json:
         print(printable(ranking))
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
+    # Records, not typed events: registered_references (checkpoint/ownership.py) reads them.
     events = read_log(run.join(EVENTS_DIR), RETRY)
     # A validation that had not finished when the driver stopped runs again when the run
     # continues: its checkpoint stays, as the driver's own retention keeps it.
@@ -354,7 +357,7 @@ def _ls_entry(storage: StorageLocation, name: str) -> dict[str, Any] | None:
         index = read_index(run, RETRY)
         if index is None:
             return None
-        history = run_history(read_log(run.join(EVENTS_DIR), RETRY),
+        history = run_history(read_events(run.join(EVENTS_DIR), RETRY),
                               driver_live=live_lease(run) is not None)
     except (CairnError, OSError, ValueError, TypeError, KeyError) as exc:
         return {"name": name, "status": "unreadable",

@@ -26,9 +26,17 @@ from cairn._src.cli.common import (
     print_json,
     printable,
 )
+from cairn._src.run.events import (
+    CheckpointDropped,
+    Event,
+    Failure,
+    ValidationFinished,
+    ValidationRequested,
+    as_events,
+    read_events,
+)
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.lease import LeaseInfo
-from cairn._src.run.segment_log import read_log
 from cairn._src.run.status import FailureInfo, run_history
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.uris import redact, redact_text
@@ -47,24 +55,21 @@ def checkpoint_statuses(events: Iterable[object]) -> dict[str, str]:
     """Each checkpoint's validation status from the event log (``COMMITTED`` for one that
     never had a validation: absent here)."""
     statuses: dict[str, str] = {}
-    for event in events:
-        if not isinstance(event, Mapping) or not isinstance(event.get("dir_name"), str):
-            continue
-        name, kind, status = event["dir_name"], event.get("type"), event.get("status")
-        if kind == "validation_requested":
-            statuses[name] = "PENDING_VALIDATION"
-        elif kind == "validation_finished" and status in CHECKPOINT_STATUSES:
-            statuses[name] = str(status)
+    for event in as_events(events):
+        if isinstance(event, ValidationRequested) and event.dir_name is not None:
+            statuses[event.dir_name] = "PENDING_VALIDATION"
+        elif (isinstance(event, ValidationFinished) and event.dir_name is not None
+              and event.status in CHECKPOINT_STATUSES):
+            statuses[event.dir_name] = str(event.status)
     return statuses
 
 
-def _dropped_as_damaged(events: Iterable[object], indexed: set[str]) -> list[dict[str, str]]:
+def _dropped_as_damaged(events: Iterable[Event], indexed: set[str]) -> list[dict[str, str]]:
     dropped: dict[str, str] = {}
     for event in events:
-        if (isinstance(event, Mapping) and event.get("type") == "checkpoint_dropped"
-                and isinstance(event.get("dir_name"), str)
-                and event["dir_name"] not in indexed):
-            dropped[event["dir_name"]] = redact_text(str(event.get("reason", "")))[:2000]
+        if (isinstance(event, CheckpointDropped) and event.dir_name is not None
+                and event.dir_name not in indexed):
+            dropped[event.dir_name] = redact_text(event.reason)[:2000]
     return [{"dir_name": name, "reason": reason} for name, reason in dropped.items()]
 
 
@@ -107,46 +112,34 @@ def _failure(failure: FailureInfo, counted: bool,
             "reason": failure.reason, "errors": errors, "counted": counted}
 
 
-def _failure_events(events: Iterable[object]) -> list[Mapping[str, Any]]:
-    """The failure events, in the order run_history lists them."""
-    return [event for event in events
-            if isinstance(event, Mapping) and event.get("type") == "failure"]
-
-
-def _counted(event: Mapping[str, Any]) -> bool:
-    """Whether a failure counts against ``max_failures`` (not when a rank found the resume
-    checkpoint damaged)."""
-    return event.get("counted") is not False
-
-
-def _frames(event: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+def _frames(event: Failure) -> dict[int, dict[str, Any]]:
     """rank -> where that rank failed (``{"file", "line", "function"}``), for the ranks
     whose error recorded it (runs written before frames were recorded have none)."""
-    errors = event.get("errors")
     frames: dict[int, dict[str, Any]] = {}
-    for error in errors if isinstance(errors, (list, tuple)) else ():
-        if not isinstance(error, Mapping) or not isinstance(error.get("ranks"), (list, tuple)):
-            continue
-        frame = read_frame(error.get("frame"))
+    for error in event.errors:
+        frame = read_frame(error.frame)
         if frame is None:
             continue
-        for rank in error["ranks"]:
-            if isinstance(rank, int) and not isinstance(rank, bool):
-                frames.setdefault(rank, frame)
+        for rank in error.ranks:
+            frames.setdefault(rank, frame)
     return frames
 
 
-def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, Any]],
+def show_document(run: StorageLocation, index: RunIndex, events: Iterable[object],
                   lease: LeaseInfo | None) -> dict[str, Any]:
-    """What ``cairn show --json`` prints (the schema is in docs/cli.md)."""
-    history = run_history(events, driver_live=lease is not None)
+    """What ``cairn show --json`` prints (the schema is in docs/cli.md); ``events`` are
+    the run's events, typed or as the log stores them."""
+    typed = as_events(events)
+    history = run_history(typed, driver_live=lease is not None)
     retention = index.retention or Retention()
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
-    statuses = checkpoint_statuses(events)
+    statuses = checkpoint_statuses(typed)
     pending = {name for name, status in statuses.items() if status == "PENDING_VALIDATION"}
     reasons = retention_reasons(records, retention, resumed_from=index.resumed_from,
                                 pending=pending)
     latest = index.latest
+    # In the order run_history lists them.
+    failures = [event for event in typed if isinstance(event, Failure)]
     return {
         "run": run.display(),
         "status": history.status,
@@ -162,11 +155,11 @@ def show_document(run: StorageLocation, index: RunIndex, events: list[dict[str, 
         "retention": None if index.retention is None else {
             "num_to_keep": retention.num_to_keep, "score_attribute": retention.score_attribute,
             "score_order": retention.score_order},
-        "failures": [_failure(f, _counted(event), _frames(event)) for f, event in
-                     zip(history.failures, _failure_events(events), strict=True)],
+        "failures": [_failure(f, event.counted, _frames(event)) for f, event in
+                     zip(history.failures, failures, strict=True)],
         "checkpoints": [_checkpoint(r, retention, statuses.get(r.dir_name, "COMMITTED"), why)
                         for r, why in zip(records, reasons, strict=True)],
-        "dropped_as_damaged": _dropped_as_damaged(events, {r.dir_name for r in records}),
+        "dropped_as_damaged": _dropped_as_damaged(typed, {r.dir_name for r in records}),
     }
 
 
@@ -292,7 +285,7 @@ def format_show(doc: dict[str, Any]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
-    doc = show_document(run, index, read_log(run.join(EVENTS_DIR), RETRY), live_lease(run))
+    doc = show_document(run, index, read_events(run.join(EVENTS_DIR), RETRY), live_lease(run))
     if args.json:
         print_json(doc)
         return 0

@@ -1,7 +1,8 @@
 """Goodput: the productive fraction of a run's wall time, and where the rest went.
 
 Computed from the run's event log alone, so ``Result`` and ``cairn goodput`` agree and a
-run resumed by a new driver is summarized whole. Event types (all with ``t``, a Unix time):
+run resumed by a new driver is summarized whole. The event types
+(:mod:`cairn._src.run.events`, all with ``t``, a Unix time):
 
 * ``session_start`` / ``session_end``: a driver started or finished working on the run;
 * ``attempt_start`` (``attempt``), ``workers_ready`` (``attempt``): a worker group was
@@ -18,8 +19,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from cairn._src.run.events import (
+    AttemptStart,
+    Blocked,
+    Commit,
+    Failure,
+    FirstReport,
+    SessionEnd,
+    SessionStart,
+    TrainStart,
+    as_events,
+)
 from cairn._src.text import plural
 
 
@@ -78,8 +89,10 @@ class GoodputSummary:
         return "\n".join(lines)
 
 
-def summarize(events: Iterable[dict[str, Any]]) -> GoodputSummary:
-    ordered = sorted(events, key=lambda e: float(e.get("t", 0.0)))
+def summarize(events: Iterable[object]) -> GoodputSummary:
+    """The goodput of a run from its ``events`` (typed, or records as the log stores them;
+    any order)."""
+    ordered = sorted(as_events(events), key=lambda e: float(e.t or 0.0))
     wall = startup = recovery = lost = 0.0
     blocked: dict[int, float] = defaultdict(float)
     attempts = failures = uploaded = 0
@@ -88,18 +101,17 @@ def summarize(events: Iterable[dict[str, Any]]) -> GoodputSummary:
     attempt_start: float | None = None
     failed_at: float | None = None
     for event in ordered:
-        kind = event.get("type")
-        t = float(event.get("t", 0.0))
-        if kind == "session_start":
+        t = float(event.t or 0.0)
+        if isinstance(event, SessionStart):
             if session_start is not None and last_t is not None:
                 # The previous driver died without a session_end: count up to its last event.
                 wall += last_t - session_start
             session_start = t
             failed_at = None
-        elif kind == "attempt_start":
+        elif isinstance(event, AttemptStart):
             attempts += 1
             attempt_start = t
-        elif kind in ("train_start", "first_report") and attempt_start is not None:
+        elif isinstance(event, (TrainStart, FirstReport)) and attempt_start is not None:
             # train_start (every worker connected and about to train) ends start-up and
             # recovery; logs written before it existed fall back to the first report.
             if failed_at is not None:
@@ -108,16 +120,16 @@ def summarize(events: Iterable[dict[str, Any]]) -> GoodputSummary:
             else:
                 startup += t - attempt_start
             attempt_start = None
-        elif kind == "blocked":
-            blocked[int(event.get("rank", 0))] += float(event.get("seconds", 0.0))
-        elif kind == "commit":
-            uploaded += int(event.get("bytes", 0))
-        elif kind == "failure":
+        elif isinstance(event, Blocked):
+            blocked[event.rank or 0] += float(event.seconds or 0.0)
+        elif isinstance(event, Commit):
+            uploaded += event.bytes or 0
+        elif isinstance(event, Failure):
             failures += 1
             failed_at = t
-            since = event.get("last_commit_t") or event.get("attempt_t") or t
+            since = event.last_commit_t or event.attempt_t or t
             lost += max(0.0, t - float(since))
-        elif kind == "session_end" and session_start is not None:
+        elif isinstance(event, SessionEnd) and session_start is not None:
             wall += t - session_start
             session_start = None
         last_t = t

@@ -1,9 +1,10 @@
 """Where each rank's wall time went, as intervals on a timeline: the data of
 ``cairn goodput -o``.
 
-Pure logic over the run's event log (the event types :mod:`cairn._src.goodput.summary`
-lists), which is untrusted input: a record without a finite ``t`` or with a value of the
-wrong type is skipped. The categories are those of the goodput summary:
+Pure logic over the run's typed events (:mod:`cairn._src.run.events`; the types
+:mod:`cairn._src.goodput.summary` lists). The log is untrusted input: a record that does
+not match its schema (no finite ``t``, a value of the wrong type) is skipped.
+The categories are those of the goodput summary:
 
 * ``startup``: an attempt's worker group starting, up to the train function's start
   (``attempt_start`` to ``train_start``, or to ``first_report`` in older logs);
@@ -21,12 +22,22 @@ commit are lost work).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cairn._src.run.status import ErrorInfo
+from cairn._src.run.events import (
+    AttemptStart,
+    Blocked,
+    Commit,
+    ErrorInfo,
+    Failure,
+    FirstReport,
+    SessionEnd,
+    SessionStart,
+    TrainStart,
+    as_events,
+)
 
 CATEGORIES = ("training", "checkpoint_stall", "lost_work", "startup", "recovery")
 _PRIORITY = {category: rank for rank, category in enumerate(CATEGORIES)}
@@ -143,17 +154,6 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _time(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
-        else None
-
-
 @dataclass
 class _Span:
     """One attempt's times, as the walk over the log finds them."""
@@ -168,10 +168,10 @@ class _Span:
 
 
 def build_timeline(events: Iterable[object]) -> Timeline:
-    """The :class:`Timeline` of a run's ``events`` (any order; sorted by ``t``)."""
-    ordered = sorted(((t, e) for e in events if isinstance(e, Mapping)
-                      and isinstance(e.get("type"), str) and (t := _time(e.get("t"))) is not None),
-                     key=lambda pair: (pair[0], _TIE_ORDER.get(pair[1]["type"], 5)))
+    """The :class:`Timeline` of a run's ``events`` (typed, or records as the log stores
+    them; any order; sorted by ``t``)."""
+    ordered = sorted(((float(e.t), e) for e in as_events(events) if e.t is not None),
+                     key=lambda pair: (pair[0], _TIE_ORDER.get(pair[1].type, 5)))
     if not ordered:
         return Timeline(started_at=None)
     spans: list[_Span] = []
@@ -182,55 +182,48 @@ def build_timeline(events: Iterable[object]) -> Timeline:
     failed_at: float | None = None
     last_t = ordered[0][0]
     for t, event in ordered:
-        kind = event["type"]
-        if kind == "session_start":
+        if isinstance(event, SessionStart):
             if current is not None:
                 # The previous driver died without a word: its attempt ended with its
                 # last event.
                 current.end = last_t
                 current = None
             failed_at = None
-        elif kind == "attempt_start":
+        elif isinstance(event, AttemptStart):
             if current is not None:
                 current.end = t
-            number = _count(event.get("attempt"))
+            number = event.attempt
             if number is None:
                 number = spans[-1].number + 1 if spans else 0
             current = _Span(number=number, start=t, recovering_from=failed_at)
             spans.append(current)
-        elif kind in ("train_start", "first_report"):
+        elif isinstance(event, (TrainStart, FirstReport)):
             if current is not None and current.train_start is None:
                 current.train_start = t
                 failed_at = None
-        elif kind == "blocked":
-            rank, seconds = _count(event.get("rank")), _time(event.get("seconds"))
+        elif isinstance(event, Blocked):
+            rank, seconds = event.rank, event.seconds
             if rank is not None and seconds is not None and current is not None:
                 ranks.add(rank)
                 current.stalls.append((rank, t - max(0.0, seconds), t))
-        elif kind == "commit":
+        elif isinstance(event, Commit):
             commits.append(t)
-        elif kind == "failure":
-            errors = event.get("errors", ())
-            parsed = tuple(e for e in map(ErrorInfo.parse, errors) if e is not None) \
-                if isinstance(errors, (list, tuple)) else ()
-            for error in parsed:
+        elif isinstance(event, Failure):
+            for error in event.errors:
                 ranks.update(error.ranks)
-            failed_ranks = event.get("ranks", ())
-            parsed = cause_first(parsed, failed_ranks)
-            if isinstance(failed_ranks, (list, tuple)):
-                ranks.update(r for r in failed_ranks if _count(r) is not None)
-            reason = event.get("reason")
-            attempt = _count(event.get("attempt"))
+            parsed = cause_first(event.errors, event.ranks)
+            ranks.update(event.ranks)
+            attempt = event.attempt
             if current is not None:
-                since = _time(event.get("last_commit_t")) or _time(event.get("attempt_t"))
-                current.lost_from = current.start if since is None else since
+                since = event.last_commit_t or event.attempt_t
+                current.lost_from = current.start if since is None else float(since)
                 current.end = t
                 attempt = current.number if attempt is None else attempt
                 current = None
             failures.append((attempt if attempt is not None else -1, t, parsed,
-                             reason if isinstance(reason, str) else ""))
+                             event.reason or ""))
             failed_at = t
-        elif kind == "session_end":
+        elif isinstance(event, SessionEnd):
             if current is not None:
                 current.end = t
                 current = None

@@ -21,7 +21,15 @@ from typing import Any
 
 from cairn._src.errors import ConfigError
 from cairn._src.goodput.timeline import cause_first, describe_failure
-from cairn._src.run.status import ErrorInfo
+from cairn._src.run.events import (
+    AttemptStart,
+    Commit,
+    ErrorInfo,
+    Event,
+    Failure,
+    SessionStart,
+    as_events,
+)
 
 X_AXES = ("report", "step", "time")
 STEP_METRIC = "step"
@@ -204,12 +212,12 @@ def build_plot(
     Raises :class:`ConfigError` for a metric the run lacks (see :func:`check_request`).
     """
     check_request(records, metrics, x_axis)
-    ordered = sorted(((t, e) for e in events if isinstance(e, Mapping)
-                      and (t := _number(e.get("t"))) is not None), key=lambda p: p[0])
-    started_at = next((t for t, e in ordered if e.get("type") == "session_start"),
+    ordered = sorted(((float(e.t), e) for e in as_events(events) if e.t is not None),
+                     key=lambda p: p[0])
+    started_at = next((t for t, e in ordered if isinstance(e, SessionStart)),
                       ordered[0][0] if ordered else None)
-    attempt_starts = [(t, a) for t, e in ordered if e.get("type") == "attempt_start"
-                      and (a := _count(e.get("attempt"))) is not None]
+    attempt_starts = [(t, e.attempt) for t, e in ordered
+                      if isinstance(e, AttemptStart) and e.attempt is not None]
     rows = _records(records, attempt_starts)
     if started_at is None:
         started_at = min((r.time for r in rows if r.time is not None), default=None)
@@ -236,8 +244,7 @@ def build_plot(
         if log and lowest <= 0:
             raise ConfigError(f"--log needs values > 0, and --metric={metric!r} has "
                               f"{lowest:.4g}; drop --log for this metric")
-    committed = {i for _, e in ordered if e.get("type") == "commit"
-                 and (i := _count(e.get("index"))) is not None}
+    committed = {e.index for _, e in ordered if isinstance(e, Commit) and e.index is not None}
     checkpoints = []
     for row in rows:
         if row.dir_name is None:
@@ -253,21 +260,18 @@ def build_plot(
                       restarts=tuple(restarts), started_at=started_at)
 
 
-def _restarts(ordered: list[tuple[float, Mapping[str, Any]]], rows: list[_Record],
+def _restarts(ordered: list[tuple[float, Event]], rows: list[_Record],
               x_of: Any, started_at: float | None, x_axis: str,
               report_of: Mapping[str, int]) -> list[RestartMark]:
     marks: list[RestartMark] = []
     for position, (t, event) in enumerate(ordered):
-        if event.get("type") != "failure":
+        if not isinstance(event, Failure) or event.attempt is None:
             continue
-        attempt = _count(event.get("attempt"))
-        if attempt is None:
-            continue
+        attempt = event.attempt
         following = next((e for _, e in ordered[position + 1:]
-                          if e.get("type") == "attempt_start"), None)
-        resume = following.get("resume") if following is not None else None
-        resume = resume if isinstance(resume, str) else None
-        next_attempt = _count(following.get("attempt")) if following is not None else None
+                          if isinstance(e, AttemptStart)), None)
+        resume = following.resume if following is not None else None
+        next_attempt = following.attempt if following is not None else None
         failed_xs = [x for r in rows if r.attempt == attempt and (x := x_of(r)) is not None]
         next_xs = [x for r in rows if r.attempt == next_attempt
                    and (x := x_of(r)) is not None] if next_attempt is not None else []
@@ -279,12 +283,8 @@ def _restarts(ordered: list[tuple[float, Mapping[str, Any]]], rows: list[_Record
             x = failed_xs[-1] + (0.5 if x_axis == "report" else 0.0)
         else:
             x = None
-        errors_raw = event.get("errors", ())
-        errors = tuple(e for e in map(ErrorInfo.parse, errors_raw) if e is not None) \
-            if isinstance(errors_raw, (list, tuple)) else ()
-        errors = cause_first(errors, event.get("ranks", ()))
-        reason = event.get("reason")
-        reason = reason if isinstance(reason, str) else ""
+        errors = cause_first(event.errors, event.ranks)
+        reason = event.reason or ""
         label, detail = describe_failure(errors, reason)
         marks.append(RestartMark(
             number=len(marks) + 1, attempt=attempt,
@@ -293,6 +293,6 @@ def _restarts(ordered: list[tuple[float, Mapping[str, Any]]], rows: list[_Record
             resumed_from=resume,
             resumed_from_report=report_of.get(resume) if resume is not None else None,
             # Written since failures could be left uncounted; older logs counted them all.
-            counted=event.get("counted") is not False,
+            counted=event.counted,
         ))
     return marks

@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cairn._src.errors import ManifestError
 from cairn._src.run import schema
 from cairn._src.run.segment_log import EVENT_RECORD, read_log
 from cairn._src.storage.location import StorageLocation
@@ -90,10 +89,14 @@ def _errors(value: object) -> tuple[ErrorInfo, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """One record of the event log; ``t`` is a Unix time. Subclasses name their ``TYPE``."""
+    """One record of the event log; ``t`` is a Unix time. Subclasses name their ``TYPE``.
+
+    Every record read back from storage has a finite ``t``; it is None only in an event
+    :func:`as_events` built from a record in memory that had none.
+    """
 
     TYPE: ClassVar[str] = ""
-    t: float
+    t: float | None
 
     @property
     def type(self) -> str:
@@ -105,7 +108,7 @@ class Event:
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"])
+        return cls(t=record.get("t"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +137,7 @@ class SessionEnd(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], status=_text(record.get("status")),
+        return cls(t=record.get("t"), status=_text(record.get("status")),
                    error=ErrorInfo.parse(record.get("error")))
 
 
@@ -151,7 +154,7 @@ class AttemptStart(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], attempt=record.get("attempt"), resume=record.get("resume"))
+        return cls(t=record.get("t"), attempt=record.get("attempt"), resume=record.get("resume"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +166,7 @@ class _AttemptEvent(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], attempt=record.get("attempt"))
+        return cls(t=record.get("t"), attempt=record.get("attempt"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,7 +206,7 @@ class Blocked(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], rank=record.get("rank"), kind=record.get("kind"),
+        return cls(t=record.get("t"), rank=record.get("rank"), kind=record.get("kind"),
                    seconds=record.get("seconds"), index=record.get("index"))
 
 
@@ -221,7 +224,7 @@ class CheckpointStarted(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], dir_name=record.get("dir_name"), index=record.get("index"))
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"), index=record.get("index"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,7 +242,7 @@ class Commit(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], index=record.get("index"), seconds=record.get("seconds"),
+        return cls(t=record.get("t"), index=record.get("index"), seconds=record.get("seconds"),
                    bytes=record.get("bytes"))
 
 
@@ -273,7 +276,7 @@ class Failure(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], attempt=record.get("attempt"),
+        return cls(t=record.get("t"), attempt=record.get("attempt"),
                    ranks=tuple(record.get("ranks", ())), reason=record.get("reason"),
                    last_commit_t=record.get("last_commit_t"),
                    errors=_errors(record.get("errors", ())),
@@ -294,7 +297,7 @@ class DeletionsFailed(Event):
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
         names = record.get("dir_names")
-        return cls(t=record["t"], dir_names=tuple(n for n in names if isinstance(n, str))
+        return cls(t=record.get("t"), dir_names=tuple(n for n in names if isinstance(n, str))
                    if isinstance(names, (list, tuple)) else ())
 
 
@@ -313,7 +316,7 @@ class ValidationRequested(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], dir_name=record.get("dir_name"), index=record.get("index"),
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"), index=record.get("index"),
                    task=_object(record.get("task")))
 
 
@@ -333,7 +336,7 @@ class ValidationFinished(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], dir_name=record.get("dir_name"), index=record.get("index"),
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"), index=record.get("index"),
                    status=_text(record.get("status")), metrics=_object(record.get("metrics")))
 
 
@@ -352,7 +355,7 @@ class CheckpointDropped(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], dir_name=record.get("dir_name"),
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"),
                    report_index=_count(record.get("report_index")),
                    reason=record.get("reason", ""))
 
@@ -375,7 +378,7 @@ class ReferenceRegistered(Event):
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record["t"], dir_name=record.get("dir_name"),
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"),
                    report_index=_count(record.get("report_index")),
                    target_uri=_text(record.get("target_uri")),
                    target_path=_text(record.get("target_path")))
@@ -418,26 +421,38 @@ def event_from_checked(record: Mapping[str, Any]) -> Event:
     """The typed event of a record that already passed the event log's schema."""
     kind = EVENT_TYPES.get(record["type"])
     if kind is None:
-        return UnknownEvent(t=record["t"], unknown_type=record["type"], record=dict(record))
+        return UnknownEvent(t=record.get("t"), unknown_type=record["type"], record=dict(record))
     return kind._from_record(record)
 
 
 def as_events(items: Iterable[object]) -> list[Event]:
-    """``items`` as typed events: events pass through, records (read back, or built in
-    memory) are checked and parsed, and anything that does not match the schema is
-    skipped, as :func:`read_log` skips it."""
+    """``items`` as typed events: events pass through; a record (a mapping built in memory,
+    or read back) becomes its type, leniently as the readers always took it: a record
+    without a ``type`` string is skipped, a field of the wrong type is taken as absent
+    (``t`` included: it is None then), and from a list of ranks the entries that are not
+    ranks are dropped."""
     events: list[Event] = []
     for item in items:
         if isinstance(item, Event):
             events.append(item)
-            continue
-        if not isinstance(item, Mapping):
-            continue
-        try:
-            events.append(parse_event(dict(item), where="in memory"))
-        except ManifestError:
-            continue
+        elif isinstance(item, Mapping) and isinstance(item.get("type"), str) and item["type"]:
+            events.append(event_from_checked(_lenient_fields(item)))
     return events
+
+
+_FIELDS: Mapping[str, schema.Schema] = (
+    EVENT_RECORD.schema.fields if isinstance(EVENT_RECORD.schema, schema.Object) else {})
+
+
+def _lenient_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    cleaned: dict[str, Any] = {}
+    for name, value in record.items():
+        check = _FIELDS.get(name)
+        if check is None or schema.check_value(value, check) is None:
+            cleaned[name] = value
+        elif isinstance(check, schema.ListOf) and isinstance(value, (list, tuple)):
+            cleaned[name] = [v for v in value if schema.check_value(v, check.item) is None]
+    return cleaned
 
 
 def read_events(directory: StorageLocation, retry: RetryPolicy) -> list[Event]:

@@ -1,7 +1,8 @@
 """What a run's event log says about how it went: its status, attempts and failures.
 
-Pure logic over the events :mod:`cairn._src.controller.controller` writes (untrusted input:
-a value of the wrong type is skipped, never trusted). Used by ``cairn ls``, ``cairn show``
+Pure logic over the typed events of the log (:mod:`cairn._src.run.events`; records given
+as dicts are checked and parsed first, and those that do not match are skipped: the log is
+untrusted input). Used by ``cairn ls``, ``cairn show``
 and :meth:`Result.from_path`.
 
 A run's status is that of its last driver session:
@@ -15,40 +16,22 @@ A run's status is that of its last driver session:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cairn._src.run.events import (
+    AttemptStart,
+    ErrorInfo,
+    Failure,
+    SessionEnd,
+    SessionStart,
+    as_events,
+)
+
+__all__ = ["STATUSES", "ErrorInfo", "FailureInfo", "RunHistory", "run_history"]
+
 STATUSES = ("running", "finished", "failed", "interrupted", "new")
-
-
-@dataclass(frozen=True)
-class ErrorInfo:
-    """One error as the event log keeps it: its type's name, the ranks and the message."""
-
-    type: str
-    ranks: tuple[int, ...]
-    message: str
-
-    @staticmethod
-    def parse(value: object) -> ErrorInfo | None:
-        if not isinstance(value, Mapping):
-            return None
-        kind, message, ranks = value.get("type"), value.get("message"), value.get("ranks", ())
-        if not isinstance(kind, str) or not isinstance(message, str):
-            return None
-        if not isinstance(ranks, (list, tuple)):
-            ranks = ()
-        return ErrorInfo(kind, tuple(r for r in ranks if _is_int(r)), message)
-
-    @property
-    def rank(self) -> int | None:
-        """The first failed rank, or None when the error is not a rank's (the driver's)."""
-        return self.ranks[0] if self.ranks else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "ranks": list(self.ranks), "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -79,16 +62,6 @@ class RunHistory:
     restarts_at: tuple[float, ...] = field(default=())
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _time(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def run_history(events: Iterable[object], *, driver_live: bool = False) -> RunHistory:
     """Fold ``events`` (in log order) into the run's :class:`RunHistory`."""
     sessions = attempts = 0
@@ -98,41 +71,28 @@ def run_history(events: Iterable[object], *, driver_live: bool = False) -> RunHi
     session_open = False
     last_status: str | None = None
     last_error: ErrorInfo | None = None
-    for event in events:
-        if not isinstance(event, Mapping):
-            continue
-        kind = event.get("type")
-        t = _time(event.get("t"))
+    for event in as_events(events):
+        t = None if event.t is None else float(event.t)
         if t is not None:
             last_t = t if last_t is None else max(last_t, t)
-        if kind == "session_start":
+        if isinstance(event, SessionStart):
             sessions += 1
             session_open = True
             last_status, last_error = None, None
             if started_at is None:
                 started_at = t
-        elif kind == "attempt_start":
+        elif isinstance(event, AttemptStart):
             attempts += 1
             if attempts > 1 and t is not None:
                 restarts.append(t)
-        elif kind == "failure":
-            ranks = event.get("ranks", ())
-            errors = event.get("errors", ())
-            reason = event.get("reason")
-            failures.append(FailureInfo(
-                attempt=event.get("attempt") if _is_int(event.get("attempt")) else None,
-                t=t,
-                ranks=tuple(r for r in ranks if _is_int(r))
-                if isinstance(ranks, (list, tuple)) else (),
-                reason=reason if isinstance(reason, str) else "",
-                errors=tuple(e for e in map(ErrorInfo.parse, errors) if e is not None)
-                if isinstance(errors, (list, tuple)) else (),
-            ))
-        elif kind == "session_end":
+        elif isinstance(event, Failure):
+            failures.append(FailureInfo(attempt=event.attempt, t=t, ranks=event.ranks,
+                                        reason=event.reason or "", errors=event.errors))
+        elif isinstance(event, SessionEnd):
             session_open = False
-            status = event.get("status")
+            status = event.status
             last_status = status if status in ("finished", "failed", "interrupted") else None
-            last_error = ErrorInfo.parse(event.get("error"))
+            last_error = event.error
             if last_status is None:
                 # A log written before session_end said how the session went.
                 last_status = "failed" if failures and _failed_last(failures, restarts) \

@@ -21,6 +21,7 @@ from cairn._src.errors import (
     RunNotFoundError,
 )
 from cairn._src.goodput.summary import GoodputSummary, summarize
+from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.report_checks import score_value
 from cairn._src.run.segment_log import read_log
@@ -144,7 +145,7 @@ class Result:
     def goodput(self) -> GoodputSummary:
         if self._run is None:
             return summarize([])
-        return summarize(read_log(self._run.join(EVENTS_DIR), self._retry))
+        return summarize(read_events(self._run.join(EVENTS_DIR), self._retry))
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The kept checkpoint whose ``metric`` is the highest (``mode="max"``) or lowest
@@ -212,7 +213,7 @@ class Result:
                 checkpoint_score_attribute=kept.score_attribute,
                 checkpoint_score_order="min" if kept.score_order == "min" else "max")
         # A failed run reads back with its error, as fit() returned it.
-        past = run_history(read_log(run.join(EVENTS_DIR), retry))
+        past = run_history(read_events(run.join(EVENTS_DIR), retry))
         error = RunFailedError.from_info(past.error, run.display()) if past.error else None
         return build_result(run, index, checkpoint_config, metrics=metrics, error=error,
                             retry=retry)
