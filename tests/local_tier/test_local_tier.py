@@ -18,6 +18,7 @@ import cairn
 from cairn._src.checkpoint.local_tier import LocalTier
 from cairn._src.checkpoint.manifest import Manifest, write_manifest
 from cairn._src.storage.location import resolve
+from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import upload_directory
 
@@ -215,3 +216,42 @@ def test_a_tier_directory_replaced_by_a_link_is_neither_read_nor_pruned(
     tier.committed(5)
     assert (elsewhere / "000000001-step_1" / "a.bin").is_file()
 
+
+
+def test_only_a_checkpoint_given_the_tier_in_its_storage_options_restores_from_it(
+    committed: tuple[LocalTier, Manifest, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No process-wide "active tier": a Checkpoint made by hand reads storage, one handed
+    # out by a worker's session (with the run's StorageOptions) reads this node's copy.
+    tier, _, src = committed
+    stored = cairn.Checkpoint.from_location(tier.run.join("step_1"))
+    with caplog.at_level("INFO", logger="cairn._src.checkpoint.local_tier"):
+        stored.to_directory(str(tmp_path / "plain"))
+    assert "local tier" not in caplog.text
+    with_tier = stored._with_options(StorageOptions(local_tier=tier, retry=RETRY))
+    with caplog.at_level("INFO", logger="cairn._src.checkpoint.local_tier"):
+        with_tier.to_directory(str(tmp_path / "tiered"))
+    assert "from this node's local tier" in caplog.text
+    assert (tmp_path / "tiered" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+    # Pickled to another process, a checkpoint leaves this node's tier behind.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(with_tier))._options.local_tier is None
+
+
+def test_storage_options_refuse_what_they_cannot_use() -> None:
+    with pytest.raises(cairn.ConfigError, match=r"StorageOptions.transfer=8 must be a "
+                       r"cairn.storage.TransferConfig or None"):
+        StorageOptions(transfer=8)  # type: ignore[arg-type]
+    with pytest.raises(cairn.ConfigError, match=r"StorageOptions.retry=None must be a "
+                       r"cairn.storage.RetryPolicy; pass RetryPolicy\(\)"):
+        StorageOptions(retry=None)  # type: ignore[arg-type]
+
+
+def test_a_run_config_gives_its_storage_options() -> None:
+    transfer = cairn.storage.TransferConfig(max_concurrency=3)
+    options = cairn.RunConfig(storage_transfer=transfer,
+                              storage_retry=RETRY).storage_options()
+    assert options == StorageOptions(transfer=transfer, retry=RETRY)
+    assert options.local_tier is None

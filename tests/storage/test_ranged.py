@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -330,22 +331,36 @@ def test_an_upload_waits_for_its_parts_once_its_share_of_the_budget_is_on_its_wa
     assert (tmp_path / "out" / "a").read_bytes() == (src / "a").read_bytes()
 
 
-def test_run_config_storage_transfer_reaches_every_worker_and_is_put_back(
+def test_run_config_storage_transfer_reaches_every_worker_in_its_storage_options(
     tmp_path: Path,
 ) -> None:
+    # The setting travels in the session's StorageOptions; no process-wide setting of the
+    # worker (or the driver) changes, so two runs in one process cannot see each other's.
     config = TransferConfig(part_size=6 * MiB, max_concurrency=3)
 
     def train_fn() -> None:
-        seen = cairn.storage.transfer_config()
-        cairn.report({"part_size": seen.part_size, "concurrency": seen.max_concurrency})
+        from cairn._src.worker.session import get_session
+
+        seen = get_session("report").storage_options.transfer
+        assert seen is not None
+        own = cairn.storage.transfer_config()
+        checkpoint_dir = tempfile.mkdtemp()
+        cairn.report({"part_size": seen.part_size, "concurrency": seen.max_concurrency,
+                      "own_part_size": own.part_size},
+                     checkpoint=cairn.Checkpoint.from_directory(checkpoint_dir))
+        restored = cairn.get_checkpoint()
+        assert restored is not None
+        assert restored._options.transfer == seen
 
     result = cairn.Trainer(
         train_fn, scaling_config=cairn.ScalingConfig(num_workers=2),
         run_config=cairn.RunConfig(storage_path=str(tmp_path), name="tuned",
                                    storage_transfer=config),
     ).fit()
+    assert result.error is None
     assert result.metrics["part_size"] == 6 * MiB
     assert result.metrics["concurrency"] == 3
+    assert result.metrics["own_part_size"] == TransferConfig().part_size
     assert transfer_config() == TransferConfig()
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from cairn._src.checkpoint import local_tier
 from cairn._src.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -33,7 +32,7 @@ from cairn._src.checkpoint.verified import verify_local_once
 from cairn._src.errors import CheckpointNotFoundError, ManifestError, NotADirectoryCheckpointError
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, local_root, resolve
-from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.transfer import download_directory, verify_directory
 from cairn._src.storage.uris import local_os_join
 
@@ -57,7 +56,8 @@ class Checkpoint:
         # The directory holding the manifest: the checkpoint's own, except for checkpoints
         # registered by reference, whose manifest stays in the run directory.
         self._manifest_location = self._location
-        self._retry = RetryPolicy()
+        self._options = StorageOptions()
+        self._retry = self._options.retry
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
@@ -80,6 +80,15 @@ class Checkpoint:
         """
         checkpoint = cls.__new__(cls)
         checkpoint.__setstate__({"location": data, "manifest_location": manifest_location})
+        return checkpoint
+
+    def _with_options(self, options: StorageOptions) -> Checkpoint:
+        """This checkpoint, read and restored with ``options`` (a worker's: its run's
+        retry budget, transfer settings and its node's local tier)."""
+        checkpoint = Checkpoint.__new__(Checkpoint)
+        checkpoint.__setstate__(self.__getstate__())
+        checkpoint._options = options
+        checkpoint._retry = options.retry
         return checkpoint
 
     @property
@@ -128,17 +137,18 @@ class Checkpoint:
                 f"{self._manifest_location.display()} has no manifest ({MANIFEST_NAME}): it "
                 "was never committed (or its upload was interrupted), so it cannot be verified."
             )
-        verify_directory(self._location, manifest.files, retry=self._retry)
+        verify_directory(self._location, manifest.files, retry=self._retry,
+                         transfer=self._options.transfer)
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into the local directory ``path``; return it.
 
         ``path`` defaults to a new temporary directory. A committed checkpoint is copied
         as its manifest lists it and every file is verified; the manifest itself is not
-        copied, so the directory can be reported as a new checkpoint. In a worker with a
-        local tier (``CheckpointConfig(local_tier_bytes=...)``) the files come from this
-        node's copy when it holds them all, verified the same way
-        (:mod:`.local_tier`).
+        copied, so the directory can be reported as a new checkpoint. A checkpoint a worker
+        got from ``get_checkpoint()`` (or its reported checkpoints) in a run with a local
+        tier (``CheckpointConfig(local_tier_bytes=...)``) comes from this node's copy when
+        it holds all the files, verified the same way (:mod:`.local_tier`).
         """
         manifest = self.get_manifest()
         if manifest is None:
@@ -148,7 +158,7 @@ class Checkpoint:
         else:
             target = os.path.abspath(os.fspath(path))
         try:
-            tier = local_tier.active()
+            tier = self._options.local_tier
             if manifest is None or tier is None or not tier.restore(
                     self._manifest_location, manifest, target, self._retry):
                 download_directory(
@@ -157,6 +167,7 @@ class Checkpoint:
                     files=None if manifest is None else manifest.files,
                     verify=True,
                     retry=self._retry,
+                    transfer=self._options.transfer,
                 )
         except BaseException:
             if path is None:
@@ -220,7 +231,8 @@ class Checkpoint:
             manifest_bytes=data,
             data_root=local,
             names=names,
-            verify=lambda: verify_directory(self._location, manifest.files, retry=self._retry),
+            verify=lambda: verify_directory(self._location, manifest.files, retry=self._retry,
+                                            transfer=self._options.transfer),
         )
 
     def get_metadata(self) -> dict[str, Any]:
@@ -300,4 +312,5 @@ class Checkpoint:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location = state["location"]
         self._manifest_location = state.get("manifest_location", self._location)
-        self._retry = RetryPolicy()
+        self._options = StorageOptions()
+        self._retry = self._options.retry

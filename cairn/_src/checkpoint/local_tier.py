@@ -19,6 +19,10 @@ Ranks that share a node add their files to the same directory, so a checkpoint e
 of which ran on this node is restored whole from it; one with files from other nodes is
 restored from storage.
 
+A worker's session builds its run's tier and hands it, inside the run's
+:class:`StorageOptions`, to the checkpoints it gives the train function
+(``get_checkpoint()``, reported checkpoints); nothing else restores from it.
+
 A tier is never used with local storage, whose restore is already a local copy. Copies
 are best effort: an error while copying (a full disk) is logged once and the run goes on.
 """
@@ -47,22 +51,10 @@ logger = logging.getLogger(__name__)
 # Used when CheckpointConfig.local_tier_dir is None.
 DIR_ENV = "CAIRN_LOCAL_TIER_DIR"
 
-_ACTIVE: LocalTier | None = None
-
 
 def default_directory() -> str:
     """``CAIRN_LOCAL_TIER_DIR``, else ``cairn-local-tier`` in the temp directory."""
     return os.environ.get(DIR_ENV) or os.path.join(tempfile.gettempdir(), "cairn-local-tier")
-
-
-def activate(tier: LocalTier | None) -> None:
-    """Make ``tier`` the one this worker process restores from (None: none)."""
-    global _ACTIVE
-    _ACTIVE = tier
-
-
-def active() -> LocalTier | None:
-    return _ACTIVE
 
 
 def _entry_name(report_index: int, dir_name: str) -> str:

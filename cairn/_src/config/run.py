@@ -16,6 +16,7 @@ from typing import Any, Literal
 from cairn._src import migration
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
+from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
 
@@ -470,6 +471,11 @@ class RunConfig:
             )
         check_field_types(self)
         self._merge_worker_runtime_env()
+
+    def storage_options(self) -> StorageOptions:
+        """This run's transfer settings and retry budget, as the one object the driver
+        passes to what transfers (each worker builds the same from its ``SetupMessage``)."""
+        return StorageOptions(transfer=self.storage_transfer, retry=self.storage_retry)
 
     def _merge_worker_runtime_env(self) -> None:
         runtime_env = self.worker_runtime_env

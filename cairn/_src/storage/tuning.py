@@ -22,10 +22,13 @@ The defaults come from ``bench/s3_transfer.py`` (a 256 MiB file on a moto server
 loopback, 2 cores): 16 MiB parts downloaded in 2.2 s where 8 MiB parts took 4.3 s, and 16
 parts in flight were no faster than 8; one stream per file took 2.8-3.0 s.
 
-What :func:`current` returns is the process's setting, ``TransferConfig()`` unless
+A run's setting travels in its :class:`~cairn._src.storage.options.StorageOptions`: a
+worker's session passes it to every transfer it makes and to the checkpoints it hands
+out, and never changes this module's. What :func:`current` returns (used where a caller
+passes no setting) is the process's own, ``TransferConfig()`` unless
 :func:`set_transfer_config` changed it, except while a ``fit()`` with
-``RunConfig(storage_transfer=...)`` runs in the driver (:func:`applied`); that setting is
-also every worker's own.
+``RunConfig(storage_transfer=...)`` runs in the driver (:func:`applied`, until the driver
+passes ``RunConfig.storage_options()`` along instead).
 """
 
 from __future__ import annotations

@@ -199,17 +199,31 @@ def open_server_tunnel(sock: socket.socket, context: ssl.SSLContext,
     """Run the server side of the TLS handshake on ``sock`` (an accepted connection),
     then hand back the plain end of a tunnel to it. Raises ``OSError`` (``ssl.SSLError``,
     ``TimeoutError``, ``ConnectionError``) when the handshake fails; ``sock`` is closed."""
-    return _open_tunnel(sock, context, server_side=True, timeout_s=timeout_s)
+    return _open_tunnel(sock, context, server_side=True, timeout_s=timeout_s)[0]
+
+
+class ClientTunnel:
+    """The client side of a TLS tunnel: the plain end to talk on, and its pump thread."""
+
+    def __init__(self, plain: socket.socket, pump: threading.Thread) -> None:
+        self.socket = plain
+        self._pump = pump
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """Wait until the tunnel has delivered what it holds and closed (a worker about to
+        exit; close the plain end first). Whether it has."""
+        self._pump.join(timeout_s)
+        return not self._pump.is_alive()
 
 
 def open_client_tunnel(sock: socket.socket, context: ssl.SSLContext,
-                       timeout_s: float) -> socket.socket:
+                       timeout_s: float) -> ClientTunnel:
     """The client side of :func:`open_server_tunnel` (a worker dialling the driver)."""
-    return _open_tunnel(sock, context, server_side=False, timeout_s=timeout_s)
+    return ClientTunnel(*_open_tunnel(sock, context, server_side=False, timeout_s=timeout_s))
 
 
 def _open_tunnel(sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
-                 timeout_s: float) -> socket.socket:
+                 timeout_s: float) -> tuple[socket.socket, threading.Thread]:
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_side=server_side)
     try:
@@ -222,25 +236,8 @@ def _open_tunnel(sock: socket.socket, context: ssl.SSLContext, *, server_side: b
         raise
     pump = _Pump(sock, inner, tls, incoming, outgoing)
     thread = threading.Thread(target=pump.run, name="cairn-tls-pump", daemon=True)
-    with _pumps_lock:
-        _pumps.add(thread)
     thread.start()
-    return plain
-
-
-_pumps: set[threading.Thread] = set()
-_pumps_lock = threading.Lock()
-
-
-def wait_for_tunnels(timeout_s: float) -> bool:
-    """Wait until every tunnel of this process has delivered what it holds and closed
-    (a worker about to exit; close the plain ends first). Whether all have."""
-    deadline = time.monotonic() + timeout_s
-    with _pumps_lock:
-        pumps = list(_pumps)
-    for thread in pumps:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in pumps)
+    return plain, thread
 
 
 def _handshake(sock: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO,
@@ -365,8 +362,6 @@ class _Pump:
                     sock.close()
                 except OSError:
                     pass
-            with _pumps_lock:
-                _pumps.discard(threading.current_thread())
 
     def _decrypt(self, into: bytearray) -> bool:
         """Append what the TLS records received so far hold; False once the peer ended."""

@@ -24,11 +24,10 @@ import cloudpickle
 from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
 from cairn._src.run.storage_check import check_storage_marker
 from cairn._src.storage.registry import import_registrations
-from cairn._src.storage.tuning import set_transfer_config
 from cairn._src.wire.code_locations import failing_frame, loads_located
 from cairn._src.wire.messages import DoneMessage, ErrorMessage, SetupMessage, TimingMessage
 from cairn._src.wire.sockets import abort_connection, disable_nagle
-from cairn._src.wire.tls import client_context, open_client_tunnel, wait_for_tunnels
+from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
 from cairn._src.worker.session import WorkerSession, set_session
 
 logger = logging.getLogger(__name__)
@@ -57,8 +56,6 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     import_registrations(cloudpickle.loads(registrations))
     setup = connection.recv()
     assert isinstance(setup, SetupMessage)
-    if setup.transfer is not None:
-        set_transfer_config(setup.transfer)
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
     try:
@@ -114,33 +111,38 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
 def connect(boot: dict[str, Any]) -> Connection:
     """An authenticated connection to the controller that ``boot`` names: plain TCP, or
     a TLS tunnel that trusts only the run's certificate when ``boot`` carries one."""
+    return _connect(boot)[0]
+
+
+def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
+    """:func:`connect`, and the TLS tunnel under the connection when there is one."""
     address = (boot["address"][0], int(boot["address"][1]))
     authkey = bytes.fromhex(boot["authkey"])
     certificate = boot.get("tls_certificate")
     if certificate is None:
         connection = Client(address, authkey=authkey)
         disable_nagle(connection)
-        return connection
+        return connection, None
     sock = socket.create_connection(address, _CONNECT_TIMEOUT_S)
-    plain = open_client_tunnel(sock, client_context(certificate), _CONNECT_TIMEOUT_S)
-    connection = Connection(plain.detach())
+    tunnel = open_client_tunnel(sock, client_context(certificate), _CONNECT_TIMEOUT_S)
+    connection = Connection(tunnel.socket.detach())
     answer_challenge(connection, authkey)
     deliver_challenge(connection, authkey)
-    return connection
+    return connection, tunnel
 
 
 def run_from_bootstrap(boot: dict[str, Any]) -> int:
     """Connect to the controller named by ``boot`` and run this worker's share."""
-    connection = connect(boot)
+    connection, tunnel = _connect(boot)
     try:
         return run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
     finally:
-        if boot.get("tls_certificate") is not None:
+        if tunnel is not None:
             # The last messages (Done, an error) may still be in the tunnel: ending our
             # side lets its pump deliver them, then close; the process may exit after.
             abort_connection(connection)
             connection.close()
-            wait_for_tunnels(_FLUSH_TIMEOUT_S)
+            tunnel.wait_closed(_FLUSH_TIMEOUT_S)
 
 
 def _preload() -> None:

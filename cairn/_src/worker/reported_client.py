@@ -16,6 +16,7 @@ from cairn._src.checkpoint.reported import (
     check_timeout,
 )
 from cairn._src.checkpoint.views import checkpoint_from_view
+from cairn._src.storage.options import StorageOptions
 from cairn._src.wire.messages import ReportedCheckpointsReply, ReportedCheckpointsRequest
 
 
@@ -23,8 +24,11 @@ class ReportedCheckpointsClient:
     """The worker side; thread-safe."""
 
     def __init__(self, rank: int, send: Callable[[object], None],
-                 last_index: Callable[[], int]) -> None:
+                 last_index: Callable[[], int],
+                 options: StorageOptions | None = None) -> None:
         self._rank = rank
+        # What the checkpoints handed out are restored with (the session's).
+        self._options = options or StorageOptions()
         self._send = send
         self._last_index = last_index
         self._lock = threading.Lock()
@@ -44,7 +48,8 @@ class ReportedCheckpointsClient:
                                               mode.value, timeout))
         # The controller answers at timeout_s at the latest (or fails the attempt).
         event.wait()
-        return [ReportedCheckpoint(checkpoint_from_view(view), dict(view.metrics),
+        return [ReportedCheckpoint(checkpoint_from_view(view)._with_options(self._options),
+                                   dict(view.metrics),
                                    ReportedCheckpointStatus(status))
                 for view, status in box[0].checkpoints]
 

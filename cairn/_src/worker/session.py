@@ -28,7 +28,6 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from cairn._src.checkpoint import local_tier
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.checkpoint.local_tier import LocalTier
 from cairn._src.checkpoint.references import check_reference, check_upload_source
@@ -41,6 +40,7 @@ from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.storage.fileio import delete_file, is_dir
 from cairn._src.storage.location import resolve
+from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
@@ -152,7 +152,9 @@ class WorkerSession:
         # This node's copy of the newest committed checkpoint (None: off, or local storage):
         # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
-        local_tier.activate(self._tier)
+        # What this worker's transfers and the checkpoints it hands out use.
+        self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
+                                              local_tier=self._tier)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -165,7 +167,8 @@ class WorkerSession:
         self._stopping = False
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
-                                                   lambda: self._next_index - 1)
+                                                   lambda: self._next_index - 1,
+                                                   self.storage_options)
         self._receiver = threading.Thread(target=self._receive, name="cairn-receiver", daemon=True)
         self._receiver.start()
         self._uploader = threading.Thread(target=self._upload_loop, name="cairn-uploader",
@@ -177,7 +180,12 @@ class WorkerSession:
     def get_checkpoint(self) -> Checkpoint | None:
         with self._state_lock:
             view = self._latest
-        return checkpoint_from_view(view) if view is not None else None
+        return self._checkpoint(view) if view is not None else None
+
+    def _checkpoint(self, view: CheckpointView) -> Checkpoint:
+        """The checkpoint of ``view`` as the train function gets it: restored with this
+        run's storage options (its local tier included)."""
+        return checkpoint_from_view(view)._with_options(self.storage_options)
 
     def report(
         self,
@@ -474,7 +482,8 @@ class WorkerSession:
                 written = upload_directory(job.checkpoint.path, destination,
                                            files={f: size for f, size in files.items()
                                                   if f not in skipped and f not in unchanged},
-                                           retry=self._retry, background=job.background)
+                                           retry=self._retry, background=job.background,
+                                           transfer=self.storage_options.transfer)
                 entries = dict(sorted({**written, **unchanged}.items()))
                 if isinstance(answer, ProceedMessage) and answer.stale:
                     # Written by the first upload of this directory and gone since (a
@@ -641,7 +650,7 @@ class WorkerSession:
             handle._resolve(None, CairnError(message.error))
         else:
             view = message.checkpoint
-            handle._resolve(checkpoint_from_view(view) if view else None, None)
+            handle._resolve(self._checkpoint(view) if view else None, None)
 
     def finish(self) -> None:
         """Wait until every ASYNC upload of this worker has committed, then stop threads."""
@@ -655,7 +664,6 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
-        local_tier.activate(None)
 
 
 # How much lower than the train loop's the background upload threads' CPU priority is.
