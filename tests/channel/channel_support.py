@@ -10,6 +10,7 @@ import pyarrow.fs as pafs
 
 import cairn
 from cairn._src.controller.connections import WorkerChannels
+from cairn._src.controller.inbox import NewConnection
 from cairn._src.wire.bootstrap import Bootstrap
 from cairn._src.worker.main import connect
 
@@ -36,13 +37,12 @@ def connect_worker(channels: WorkerChannels, **options: Any) -> tuple[Connection
 
 def next_connection(channels: WorkerChannels) -> Connection:
     while True:
-        item = channels.next_item()
+        item = channels.inbox.next_item()
         if item is not None:
-            kind, (connection, _hello) = item
-            assert kind == "connection"
-            return connection
-        assert wait([channels.wake_r], EVENT_TIMEOUT_S), "no connection was accepted"
-        channels.clear_wake()
+            assert isinstance(item, NewConnection)
+            return item.connection
+        assert wait([channels.inbox.wake_r], EVENT_TIMEOUT_S), "no connection was accepted"
+        channels.inbox.clear_wake()
 
 
 def node_local_store(uri: str) -> pafs.FileSystem:

@@ -54,4 +54,11 @@ class WorkerBackend(Protocol):
 
     def kill(self) -> None: ...
 
+    def prepare_standby(self) -> None:
+        """Start spare workers for the next attempt, if the backend keeps any
+        (``FailureConfig(warm_standby=True)``); called at an attempt's first report, so
+        that their start-up does not slow that attempt's own. A backend without spares
+        does nothing."""
 
+    def stop_standby(self) -> None:
+        """The run is over: stop the spare workers, if any."""

@@ -488,3 +488,10 @@ class RayBackend:
 
     def kill(self) -> None:
         self.shutdown(grace_s=0.0)
+
+    def prepare_standby(self) -> None:
+        """Nothing: Ray places the next attempt's actors itself (FailureConfig.warm_standby
+        applies to the local backend only)."""
+
+    def stop_standby(self) -> None:
+        """Nothing: this backend keeps no spare workers."""

@@ -2,7 +2,7 @@
 
 Commits run on one named thread fed by a queue (``None`` stops it), off the controller
 loop, so storage latency never delays another rank's message. Each result goes back to the
-loop through ``post("committed", ...)``; the loop then calls
+loop as a :class:`CommitResult` in its inbox; the loop then calls
 :meth:`CommitPipeline.on_committed`, which tells the workers and the callbacks.
 """
 
@@ -19,6 +19,7 @@ from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.views import ReadyCheckpoint, checkpoint_from_view
 from cairn._src.config.run import RunConfig
 from cairn._src.controller.attempt import Attempt
+from cairn._src.controller.inbox import CommitResult, Inbox
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.errors import CheckpointNotStoredError, RunLeaseError
 from cairn._src.observe.callbacks import CallbackDispatcher
@@ -34,14 +35,14 @@ class CommitPipeline:
     """The commit thread and the loop's handling of its results."""
 
     def __init__(self, manager: CheckpointManager, events: SegmentLog, run_config: RunConfig,
-                 post: Callable[[str, Any], None],
+                 inbox: Inbox,
                  broadcast: Callable[[Attempt, object], None], *,
                  callbacks: CallbackDispatcher) -> None:
         self._callbacks = callbacks
         self._manager = manager
         self._events = events
         self._run_config = run_config
-        self._post = post
+        self._inbox = inbox
         self._broadcast = broadcast
         self._commits: queue.Queue[
             tuple[ReadyCheckpoint, int] | Callable[[], None] | None] = queue.Queue()
@@ -102,20 +103,21 @@ class CommitPipeline:
                 continue
             ready, attempt = item
             if self._fenced is not None:
-                self._post("committed", (ready, None, self._fenced))
+                self._inbox.post(CommitResult(ready, None, self._fenced))
                 continue
             try:
                 outcome = self._manager.commit(ready, attempt=attempt)
             except RunLeaseError as exc:
                 self._fenced = exc
                 logger.error("Not committing report %d: %s", ready.index, exc)
-                self._post("committed", (ready, None, exc))
+                self._inbox.post(CommitResult(ready, None, exc))
                 continue
             except BaseException as exc:
                 logger.error("Commit of report %d failed: %s", ready.index, exc)
-                self._post("committed", (ready, None, exc))
+                self._inbox.post(CommitResult(ready, None, exc))
                 continue
-            self._post("committed", (ready, outcome, None))
+            self._inbox.post(CommitResult(ready, outcome, None,
+                                          holder=self._manager.entry_holding(outcome.view.data)))
             # After the workers hear of the commit: the event log (a driver killed later
             # still leaves the timeline up to its last checkpoint), then the deletions
             # retention decided, which the written index no longer references.
@@ -125,13 +127,13 @@ class CommitPipeline:
                 logger.warning("Could not flush the event log", exc_info=True)
             self._manager.delete_dropped(outcome.dropped)
 
-    def on_committed(self, attempt: Attempt, ready: ReadyCheckpoint, outcome: Any,
-                     error: BaseException | None) -> None:
+    def on_committed(self, attempt: Attempt, result: CommitResult) -> None:
         """A commit's result, on the loop's thread: tell the workers and the callbacks.
 
         Raises :class:`RunLeaseError` when the commit found the lease taken over: the run
         stops at once, without another commit or index write.
         """
+        ready, outcome, error = result.ready, result.outcome, result.error
         attempt.commits_in_flight -= 1
         if isinstance(error, RunLeaseError):
             raise error
@@ -154,10 +156,10 @@ class CommitPipeline:
                 summary=f"Commit of checkpoint {ready.dir_name} failed: {error}"))
             message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
         else:
+            assert outcome is not None
             attempt.last_commit_t = time.time()
-            holder = self._manager.entry_holding(outcome.view.data)
-            if holder is not None:
-                attempt.tracker.mark_used(holder)
+            if result.holder is not None:
+                attempt.tracker.mark_used(result.holder)
             self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
                                  "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
             message = CommittedMessage(ready.index, outcome.view)

@@ -2,8 +2,8 @@
 
 An acceptor thread takes connections on the controller's listener and authenticates each
 on a handshake thread of its own, with a deadline; authenticated connections, like the
-commit thread's results, reach the controller loop through :meth:`WorkerChannels.post`:
-an inbox and a wake-up pipe the loop waits on without polling.
+commit thread's results, reach the controller loop through its :class:`Inbox`, which the
+loop waits on without polling.
 
 Sends and reads run on the controller loop's thread only; a worker whose connection
 breaks becomes that rank's failure in its attempt.
@@ -17,16 +17,14 @@ without it, sends to another machine carry no storage credentials
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import secrets
 import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import Any
 
 from cairn._src.controller.attempt import Attempt
+from cairn._src.controller.inbox import Inbox, NewConnection
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.wire.channel_security import CredentialFreeConnection, RefusalLog, is_same_host
 from cairn._src.wire.sockets import abort_connection, disable_nagle
@@ -47,10 +45,11 @@ class WorkerChannels:
     :attr:`certificate_pem` is then what workers must trust (``certificate`` gives one
     made beforehand, and implies TLS). ``same_host(peer, bind_host)`` tells which peers
     run on the driver's machine: without TLS, sends to any other peer carry no storage
-    credentials (:mod:`channel_security`).
+    credentials (:mod:`channel_security`). Authenticated connections go to ``inbox``
+    (the controller loop's; one of its own when none is given).
     """
 
-    def __init__(self, bind_host: str, *, tls: bool = False,
+    def __init__(self, bind_host: str, *, inbox: Inbox | None = None, tls: bool = False,
                  certificate: RunCertificate | None = None,
                  same_host: Callable[[str, str], bool] = is_same_host) -> None:
         self.authkey = secrets.token_bytes(32)
@@ -64,8 +63,8 @@ class WorkerChannels:
         self._stripped_lock = threading.Lock()
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.create_server((bind_host, 0), family=family, backlog=128)
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.wake_r, self._wake_w = os.pipe()
+        self._owns_inbox = inbox is None
+        self.inbox = inbox if inbox is not None else Inbox()
         self._closing = False
         self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
                                           daemon=True)
@@ -87,29 +86,6 @@ class WorkerChannels:
 
     def start(self) -> None:
         self._acceptor.start()
-
-    # --- helper threads ------------------------------------------------------------------
-
-    def post(self, kind: str, payload: Any) -> None:
-        """Hand an item to the controller loop and wake it (any thread)."""
-        self._inbox.put((kind, payload))
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-
-    def next_item(self) -> tuple[str, Any] | None:
-        """The next posted item, or None when the inbox is empty (the loop's thread)."""
-        try:
-            return self._inbox.get_nowait()
-        except queue.Empty:
-            return None
-
-    def clear_wake(self) -> None:
-        try:
-            os.read(self.wake_r, 4096)
-        except BlockingIOError:
-            pass
 
     def _accept_loop(self) -> None:
         while not self._closing:
@@ -144,7 +120,7 @@ class WorkerChannels:
             deliver_challenge(connection, self.authkey)
             answer_challenge(connection, self.authkey)
             disable_nagle(connection)
-            hello = connection.recv()
+            _, rank, pid, attempt = connection.recv()  # the worker's hello
         except Exception as exc:
             connection.close()
             if not self._closing:
@@ -153,7 +129,7 @@ class WorkerChannels:
             return
         finally:
             deadline.cancel()
-        self.post("connection", (connection, hello))
+        self.inbox.post(NewConnection(connection, int(rank), int(pid), int(attempt)))
 
     def _wrap(self, sock: socket.socket, peer: str) -> Connection:
         if self._certificate is not None or self._same_host(peer, self.bind_host):
@@ -225,10 +201,11 @@ class WorkerChannels:
         self.refusals.summarize()
 
     def close(self) -> None:
-        """Close the listener and the wake-up pipe (after :meth:`stop_accepting`)."""
+        """Close the listener (after :meth:`stop_accepting`), and the inbox if it is this
+        object's own."""
         self._listener.close()
-        os.close(self.wake_r)
-        os.close(self._wake_w)
+        if self._owns_inbox:
+            self.inbox.close()
 
 
 def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:

@@ -27,8 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +93,6 @@ class ValidationRunner:
         self._applying: set[str] = set()
         self._status: dict[str, ReportedCheckpointStatus] = {}
         self._jobs: queue.Queue[Any] = queue.Queue()
-        # Held while a result is applied to the index, and by paused(): the controller's
-        # own index writes at attempt boundaries must not interleave with one.
-        self._apply_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         manager.policy = ProtectPending(manager.policy, self.pending_names)
 
@@ -196,12 +192,6 @@ class ValidationRunner:
     def close(self) -> None:
         self._jobs.put(_STOP)
 
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        """No validation result is applied to the index inside this block."""
-        with self._apply_lock:
-            yield
-
     # --- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -273,7 +263,6 @@ class ValidationRunner:
                done: threading.Event) -> None:
         """On the commit thread: merge, re-rank, log, then lift the protection."""
         dropped: tuple[CheckpointRecord, ...] = ()
-        self._apply_lock.acquire()
         try:
             with self._lock:
                 # No longer protected: retention may now drop it, by its validated score.
@@ -290,7 +279,6 @@ class ValidationRunner:
             logger.exception("Could not record the validation of %s; it runs again on the "
                              "next fit()", job.dir_name)
         finally:
-            self._apply_lock.release()
             with self._idle:
                 self._pending.pop(job.dir_name, None)
                 self._applying.discard(job.dir_name)

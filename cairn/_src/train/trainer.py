@@ -17,7 +17,8 @@ from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.config.run import RunConfig, ScalingConfig, default_storage_path
 from cairn._src.config.validation import ValidationConfig
-from cairn._src.controller.controller import Controller, TrainSpec
+from cairn._src.controller.assembly import build_controller
+from cairn._src.controller.payload import TrainSpec
 from cairn._src.errors import (
     CheckpointDamagedError,
     CheckpointNotFoundError,
@@ -193,9 +194,9 @@ class Trainer:
                              list(self._teardown_hooks), self._attempt_env,
                              validation_config=self.validation_config,
                              datasets=self.datasets)
-            controller = Controller(spec, self.scaling_config, self.run_config, manager,
-                                    history, events, experiment_name=self._run_name,
-                                    next_report_index=next_index)
+            controller = build_controller(spec, self.scaling_config, self.run_config, manager,
+                                          history, events, experiment_name=self._run_name,
+                                          next_report_index=next_index)
             outcome = controller.run()
         finally:
             lease.release()

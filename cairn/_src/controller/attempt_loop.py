@@ -1,0 +1,426 @@
+"""One attempt's event loop: the controller's waits, and what it does with each message.
+
+:meth:`AttemptLoop.turn` waits once, without polling, on the workers' connections, on
+their exit notifications and on the controller's :class:`Inbox` (new connections, commit
+results), handles what arrived, runs the progress checks, and sets :attr:`AttemptLoop.ended`
+once the attempt is over: :data:`FINISHED` (every rank done, every commit resolved) or the
+:class:`AttemptFailure`. All of it runs on the controller loop's thread.
+
+When a rank fails, the surviving ranks get a short, bounded grace (``REPORT_GRACE_S``) to
+finish the reports up to the failed rank's last report; those are committed, then the
+attempt is torn down and restarted (:meth:`AttemptLoop._reports_still_coming`). A fatal
+failure, or a lost lease, ends the attempt at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+from cairn._src.backends.protocol import WorkerBackend
+from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.config.run import RunConfig
+from cairn._src.controller.attempt import Attempt
+from cairn._src.controller.clock import Clock
+from cairn._src.controller.commit_pipeline import CommitPipeline
+from cairn._src.controller.connections import WorkerChannels
+from cairn._src.controller.failure_policy import AttemptFailure
+from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
+from cairn._src.controller.progress import check_progress
+from cairn._src.controller.reports import Verdict, describe_ranks
+from cairn._src.controller.services import AttemptServices
+from cairn._src.controller.validations import ValidationRunner
+from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
+from cairn._src.errors import ReportError
+from cairn._src.observe.callbacks import CallbackDispatcher
+from cairn._src.observe.live_view import LiveView
+from cairn._src.run.segment_log import SegmentLog
+from cairn._src.wire.messages import (
+    CommittedMessage,
+    DoneMessage,
+    ErrorMessage,
+    ProceedMessage,
+    RejectMessage,
+    ReportMessage,
+    SetupMessage,
+    TimingMessage,
+    UploadedMessage,
+    UploadFailedMessage,
+)
+
+logger = logging.getLogger(__name__)
+
+# How long to wait, after the first failure of an attempt, for other ranks' errors to
+# arrive so they are reported together.
+FAILURE_GRACE_S = 0.2
+# How long, after a rank failed, the surviving ranks may take to finish the reports up to
+# the failed rank's last report, so that those are committed before the teardown.
+REPORT_GRACE_S = 10.0
+HISTORY_FLUSH_S = 1.0
+LAST_MESSAGE_GRACE_S = 2.0
+# Workers that have not connected by then are reported (a node that cannot reach the
+# controller, an interpreter that hangs while importing).
+WORKER_START_TIMEOUT_S = 300.0
+
+
+class _Finished:
+    def __repr__(self) -> str:
+        return "FINISHED"
+
+
+FINISHED: Final = _Finished()
+
+
+@dataclass
+class RunProgress:
+    """What the run learned from its reports, across attempts (the loop's thread)."""
+
+    next_report_index: int
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoopParts:
+    """The collaborators an attempt's loop acts through."""
+
+    backend: WorkerBackend
+    inbox: Inbox
+    channels: WorkerChannels
+    commits: CommitPipeline
+    validations: ValidationRunner
+    view: LiveView
+    callbacks: CallbackDispatcher
+    clock: Clock
+    manager: CheckpointManager
+    history: SegmentLog
+    events: SegmentLog
+    run_config: RunConfig
+
+
+class AttemptLoop:
+    """The event loop of one attempt (the controller loop's thread)."""
+
+    def __init__(self, attempt: Attempt, parts: LoopParts, progress: RunProgress,
+                 services: AttemptServices, *, registrations: bytes,
+                 setup_message: Callable[[Attempt, int], SetupMessage]) -> None:
+        self.attempt = attempt
+        self._parts = parts
+        self._progress = progress
+        self._services = services
+        self._registrations = registrations
+        self._setup_message = setup_message
+        self._clock = parts.clock
+        self.exited: set[int] = set()
+        self.ended: AttemptFailure | _Finished | None = None
+        self._failure_deadline: float | None = None
+        self._report_deadline: float | None = None
+        self._next_flush = self._clock.monotonic() + HISTORY_FLUSH_S
+
+    @property
+    def all_connected(self) -> bool:
+        return len(self.attempt.connected) == len(self.attempt.workers)
+
+    def turn(self) -> None:
+        """Wait once (at most a second) and handle what arrived; sets :attr:`ended`."""
+        attempt, clock = self.attempt, self._clock
+        timeout_s = self._parts.run_config.failure_config.collective_timeout_s
+        watchers = {w.exit_watcher.fileno(): w for w in attempt.workers
+                    if w.rank not in self.exited}
+        connections = {c: r for r, c in attempt.connections.items()}
+        now = clock.monotonic()
+        # A failure deadline already past while the report grace runs: wait for
+        # messages, exits or the grace's own deadline instead of spinning.
+        upcoming = [d for d in (self._failure_deadline, self._report_deadline)
+                    if d is not None and d > now]
+        deadline = min([*upcoming, self._next_flush, now + 1.0])
+        wake_r = self._parts.inbox.wake_r
+        ready = clock.wait([wake_r, *connections, *watchers], max(0.0, deadline - now))
+        if wake_r in ready:
+            self._parts.inbox.clear_wake()
+        self._drain_inbox()
+        for item in ready:
+            if item in connections:
+                self._read_connection(connections[item], item)
+        for item in ready:
+            worker = watchers.get(item) if isinstance(item, int) else None
+            if worker is None:
+                continue
+            self.exited.add(worker.rank)
+            # Messages sent just before the exit are already in the socket: read them
+            # first, so a Done or an error is never mistaken for a crash.
+            connection = attempt.connections.get(worker.rank)
+            if connection is not None:
+                # An exit can be reported before the worker's last message is readable
+                # (Ray reports a finished actor task through its own channel).
+                connection.poll(LAST_MESSAGE_GRACE_S)
+                self._read_connection(worker.rank, connection, everything=True)
+            if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
+                attempt.failures.append(WorkerFailure(
+                    rank=worker.rank,
+                    summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
+                    f"{worker.describe_exit()}",
+                    traceback="",
+                ))
+        if clock.monotonic() >= self._next_flush:
+            self.flush_logs()
+            self._next_flush = clock.monotonic() + HISTORY_FLUSH_S
+        if not attempt.failures:
+            self._check_progress(timeout_s)
+            self._check_started()
+        if attempt.failures:
+            if self._failure_deadline is None:
+                self._failure_deadline = clock.monotonic() + FAILURE_GRACE_S
+                if not attempt.fatal:
+                    self._report_deadline = clock.monotonic() + REPORT_GRACE_S
+            if (self._report_deadline is not None and clock.monotonic() < self._report_deadline
+                    and self._reports_still_coming()):
+                return
+            if (clock.monotonic() >= self._failure_deadline
+                    or len(self.exited) == len(attempt.workers)):
+                self.ended = AttemptFailure(
+                    # The rank that caused the failure first (a killed rank before the
+                    # ranks whose collective then lost it).
+                    ranks=tuple(ordered_ranks(attempt.failures)),
+                    reason=group_failures(attempt.failures),
+                    fatal=attempt.fatal,
+                )
+            return
+        if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
+            self.ended = FINISHED
+
+    def _reports_still_coming(self) -> bool:
+        """Whether surviving ranks may still complete reports the failed ranks reached.
+
+        A rank that fails must not cost the others the reports it already passed: until
+        every report up to the failed ranks' last one is resolved (committed, skipped or
+        refused), and while a rank that has not failed still runs, the attempt waits (at
+        most ``REPORT_GRACE_S``), then tears down and restarts. Ray Train's report() is a
+        barrier, so there these reports commit too.
+        """
+        attempt = self.attempt
+        failed = {f.rank for f in attempt.failures}
+        target = max((attempt.tracker.last_index.get(rank, 0) for rank in failed), default=0)
+        if target < attempt.first_report_index:
+            return False
+        surviving = ({w.rank for w in attempt.workers} - self.exited - failed
+                     - set(attempt.done))
+        if not surviving or not all(rank in attempt.connections for rank in surviving):
+            return False
+        return bool(attempt.tracker.unresolved_before(target)) or attempt.commits_in_flight > 0
+
+    def _check_started(self) -> None:
+        attempt = self.attempt
+        if self.all_connected:
+            return
+        if self._clock.time() - attempt.started_at > WORKER_START_TIMEOUT_S:
+            missing = sorted({w.rank for w in attempt.workers} - attempt.connected)
+            attempt.failures.append(WorkerFailure(
+                rank=missing[0], traceback="",
+                summary=f"{describe_ranks(missing)} did not connect to the controller within "
+                f"{WORKER_START_TIMEOUT_S:g}s of starting"))
+
+    def _check_progress(self, timeout_s: float) -> None:
+        attempt = self.attempt
+        # Collectives and get_all_reported_checkpoints(): answer what can be answered
+        # (timeouts included), then look for calls that never can be.
+        self._services.answer(attempt.tracker, self._send)
+        collective = self._services.check(attempt.tracker, attempt.done, timeout_s)
+        if collective is not None:
+            attempt.fatal = attempt.fatal or collective.fatal
+            attempt.failures.append(collective.as_failure())
+            return
+        problem = check_progress(attempt.tracker, attempt.done,
+                                 num_workers=len(attempt.workers), timeout_s=timeout_s)
+        if problem is not None:
+            attempt.fatal = attempt.fatal or problem.fatal
+            attempt.failures.append(WorkerFailure(rank=problem.rank, summary=problem.summary,
+                                                  traceback=""))
+
+    def _drain_inbox(self) -> None:
+        attempt = self.attempt
+        while (item := self._parts.inbox.next_item()) is not None:
+            if isinstance(item, NewConnection):
+                if item.attempt != attempt.number or item.rank in attempt.connected:
+                    item.connection.close()  # a straggler of a previous attempt
+                    continue
+                attempt.connections[item.rank] = item.connection
+                attempt.connected.add(item.rank)
+                # Registrations first: the setup holds locations that only resolve once
+                # the worker knows the run's custom schemes.
+                self._send(item.rank, ("registrations", self._registrations))
+                self._send(item.rank, self._setup_message(attempt, item.rank))
+                if self.all_connected:
+                    self._parts.events.append({"type": "workers_ready",
+                                               "attempt": attempt.number,
+                                               "t": self._clock.time()})
+            elif isinstance(item, CommitResult):
+                self.on_committed(item)
+
+    def on_committed(self, result: CommitResult) -> None:
+        attempt, parts = self.attempt, self._parts
+        parts.commits.on_committed(attempt, result)
+        parts.view.on_committed(result.ready, result.outcome, result.error)
+        attempt.tracker.on_committed(result.ready.index)
+        parts.validations.after_commit(result.ready, committed=result.error is None)
+        self._services.answer(attempt.tracker, self._send)
+
+    def wait_for_commits(self) -> None:
+        """Wait for the commits in flight (the attempt's workers are gone)."""
+        inbox = self._parts.inbox
+        while self.attempt.commits_in_flight > 0:
+            self._clock.wait([inbox.wake_r], 1.0)
+            inbox.clear_wake()
+            while (item := inbox.next_item()) is not None:
+                if isinstance(item, CommitResult):
+                    self.on_committed(item)
+                elif isinstance(item, NewConnection):
+                    item.connection.close()
+
+    def _read_connection(self, rank: int, connection: Connection, *,
+                         everything: bool = False) -> None:
+        self._parts.channels.read(self.attempt, rank, connection, self._handle,
+                                  everything=everything)
+
+    def _handle(self, message: object) -> None:
+        attempt, parts = self.attempt, self._parts
+        parts.view.on_message(message)
+        if isinstance(message, ReportMessage):
+            self._on_report(message)
+        elif isinstance(message, UploadedMessage):
+            if message.index in attempt.skipped_dirs:
+                # Another rank's upload failed and the report was dropped: this late part
+                # is removed too.
+                self._delete_uncommitted(attempt.skipped_dirs[message.index])
+                return
+            self._send_verdicts(attempt.tracker.on_uploaded(message))
+            self._enqueue_ready()
+        elif isinstance(message, TimingMessage) and message.kind == "train_start":
+            if not attempt.train_started:
+                attempt.train_started = True
+                parts.events.append({"type": "train_start", "attempt": attempt.number,
+                                     "t": message.at})
+        elif isinstance(message, TimingMessage):
+            parts.events.append({"type": "blocked", "rank": message.rank, "kind": message.kind,
+                                 "seconds": message.seconds, "t": message.at,
+                                 "index": message.index})
+        elif isinstance(message, UploadFailedMessage):
+            self._on_upload_failed(message)
+        elif isinstance(message, DoneMessage):
+            attempt.done[message.rank] = message
+        elif self._services.handle(message, attempt.tracker, self._send):
+            pass  # a collective call or a get_all_reported_checkpoints() request
+        elif isinstance(message, ErrorMessage):
+            attempt.fatal = attempt.fatal or message.fatal
+            attempt.failures.append(WorkerFailure(
+                rank=message.rank, summary=f"{message.error_type}: {message.message}",
+                traceback=message.traceback, exception=message.exception,
+                frame=message.frame,
+            ))
+
+    def _send(self, rank: int, message: object) -> None:
+        self._parts.channels.send(self.attempt, rank, message)
+
+    def _delete_uncommitted(self, dir_name: str) -> None:
+        # Queued to the commit thread, the checkpoint manager's one owner.
+        manager = self._parts.manager
+        self._parts.commits.run_on_commit_thread(
+            lambda: manager.delete_uncommitted([dir_name]))
+
+    def flush_logs(self) -> None:
+        """Persist the metrics history and event log; a storage error is logged, not fatal
+        (the records stay buffered and go out with the next flush)."""
+        for log in (self._parts.history, self._parts.events):
+            if not log.dirty:
+                continue
+            try:
+                log.flush()
+            except Exception:
+                logger.warning("Could not write a run log; retrying with the next flush",
+                               exc_info=True)
+
+    def _on_report(self, message: ReportMessage) -> None:
+        attempt, parts = self.attempt, self._parts
+        self._progress.next_report_index = max(self._progress.next_report_index,
+                                               message.index + 1)
+        if not attempt.first_report_seen:
+            attempt.first_report_seen = True
+            parts.events.append({"type": "first_report", "attempt": attempt.number,
+                                 "t": self._clock.time()})
+            # FailureConfig(warm_standby=True): spares for the next attempt start once this
+            # one trains, so that their start-up does not slow this attempt's own.
+            parts.backend.prepare_standby()
+        if message.rank == 0:
+            self._progress.last_metrics = message.metrics
+            record: dict[str, Any] = {"report_index": message.index, "attempt": attempt.number,
+                                      "time": message.sent_at, "metrics": message.metrics}
+            if message.checkpoint is not None:
+                record["checkpoint_dir_name"] = message.checkpoint.dir_name
+            parts.history.append(record)
+        parts.callbacks.reported(message.rank, message.index, message.metrics,
+                                 message.checkpoint is not None)
+        self._send_verdicts(attempt.tracker.on_report(message))
+        self._enqueue_ready()
+
+    def _send_verdicts(self, verdicts: list[Verdict]) -> None:
+        attempt = self.attempt
+        announce = {(v.announce, v.index) for v in verdicts
+                    if v.error is None and v.announce is not None}
+        for dir_name, index in sorted(announce):
+            if dir_name in attempt.announced_dirs:
+                continue
+            # Written before the upload starts: a driver that dies mid-upload leaves a
+            # directory the next driver knows it may delete.
+            attempt.announced_dirs.add(dir_name)
+            self._parts.events.append({"type": "checkpoint_started", "dir_name": dir_name,
+                                       "index": index, "t": self._clock.time()})
+        if announce:
+            self.flush_logs()
+        for verdict in verdicts:
+            reply = (ProceedMessage(verdict.index, verdict.duplicates, verdict.shared,
+                                    verdict.stale) if verdict.error is None
+                     else RejectMessage(verdict.index, verdict.error))
+            self._send(verdict.rank, reply)
+
+    def _enqueue_ready(self) -> None:
+        attempt = self.attempt
+        try:
+            ready_list = attempt.tracker.take_ready()
+        except ReportError as exc:
+            attempt.fatal = True
+            attempt.failures.append(WorkerFailure(rank=0, summary=str(exc), traceback=""))
+            return
+        # Ranks that uploaded different copies of one path: that report is refused.
+        self._send_verdicts(attempt.tracker.take_refused())
+        for ready in ready_list:
+            self._parts.validations.before_commit(ready)
+            self._parts.commits.submit(attempt, ready)
+
+    def _on_upload_failed(self, message: UploadFailedMessage) -> None:
+        attempt, parts = self.attempt, self._parts
+        if parts.run_config.checkpoint_config.upload_failure_policy != "skip":
+            # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
+            # next report(), while training goes on past a lost checkpoint.
+            if not attempt.has_failure(message.rank):
+                attempt.failures.append(WorkerFailure(
+                    rank=message.rank, traceback="",
+                    summary=f"The upload of report {message.index}'s checkpoint failed "
+                    f"after retries: {message.error}"))
+            return
+        reason = (f"The checkpoint of report {message.index} was skipped: rank "
+                  f"{message.rank}: {message.error}")
+        pending = attempt.tracker.skip(message.index, reason)
+        logger.warning("Skipping the checkpoint of report %d: rank %d could not upload it (%s)",
+                       message.index, message.rank, message.error)
+        if pending is not None and pending.dir_name is not None:
+            self._delete_uncommitted(pending.dir_name)
+            attempt.skipped_dirs[message.index] = pending.dir_name
+        elif message.index in attempt.skipped_dirs:
+            # A second rank's upload of a report already skipped failed too: what it wrote
+            # after the first deletion goes as well.
+            self._delete_uncommitted(attempt.skipped_dirs[message.index])
+        parts.channels.broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
+                                                           error=reason))
+        parts.callbacks.skipped(message.index)
