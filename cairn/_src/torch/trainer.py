@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cairn._src.config.run import RunConfig, ScalingConfig
-from cairn._src.config.validation import ValidationConfig
 from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.process_group import (
@@ -15,7 +13,12 @@ from cairn._src.torch.process_group import (
     ProcessGroupSetup,
     destroy_process_group,
 )
-from cairn._src.train.trainer import Trainer
+from cairn._src.train.trainer import TRAINER_OPTIONS, Trainer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from cairn._src.train.trainer import TrainerOptions
 
 
 class TorchTrainer(Trainer):
@@ -41,25 +44,16 @@ class TorchTrainer(Trainer):
         self,
         train_loop_per_worker: Callable[..., Any],
         *,
-        train_loop_config: dict[str, Any] | None = None,
         torch_config: TorchConfig | None = None,
-        scaling_config: ScalingConfig | None = None,
-        run_config: RunConfig | None = None,
-        validation_config: ValidationConfig | None = None,
-        datasets: dict[str, Any] | None = None,
-        resume_from_checkpoint: object = None,
-        metadata: object = None,
+        **options: Unpack[TrainerOptions],
     ) -> None:
-        super().__init__(
-            train_loop_per_worker,
-            resume_from_checkpoint=resume_from_checkpoint,
-            metadata=metadata,
-            train_loop_config=train_loop_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            validation_config=validation_config,
-            datasets=datasets,
-        )
+        # The other arguments are Trainer's, checked there; only their names here, so
+        # that a mistyped one names this class, as Python would.
+        for name in options:
+            if name not in TRAINER_OPTIONS:
+                raise TypeError(
+                    f"TorchTrainer.__init__() got an unexpected keyword argument {name!r}")
+        super().__init__(train_loop_per_worker, **options)
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise ConfigError(
                 f"torch_config={torch_config!r} must be a cairn.torch.TorchConfig or None."

@@ -9,7 +9,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from cairn._src import migration
 from cairn._src.checkpoint.index import Retention, RunIndex, read_index, rebuild_index
@@ -67,6 +67,21 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
             "required arguments; it must take no argument or one (the train_loop_config)."
         )
     return bool(positional)
+
+
+class TrainerOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`Trainer` (``TorchTrainer`` takes them too)."""
+
+    train_loop_config: dict[str, Any] | None
+    scaling_config: ScalingConfig | None
+    run_config: RunConfig | None
+    validation_config: ValidationConfig | None
+    datasets: dict[str, Any] | None
+    resume_from_checkpoint: object
+    metadata: object
+
+
+TRAINER_OPTIONS = frozenset(TrainerOptions.__annotations__)
 
 
 class Trainer:
