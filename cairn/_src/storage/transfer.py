@@ -12,19 +12,12 @@ Thread-safety: every function here may be called from several threads at once; t
 
 from __future__ import annotations
 
-import dataclasses
-import errno
-import io
 import logging
 import os
 import secrets
 import shutil
 import time
-import uuid
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-
-import pyarrow.fs as pafs
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from cairn._src.errors import (
     CairnError,
@@ -37,7 +30,6 @@ from cairn._src.errors import (
 )
 from cairn._src.storage import batch, tuning
 from cairn._src.storage.checksum import (
-    BACKGROUND_CHUNK_BYTES,
     BUFFERS,
     CHECKSUM_ALGORITHM,
     LOCAL_CHUNK_BYTES,
@@ -53,7 +45,13 @@ from cairn._src.storage.fileio import (
     needs_directories,
     storage_call,
 )
-from cairn._src.storage.location import StorageLocation, local_root
+from cairn._src.storage.local_files import check_nothing_in_the_way as _check_nothing_in_the_way
+from cairn._src.storage.local_files import create_new as _create_new
+from cairn._src.storage.local_files import create_or_truncate as _create_or_truncate
+from cairn._src.storage.local_files import move_into as _move_into
+from cairn._src.storage.local_files import remove_local as _remove_local
+from cairn._src.storage.local_files import temporary_sibling as _temporary_sibling
+from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.parallel import (
     Cancelled,
     check_workers,
@@ -64,8 +62,13 @@ from cairn._src.storage.parallel import (
 )
 from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.ranged import Fetcher
-from cairn._src.storage.reader import OpenedFile, local_os_path, open_regular_file
+from cairn._src.storage.reader import local_os_path, open_regular_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from cairn._src.storage.transfer_plan import FirstTry as _FirstTry
+from cairn._src.storage.transfer_plan import copy_bytes as _copy_bytes
+from cairn._src.storage.transfer_plan import plan as _plan
+from cairn._src.storage.transfer_plan import ranged_fetcher as _fetcher
+from cairn._src.storage.transfer_plan import reading as _reading
 from cairn._src.storage.tuning import TransferConfig
 from cairn._src.text import plural
 
@@ -82,99 +85,6 @@ __all__ = [
 
 # How many bad files a verification error names before it summarizes.
 _MAX_NAMED_FAILURES = 5
-
-
-# Below this average file size a local copy is bound by the per-file work done in Python,
-# which one thread does fastest: another thread only contends for the GIL and for the
-# directory (20,000 files of 1 KiB on 2 cores: upload 40-46 us per file with 1 thread,
-# 74-109 us with 2; verified restore 73-87 us against 150-165 us).
-_SMALL_FILE_BYTES = 256 << 10
-
-
-# Remote file systems whose random-access files serve concurrent ranged reads (pyarrow's
-# own). Python-backed ones (fsspec, custom object stores) read under one lock or whole.
-_RANGED_TYPES = frozenset({"s3", "gcs", "abfs", "hdfs"})
-
-
-def _plan(fs: pafs.FileSystem, max_workers: int | None, sizes: Iterable[int] | None = None,
-          config: TransferConfig | None = None, *, background: bool = False) -> tuple[int, int]:
-    """(chunk bytes, threads) for transfers with ``fs`` on the other side of local disk.
-
-    Local to local, a copy is bound by CPU and memory bandwidth: more threads than cores
-    only contend (bench/transfer.py: 8 threads were 20-60% slower than 2 on 2 cores), and
-    for small files (``sizes``, when known, averaging under 256 KiB) one thread is
-    fastest. ``background`` (an ASYNC upload beside a train loop that runs Python): 16 MiB
-    chunks, on one thread unless ``max_workers`` says otherwise. Each chunk takes the GIL
-    back three times, and a second copy thread makes the loop hand the GIL over twice as
-    often and wait behind both (a pure-Python step's p90 during a 512 MiB copy on 2 cores:
-    1.04x with one niced thread, 2.06x with two at normal priority, p99 1.56 ms against
-    9.22 ms with two niced ones).
-    Remote stores are bound by request latency: ``config``'s part size and concurrency
-    (the process default when None) unless ``max_workers`` says otherwise.
-    """
-    if local_root(fs) is not None:
-        threads = max(2, os.cpu_count() or 1)
-        if max_workers is not None:
-            threads = min(max_workers, threads)
-        elif background:
-            threads = 1
-        known = list(sizes) if sizes is not None else []
-        if known and sum(known) < _SMALL_FILE_BYTES * len(known):
-            threads = 1
-        return (BACKGROUND_CHUNK_BYTES if background else LOCAL_CHUNK_BYTES), threads
-    config = config or tuning.current()
-    threads = config.max_concurrency
-    if max_workers is not None:
-        threads = min(max_workers, threads)
-    return config.part_size, threads
-
-
-def _fetcher(loc: StorageLocation, sizes: Iterable[int], config: TransferConfig | None,
-             retry: RetryPolicy) -> Fetcher | None:
-    """A :class:`Fetcher` when some file of ``sizes`` at ``loc`` is read in ranged parts."""
-    config = config or tuning.current()
-    if loc.filesystem.type_name not in _RANGED_TYPES:
-        return None
-    if not any(config.reads_in_parts(size) for size in sizes):
-        return None
-    return Fetcher(config, retry)
-
-
-class _FirstTry:
-    """The fetcher for a file's first try only: a file whose ranged parts ran out of
-    retries (a server that serves ranges slowly, so that parallel ones time out) is read
-    again as one stream."""
-
-    def __init__(self, fetcher: Fetcher | None) -> None:
-        self._fetcher = fetcher
-
-    def take(self) -> Fetcher | None:
-        fetcher, self._fetcher = self._fetcher, None
-        return fetcher
-
-
-def _copy_bytes(chunk: int, fetcher: Fetcher | None, size: int | None) -> int:
-    """The copy buffer for a file of ``size``: ``chunk``, or 1 MiB for a ranged read,
-    whose parts the fetcher already holds (and counts against its budget)."""
-    if fetcher is not None and size is not None and fetcher.wants(size):
-        return LOCAL_CHUNK_BYTES
-    return chunk
-
-
-@contextmanager
-def _reading(loc: StorageLocation, rel: str, want_size: int | None, fetcher: Fetcher | None,
-             follow_links: bool = False) -> Iterator[OpenedFile]:
-    """:func:`open_regular_file`, its stream read in ranged parts when ``fetcher`` takes a
-    file of this size."""
-    ranged = fetcher is not None and want_size is not None and fetcher.wants(want_size)
-    with open_regular_file(loc, rel, expected_size=want_size, follow_links=follow_links,
-                           random_access=ranged) as opened:
-        if not ranged:
-            yield opened
-            return
-        assert fetcher is not None and want_size is not None
-        with fetcher.stream(opened.stream, want_size, f"read {loc.join(rel).display()}") as reader:
-            yield dataclasses.replace(opened, stream=reader)
 
 
 def upload_directory(
@@ -451,90 +361,8 @@ def _download_into(src: StorageLocation, staging: str, local_dir: str,
     )
 
 
-def _check_nothing_in_the_way(local_dir: str, parents: Iterable[str]) -> None:
-    """Raise :class:`FileExistsError` before anything is downloaded when something that
-    is not a directory has the name of a directory of the checkpoint in ``local_dir``."""
-    ancestors = {parent[:cut] for parent in parents
-                 for cut in [i for i, c in enumerate(parent) if c == "/"] + [len(parent)]}
-    for ancestor in sorted(ancestors):
-        path = os.path.join(local_dir, *ancestor.split("/"))
-        if os.path.lexists(path) and not os.path.isdir(path):
-            raise FileExistsError(
-                errno.EEXIST, f"Cannot download into {local_dir!r}: {ancestor!r} is a "
-                "directory of the checkpoint, and something else has its name there", path)
-
-
-def _move_into(staging: str, target: str) -> None:
-    """Move what ``staging`` holds into the directory ``target`` (see
-    :func:`download_directory`); a directory of ``target`` may be a user's link to one."""
-    with os.scandir(staging) as entries:
-        found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-    for name, is_dir in found:
-        source, destination = os.path.join(staging, name), os.path.join(target, name)
-        if is_dir and os.path.isdir(destination):
-            _move_into(source, destination)
-            continue
-        try:
-            os.replace(source, destination)
-        except OSError as exc:
-            if is_dir and exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(
-                    destination):
-                _move_into(source, destination)  # made there meanwhile: merge into it
-            elif exc.errno == errno.EXDEV:
-                _copy_into(source, destination, is_dir)  # another file system under target
-            else:
-                raise
-
-
-def _copy_into(source: str, destination: str, is_dir: bool) -> None:
-    """:func:`_move_into` across file systems: a file copied to a temporary next to
-    ``destination`` and renamed, a directory made and filled."""
-    if is_dir:
-        os.makedirs(destination, exist_ok=True)
-        _move_into(source, destination)
-        return
-    temporary = _temporary_sibling(destination)
-    try:
-        shutil.copyfile(source, temporary, follow_symlinks=False)
-        os.replace(temporary, destination)
-    except BaseException:
-        _remove_local(temporary)
-        raise
-
-
 def _size_of(want: FileEntry | int) -> int:
     return want.size if isinstance(want, FileEntry) else int(want)
-
-
-def _temporary_sibling(final: str) -> str:
-    """A fresh name next to ``final`` that fits wherever ``final`` does.
-
-    Short (23 characters) whatever the final name's length: a suffix on a legal
-    255-byte name would exceed the file system's name limit (ENAMETOOLONG).
-    """
-    return os.path.join(os.path.dirname(final), f"{TEMPORARY_MARK}{uuid.uuid4().hex[:12]}")
-
-
-def _create_or_truncate(path: str) -> io.FileIO:
-    # O_NOFOLLOW: never write through a link planted under this name (a retry of the same
-    # file truncates what the failed try wrote).
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    return io.FileIO(os.open(path, flags, 0o666), "wb", closefd=True)
-
-
-def _create_new(path: str) -> io.FileIO:
-    # O_EXCL | O_NOFOLLOW: never write through something that already has this name.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    return io.FileIO(os.open(path, flags, 0o666), "wb", closefd=True)
-
-
-def _remove_local(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _check(
