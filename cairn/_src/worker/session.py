@@ -17,12 +17,10 @@ import logging
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -38,12 +36,10 @@ from cairn._src.config.validation import task_for_report
 from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
-from cairn._src.storage.fileio import delete_file, is_dir
-from cairn._src.storage.location import resolve
+from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.datasets import DatasetShards
 from cairn._src.wire.messages import (
     CheckpointIntent,
@@ -63,70 +59,23 @@ from cairn._src.worker.context import RunStorage, TrainContext
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
+from cairn._src.worker.upload_job import (
+    BACKGROUND_NICENESS,
+    UploadFn,
+    UploadJob,
+    Waiter,
+    lower_thread_priority,
+    resolve_after_commit,
+    unchanged_files,
+    upload_files,
+)
+
+__all__ = ["BACKGROUND_NICENESS", "UploadFn", "WorkerSession", "get_session",
+           "lower_thread_priority", "set_session", "unchanged_files"]
 
 logger = logging.getLogger(__name__)
 
-UploadFn = Callable[[Checkpoint, str], Checkpoint]
-
-
-class _Waiter:
-    """One pending answer from the controller for a report index."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: object = None
-
-    def set(self, value: object) -> None:
-        self.value = value
-        self.event.set()
-
-    def get(self) -> object:
-        self.event.wait()
-        return self.value
-
-
-@dataclass
-class _UploadJob:
-    index: int
-    dir_name: str
-    checkpoint: Checkpoint
-    files: dict[str, int]
-    upload_fn: UploadFn | None
-    delete_local: bool
-    handle: ReportHandle
-    metadata: dict[str, Any]
-    write: Callable[[str], None] | None = None
-    validation: dict[str, Any] | None = None
-    # local_dir_identity of the directory (None: a private one, or an upload function).
-    source: str | None = None
-    # What the commit resolves when the local directory is deleted only after the commit
-    # (other ranks may share it): ``handle`` is resolved once it is gone.
-    inner: ReportHandle | None = None
-    # This rank's part went to the controller (uploaded, or none to upload).
-    sent: bool = False
-    # Uploaded by the upload thread while the training loop runs (ASYNC).
-    background: bool = False
-
-
 _STOP = object()
-
-
-def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
-                    skipped: set[str], retry: RetryPolicy) -> dict[str, FileEntry]:
-    """Of what the first upload of a shared ``directory`` wrote (``earlier``), the files
-    it still holds as they were (``files``: its listing now; ``skipped``: paths another
-    rank uploads): hashed again here, a local read, and not written again. The same size
-    with other bytes is a change; a file that changes while it is read makes this return
-    nothing, so that everything is uploaded."""
-    same_size = sorted(rel for rel, entry in earlier.items()
-                       if rel not in skipped and files.get(rel) == entry.size)
-    if not same_size:
-        return {}
-    try:
-        now = compute_entries(resolve(directory), same_size, retry=retry, follow_links=True)
-    except CairnError:
-        return {}
-    return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
 
 
 class WorkerSession:
@@ -159,7 +108,7 @@ class WorkerSession:
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
         self._latest: CheckpointView | None = setup.resume
-        self._proceed: dict[int, _Waiter] = {}
+        self._proceed: dict[int, Waiter] = {}
         self._handles: dict[int, ReportHandle] = {}
         self._async_error: BaseException | None = None
         self._uploads: queue.Queue[Any] = queue.Queue()
@@ -287,7 +236,7 @@ class WorkerSession:
         index = self._take_index()
         name = dir_name or default_checkpoint_dir_name(index)
         handle = ReportHandle(index, has_checkpoint=True)
-        job = _UploadJob(
+        job = UploadJob(
             index=index,
             dir_name=name,
             checkpoint=checkpoint,
@@ -315,11 +264,11 @@ class WorkerSession:
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         finally:
-            self._after_commit(job)
+            resolve_after_commit(job)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
-    def _enqueue(self, job: _UploadJob, metrics: dict[str, Any]) -> ReportHandle:
+    def _enqueue(self, job: UploadJob, metrics: dict[str, Any]) -> ReportHandle:
         started = time.perf_counter()
         # Back-pressure: a free slot first, then the report goes out in order.
         self._slots.acquire()
@@ -354,7 +303,7 @@ class WorkerSession:
             raise ReportError("report_deferred(files=...) must name at least one file.")
         directory = tempfile.mkdtemp(prefix="cairn-deferred-")
         index = self._take_index()
-        job = _UploadJob(
+        job = UploadJob(
             index=index,
             dir_name=checkpoint_dir_name or default_checkpoint_dir_name(index),
             checkpoint=Checkpoint.from_directory(directory),
@@ -367,7 +316,7 @@ class WorkerSession:
         )
         return self._enqueue(job, clean)
 
-    def _write_deferred(self, job: _UploadJob) -> None:
+    def _write_deferred(self, job: UploadJob) -> None:
         assert job.write is not None
         job.write(job.checkpoint.path)
         written = set(list_local_files(job.checkpoint.path))
@@ -423,9 +372,9 @@ class WorkerSession:
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 
-    def _announce(self, job: _UploadJob, metrics: dict[str, Any],
+    def _announce(self, job: UploadJob, metrics: dict[str, Any],
                   mode: CheckpointUploadMode) -> None:
-        waiter = _Waiter()
+        waiter = Waiter()
         with self._state_lock:
             self._proceed[job.index] = waiter
             self._handles[job.index] = job.inner or job.handle
@@ -436,7 +385,7 @@ class WorkerSession:
                                   validation=job.validation, source=job.source)
         self.send(ReportMessage(self.rank, job.index, metrics, intent, time.time()))
 
-    def _run_upload(self, job: _UploadJob) -> None:
+    def _run_upload(self, job: UploadJob) -> None:
         """Wait for the go-ahead, upload, announce; the commit resolves ``job.handle``."""
         with self._state_lock:
             waiter = self._proceed[job.index]
@@ -468,36 +417,9 @@ class WorkerSession:
             else:
                 if job.write is not None:
                     self._write_deferred(job)
-                skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
-                files = job.files
-                unchanged: dict[str, FileEntry] = {}
-                if isinstance(answer, ProceedMessage) and answer.shared == "upload":
-                    # Every rank sharing the directory has reported: it is complete now,
-                    # while the listing taken at report() may have caught a shard still
-                    # being written by another rank.
-                    files, _ = self._local_files(job.checkpoint)
-                    skipped &= set(files)
-                    unchanged = unchanged_files(job.checkpoint.path, files, answer.stale,
-                                                skipped, self._retry)
-                written = upload_directory(job.checkpoint.path, destination,
-                                           files={f: size for f, size in files.items()
-                                                  if f not in skipped and f not in unchanged},
-                                           retry=self._retry, background=job.background,
-                                           transfer=self.storage_options.transfer)
-                entries = dict(sorted({**written, **unchanged}.items()))
-                if isinstance(answer, ProceedMessage) and answer.stale:
-                    # Written by the first upload of this directory and gone since (a
-                    # temporary file renamed): not part of the checkpoint.
-                    for rel in sorted(set(answer.stale) - set(files)):
-                        delete_file(destination.join(rel), self._retry)
-                # Paths another rank uploads: hashed here, not written, so the controller
-                # can tell identical copies (stored once) from a collision.
-                duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped),
-                                             retry=self._retry,
-                                             follow_links=True) if skipped else {}
-                size = sum(entry.size for entry in written.values())
-                message = UploadedMessage(self.rank, job.index, entries, None, size,
-                                          time.perf_counter() - started, duplicates=duplicates)
+                message = upload_files(job, answer, destination, self.rank, started,
+                                       options=self.storage_options,
+                                       list_files=lambda: self._local_files(job.checkpoint)[0])
         except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
@@ -525,7 +447,7 @@ class WorkerSession:
         job.sent = True
         self.send(message)
 
-    def _removed_source(self, job: _UploadJob, error: BaseException) -> ReportError | None:
+    def _removed_source(self, job: UploadJob, error: BaseException) -> ReportError | None:
         """The error of an ASYNC upload whose directory the train function removed first;
         under upload_failure_policy="fail" it fails the run at once (a restart would only
         repeat it), not after the attempts of FailureConfig.max_failures."""
@@ -554,22 +476,8 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
-                self._after_commit(job)
+                resolve_after_commit(job)
                 self._slots.release()
-
-    @staticmethod
-    def _after_commit(job: _UploadJob) -> None:
-        """Delete a directory kept until the report resolved, then resolve ``handle``.
-
-        As with a directory deleted right after its upload, one that was never uploaded (the
-        report was refused first) stays.
-        """
-        inner = job.inner
-        if inner is None or not inner.done():
-            return
-        if job.sent:
-            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
-        job.handle._resolve(inner._checkpoint, inner._error)
 
     def _fail_handle(self, index: int, error: BaseException) -> None:
         with self._state_lock:
@@ -664,25 +572,6 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
-
-
-# How much lower than the train loop's the background upload threads' CPU priority is.
-BACKGROUND_NICENESS = 10
-
-
-def lower_thread_priority(increment: int = BACKGROUND_NICENESS) -> None:
-    """Give the calling thread a lower CPU priority (Linux: niceness is per thread, and the
-    threads it starts, such as a transfer's pool, inherit it): ASYNC uploads, checksums and
-    snapshot serialization then take the cores the train loop leaves, rather than share
-    them with it. Silently nothing where threads have no niceness of their own."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        thread = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, thread)
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
-    except (AttributeError, OSError):
-        pass
 
 
 _session: WorkerSession | None = None

@@ -1,0 +1,160 @@
+"""One checkpoint upload of a worker: the job the session queues, the answer it waits
+for, and the upload of its files (:func:`upload_files`), shared directories included.
+
+The session (:mod:`.session`) runs a job on the calling thread (SYNC) or on its
+``cairn-uploader`` thread (ASYNC), which :func:`lower_thread_priority` lowers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.errors import CairnError
+from cairn._src.storage.fileio import delete_file
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.options import StorageOptions
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
+from cairn._src.wire.messages import ProceedMessage, UploadedMessage
+from cairn._src.worker.report_handle import ReportHandle
+
+logger = logging.getLogger(__name__)
+
+UploadFn = Callable[[Checkpoint, str], Checkpoint]
+
+
+class Waiter:
+    """One pending answer from the controller for a report index."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: object = None
+
+    def set(self, value: object) -> None:
+        self.value = value
+        self.event.set()
+
+    def get(self) -> object:
+        self.event.wait()
+        return self.value
+
+
+@dataclass
+class UploadJob:
+    index: int
+    dir_name: str
+    checkpoint: Checkpoint
+    files: dict[str, int]
+    upload_fn: UploadFn | None
+    delete_local: bool
+    handle: ReportHandle
+    metadata: dict[str, Any]
+    write: Callable[[str], None] | None = None
+    validation: dict[str, Any] | None = None
+    # local_dir_identity of the directory (None: a private one, or an upload function).
+    source: str | None = None
+    # What the commit resolves when the local directory is deleted only after the commit
+    # (other ranks may share it): ``handle`` is resolved once it is gone.
+    inner: ReportHandle | None = None
+    # This rank's part went to the controller (uploaded, or none to upload).
+    sent: bool = False
+    # Uploaded by the upload thread while the training loop runs (ASYNC).
+    background: bool = False
+
+
+def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
+                    skipped: set[str], retry: RetryPolicy) -> dict[str, FileEntry]:
+    """Of what the first upload of a shared ``directory`` wrote (``earlier``), the files
+    it still holds as they were (``files``: its listing now; ``skipped``: paths another
+    rank uploads): hashed again here, a local read, and not written again. The same size
+    with other bytes is a change; a file that changes while it is read makes this return
+    nothing, so that everything is uploaded."""
+    same_size = sorted(rel for rel, entry in earlier.items()
+                       if rel not in skipped and files.get(rel) == entry.size)
+    if not same_size:
+        return {}
+    try:
+        now = compute_entries(resolve(directory), same_size, retry=retry, follow_links=True)
+    except CairnError:
+        return {}
+    return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
+
+
+def upload_files(job: UploadJob, answer: object, destination: StorageLocation, rank: int,
+                 started: float, *, options: StorageOptions,
+                 list_files: Callable[[], dict[str, int]]) -> UploadedMessage:
+    """Upload ``job``'s files to ``destination`` with checksums, as the controller's
+    ``answer`` says (a :class:`ProceedMessage`: paths another rank uploads are hashed, not
+    written; a directory shared by ranks is listed again, complete now, through
+    ``list_files``, and what its first upload wrote unchanged is not written again)."""
+    retry = options.retry
+    skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
+    files = job.files
+    unchanged: dict[str, FileEntry] = {}
+    if isinstance(answer, ProceedMessage) and answer.shared == "upload":
+        # Every rank sharing the directory has reported: it is complete now, while the
+        # listing taken at report() may have caught a shard still being written by
+        # another rank.
+        files = list_files()
+        skipped &= set(files)
+        unchanged = unchanged_files(job.checkpoint.path, files, answer.stale, skipped, retry)
+    written = upload_directory(job.checkpoint.path, destination,
+                               files={f: size for f, size in files.items()
+                                      if f not in skipped and f not in unchanged},
+                               retry=retry, background=job.background,
+                               transfer=options.transfer)
+    entries = dict(sorted({**written, **unchanged}.items()))
+    if isinstance(answer, ProceedMessage) and answer.stale:
+        # Written by the first upload of this directory and gone since (a temporary file
+        # renamed): not part of the checkpoint.
+        for rel in sorted(set(answer.stale) - set(files)):
+            delete_file(destination.join(rel), retry)
+    # Paths another rank uploads: hashed here, not written, so the controller can tell
+    # identical copies (stored once) from a collision.
+    duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped), retry=retry,
+                                 follow_links=True) if skipped else {}
+    size = sum(entry.size for entry in written.values())
+    return UploadedMessage(rank, job.index, entries, None, size,
+                           time.perf_counter() - started, duplicates=duplicates)
+
+
+def resolve_after_commit(job: UploadJob) -> None:
+    """Delete a directory kept until the report resolved, then resolve ``handle``.
+
+    As with a directory deleted right after its upload, one that was never uploaded (the
+    report was refused first) stays.
+    """
+    inner = job.inner
+    if inner is None or not inner.done():
+        return
+    if job.sent:
+        shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+    job.handle._resolve(inner._checkpoint, inner._error)
+
+
+# How much lower than the train loop's the background upload threads' CPU priority is.
+BACKGROUND_NICENESS = 10
+
+
+def lower_thread_priority(increment: int = BACKGROUND_NICENESS) -> None:
+    """Give the calling thread a lower CPU priority (Linux: niceness is per thread, and the
+    threads it starts, such as a transfer's pool, inherit it): ASYNC uploads, checksums and
+    snapshot serialization then take the cores the train loop leaves, rather than share
+    them with it. Silently nothing where threads have no niceness of their own."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
+    except (AttributeError, OSError):
+        pass
