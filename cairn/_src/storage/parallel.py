@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from cairn._src.errors import CairnError, CheckpointNotFoundError, ConfigError, StorageError
 from cairn._src.storage.checksum import Progress, TransferCancelled
+from cairn._src.storage.retry import RetryPolicy, call_with_retry
 
 R = TypeVar("R")
 # A task receives this: it returns True once another task failed and the pool is stopping.
@@ -33,6 +34,19 @@ def convert_error(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, OSError):
         return StorageError(f"Could not {what}: {exc}")
     return exc
+
+
+def with_retry(fn: Callable[[], R], retry: RetryPolicy, what: str) -> R:
+    """``fn()`` retried per ``retry``; what still fails is raised as Cairn's error for a
+    failure of ``what`` (:func:`convert_error`), with the backend's error chained. A
+    cancelled transfer and Cairn's own errors pass through unchanged. The one retry
+    wrapper of the per-file transfer tasks."""
+    try:
+        return call_with_retry(fn, retry, what=what)
+    except (TransferCancelled, CairnError):
+        raise
+    except Exception as exc:
+        raise convert_error(exc, what) from exc
 
 
 def run_parallel(

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Container, Iterable, Mapping
 
 from cairn._src.errors import (
-    CairnError,
     CheckpointDamagedError,
     ChecksumMismatchError,
     MissingCheckpointFileError,
@@ -35,7 +34,6 @@ from cairn._src.storage.checksum import (
     LOCAL_CHUNK_BYTES,
     FileEntry,
     Progress,
-    TransferCancelled,
     new_hasher,
     stream_copy,
 )
@@ -55,15 +53,15 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.parallel import (
     Cancelled,
     check_workers,
-    convert_error,
     counting,
     raise_first,
     run_parallel,
+    with_retry,
 )
 from cairn._src.storage.paths import check_relative_path, list_local_files
 from cairn._src.storage.ranged import Fetcher
 from cairn._src.storage.reader import local_os_path, open_regular_file
-from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy
 from cairn._src.storage.transfer_plan import FirstTry as _FirstTry
 from cairn._src.storage.transfer_plan import copy_bytes as _copy_bytes
 from cairn._src.storage.transfer_plan import plan as _plan
@@ -187,12 +185,7 @@ def upload_directory(
             return FileEntry(size=size, checksum=hasher.hexdigest())
 
         def task(cancelled: Cancelled) -> FileEntry:
-            try:
-                return call_with_retry(lambda: attempt(cancelled), retry, what=what)
-            except (TransferCancelled, CairnError):
-                raise
-            except Exception as exc:
-                raise convert_error(exc, what) from exc
+            return with_retry(lambda: attempt(cancelled), retry, what)
 
         return task
 
@@ -338,12 +331,7 @@ def _download_into(src: StorageLocation, staging: str, local_dir: str,
                 raise
 
         def task(cancelled: Cancelled) -> None:
-            try:
-                call_with_retry(lambda: attempt(cancelled), retry, what=what)
-            except (TransferCancelled, CairnError):
-                raise
-            except Exception as exc:
-                raise convert_error(exc, what) from exc
+            with_retry(lambda: attempt(cancelled), retry, what)
 
         return task
 
@@ -418,12 +406,7 @@ def _read_and_hash(
         return FileEntry(size=size, checksum=hasher.hexdigest())
 
     def task(cancelled: Cancelled) -> FileEntry:
-        try:
-            return call_with_retry(lambda: attempt(cancelled), retry, what=what)
-        except (TransferCancelled, CairnError):
-            raise
-        except Exception as exc:
-            raise convert_error(exc, what) from exc
+        return with_retry(lambda: attempt(cancelled), retry, what)
 
     return task
 
@@ -504,12 +487,7 @@ def check_directory_sizes(
                                        expected_size=files[rel].size):
                     pass
 
-            try:
-                call_with_retry(open_only, retry, what=what)
-            except CairnError:
-                raise
-            except Exception as exc:
-                raise convert_error(exc, what) from exc
+            with_retry(open_only, retry, what)
         return
     listed = list_files(loc, retry)
     for rel in sorted(files):
