@@ -4,6 +4,7 @@
 Usage::
 
     python bench/small_files.py [--files 100000] [--file-kib 1] [--per-dir 1000] [--repeat 3]
+                                [--in-process]
 
 Writes ``--files`` random files of ``--file-kib`` KiB (``--per-dir`` per directory) and
 times, local storage to local storage:
@@ -20,7 +21,9 @@ times, local storage to local storage:
 The median of ``--repeat`` rounds (3; a round of 100,000 files takes about half a
 minute), Cairn and the reference taking turns to go first, each after ``os.sync()`` (the
 disk's write-back of one phase must not land in the next); ``run(args)`` returns the rows
-for ``bench/run_all.py`` (``quick``: 10,000 files, one round).
+for ``bench/run_all.py`` (``quick``: 10,000 files, one round). ``--in-process`` adds a
+row per phase for the same call with ``max_workers=1``: the in-process
+directory-at-a-time path alone, without copy processes, in the same rounds.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-dir", type=int, default=1000, help="files per directory")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="also time each phase with max_workers=1 (the in-process "
+                             "directory-at-a-time path alone, no copy processes)")
     return parser.parse_args(argv)
 
 
@@ -91,29 +97,31 @@ def copy_files(src: str, dest: str) -> float:
 
 
 def measure(files: int, size: int, per_dir: int, scratch: str,
-            repeat: int = 1) -> dict[str, list[float]]:
+            repeat: int = 1, in_process: bool = False) -> dict[str, list[float]]:
     """Each figure ``repeat`` times; within a round, Cairn and the reference take turns
-    going first, and every output is deleted before the next round."""
+    going first, and every output is deleted before the next round. ``in_process`` adds
+    ``<phase>_in_process``: the same call with ``max_workers=1``, which copies every file
+    on the calling thread (no copy process), in the same rounds."""
     src = os.path.join(scratch, "src")
     make_tree(src, files, size, per_dir)
     figures: dict[str, list[float]] = {}
     for round_ in range(repeat):
         stored = resolve(os.path.join(scratch, "run", "checkpoint_000001"))
 
-        def upload(stored: Any = stored) -> None:
-            entries = upload_directory(src, stored, retry=RETRY)
+        def upload(stored: Any = stored, workers: int | None = None) -> None:
+            entries = upload_directory(src, stored, retry=RETRY, max_workers=workers)
             write_manifest(stored, Manifest(files=entries, report_index=1), RETRY)
 
-        def verify(stored: Any = stored) -> None:
+        def verify(stored: Any = stored, workers: int | None = None) -> None:
             manifest = read_manifest(stored, RETRY)
             assert manifest is not None and len(manifest.files) == files
-            verify_directory(stored, manifest.files, retry=RETRY)
+            verify_directory(stored, manifest.files, retry=RETRY, max_workers=workers)
 
-        def restore(stored: Any = stored) -> None:
+        def restore(stored: Any = stored, workers: int | None = None) -> None:
             manifest = read_manifest(stored, RETRY)
             assert manifest is not None
             download_directory(stored, os.path.join(scratch, "copy"),
-                               files=manifest.files, retry=RETRY)
+                               files=manifest.files, retry=RETRY, max_workers=workers)
 
         def emptied(action: Callable[[], Any]) -> float:
             # Each of Cairn's phases starts, as each of the reference's does, with "copy"
@@ -130,7 +138,13 @@ def measure(files: int, size: int, per_dir: int, scratch: str,
             turns = [(key, lambda action=action: emptied(action)),
                      (f"reference_{key}", lambda source=reference_source: copy_files(
                          source, os.path.join(scratch, "copy")))]
+            if in_process:
+                turns.insert(1, (f"{key}_in_process", lambda action=action: emptied(
+                    lambda: action(workers=1))))
             for name, take in turns if round_ % 2 == 0 else turns[::-1]:
+                if key == "upload" and not name.startswith("reference"):
+                    # Each upload writes the checkpoint anew, as the first one does.
+                    shutil.rmtree(os.path.join(scratch, "run"), ignore_errors=True)
                 figures.setdefault(name, []).append(take())
         for name in ("run", "copy"):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
@@ -148,7 +162,8 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     repeat = int(getattr(args, "repeat", 1 if quick else 3))
     scratch = tempfile.mkdtemp(prefix="cairn-bench-small-", dir=getattr(args, "dir", None))
     try:
-        runs = measure(files, size, per_dir, scratch, repeat)
+        runs = measure(files, size, per_dir, scratch, repeat,
+                       bool(getattr(args, "in_process", False)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     figures = {name: statistics.median(values) for name, values in runs.items()}
@@ -171,6 +186,18 @@ def run(args: Any = None) -> list[dict[str, Any]]:
                      "taking turns to go first, os.sync() before each; Cairn checksums "
                      "every file (xxh3-128)"),
         })
+        if f"{key}_in_process" in figures:
+            rows.append({
+                "benchmark": "small_files",
+                "metric": f"{metric}, in-process path alone (max_workers=1)",
+                "cairn": figures[f"{key}_in_process"],
+                "reference": figures[f"reference_{key}"],
+                "ratio": figures[f"{key}_in_process"] / figures[f"reference_{key}"],
+                "unit": "s",
+                "reference_name": "pyarrow.fs.copy_files, same run",
+                "note": (f"same rounds as the row above (Cairn "
+                         f"{', '.join(f'{v:.2f}' for v in runs[f'{key}_in_process'])} s)"),
+            })
     return rows
 
 
