@@ -165,18 +165,22 @@ class StorageLocation:
             # A user handler's __eq__ may fail on a foreign handler: not the same store.
             return False
 
-    def contains(self, other: StorageLocation) -> bool:
-        """Whether ``other`` is this location or lies below it, on the same store.
+    def contains(self, other: StorageLocation, *, strictly: bool = False) -> bool:
+        """Whether ``other`` is this location or lies below it, on the same store; with
+        ``strictly``, only below it. The one meaning of "inside" for locations.
 
         Local paths are compared after resolving symlinks, so a link to a directory is
-        that directory.
+        that directory. Query parameters of a URI (an endpoint, a database file) name the
+        store, not the path (:meth:`same_store`).
         """
         if not self.same_store(other):
             return False
         mine, theirs = _comparable_path(self), _comparable_path(other)
+        if theirs.rstrip("/") == mine.rstrip("/"):
+            return not strictly
         if mine in ("", "/"):
             return True
-        return theirs == mine or theirs.startswith(mine.rstrip("/") + "/")
+        return theirs.startswith(mine.rstrip("/") + "/")
 
     @property
     def in_process(self) -> bool:
