@@ -53,7 +53,9 @@ def test_a_function_in_a_module(run_config: Callable[..., cairn.RunConfig], tmp_
     assert "<dynamic-code>" not in text
     doc = json.loads(_show(str(tmp_path / "storage" / "run"), capsys, "--json"))
     errors = doc["failures"][0]["errors"]
-    assert sorted(e["ranks"][0] for e in errors) == [0, 1]
+    # Both ranks raise; the one whose error arrives first fails the attempt, and the other
+    # may be stopped before its own error is sent (on a loaded machine, either order).
+    assert errors and {e["ranks"][0] for e in errors} <= {0, 1}
     for error in errors:
         assert error["frame"] == {"file": path, "line": line, "function": "_helper"}
     human = _show(str(tmp_path / "storage" / "run"), capsys)
