@@ -77,16 +77,6 @@ STRICT_XFAIL: dict[str, str] = {
         "passes an s3:// Checkpoint with the default upload mode; Cairn uploads local "
         "directories and says to use NO_UPLOAD: 'is not on the local file system; SYNC and "
         "ASYNC upload a local directory')",
-    "test_result.py::test_result_from_path_validation[str-*]":
-        "asserts Ray's own wording ('... Make sure that this is an output directory created by a "
-        "Ray Train run.'); Cairn raises the same RuntimeError with its own: 'Failed to restore "
-        "the Result object: cairn_run.json doesn't exist in the experiment folder <path>. Make "
-        "sure that this is an output directory created by a Cairn run: ...'",
-    "test_result.py::test_result_from_path_validation[PathLike-local]":
-        "asserts Ray's own wording ('... Make sure that this is an output directory created by a "
-        "Ray Train run.'); Cairn raises the same RuntimeError with its own: 'Failed to restore "
-        "the Result object: cairn_run.json doesn't exist in the experiment folder <path>. Make "
-        "sure that this is an output directory created by a Cairn run: ...'",
     "test_async_checkpointing_validation.py::test_checkpoint_upload_fn_returns_checkpoint":
         "asserts Ray's wording 'checkpoint_upload_fn must return a `ray.train.Checkpoint`'; Cairn: "
         "'ReportError: checkpoint_upload_fn returned None; it must return the cairn.Checkpoint it "

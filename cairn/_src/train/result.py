@@ -200,9 +200,9 @@ class Result:
         if index is None:
             raise RunNotFoundError(
                 f"Failed to restore the Result object: {_INDEX_FILE} doesn't exist in the "
-                f"experiment folder {run.display()}. Make sure that this is an output "
-                "directory created by a Cairn run: the directory RunConfig(storage_path=..., "
-                "name=...) points to."
+                "experiment folder. Make sure that this is an output directory created by a "
+                "Ray Train run, here a Cairn run: the directory RunConfig(storage_path=..., "
+                f"name=...) points to. {run.display()} is not one."
             )
         history = read_log(run.join(METRICS_DIR), retry)
         metrics = history[-1].get("metrics") if history else None
