@@ -9,6 +9,7 @@ worker's side of the protocol.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
@@ -30,6 +31,7 @@ from cairn._src.controller.payload import TrainSpec, WorkerPayload
 from cairn._src.controller.validations import ValidationRunner
 from cairn._src.observe.callbacks import CallbackDispatcher, TrainRunContext
 from cairn._src.observe.live_view import LiveView
+from cairn._src.observe.observer import EventLogWriter, EventStream, HistoryWriter, Observer
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.location import resolve
@@ -175,7 +177,10 @@ class Harness:
             self.controller.close({"status": "finished"})
 
 
-def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0) -> Harness:
+def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
+                 observers: Sequence[Observer] = ()) -> Harness:
+    """A controller over fakes, opened; ``observers`` follow its events after the real
+    ones (the event log, the metrics history, the live view, the callbacks)."""
     run = resolve(str(tmp_path)).join("run")
     retry = RetryPolicy()
     run_config = RunConfig(progress=0, failure_config=FailureConfig(max_failures=max_failures))
@@ -190,14 +195,16 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0) -> 
     callbacks = CallbackDispatcher([], TrainRunContext(run_config=run_config,
                                                       train_loop_config={},
                                                       scaling_config=scaling), workers)
-    commits = CommitPipeline(manager, events, run_config, inbox, channels.broadcast,
-                             callbacks=callbacks)
-    validations = ValidationRunner(None, manager, events, submit=commits.run_on_commit_thread,
+    view = LiveView.for_run(run_config, workers)
+    stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks,
+                          *observers], log=events)
+    commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
+    validations = ValidationRunner(None, manager, stream, submit=commits.run_on_commit_thread,
                                    wake=lambda: None)
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
-                      validations=validations, view=LiveView.for_run(run_config, workers),
-                      callbacks=callbacks, clock=clock, manager=manager, history=history,
-                      events=events, run_config=run_config)
+                      validations=validations, events=stream, view=view, clock=clock,
+                      manager=manager, history=history, event_log=events,
+                      run_config=run_config)
     spec = TrainSpec(_train, {}, True)
     controller = Controller(spec, scaling, parts, payload=WorkerPayload.pickle(spec, run_config),
                             policy=FailurePolicy(max_failures), experiment_name="steps",

@@ -17,6 +17,7 @@ from typing import Any
 from cairn._src.checkpoint.manifest import Manifest, read_manifest
 from cairn._src.errors import ConfigError, ManifestError
 from cairn._src.run import schema
+from cairn._src.run.events import UnknownEvent, read_events
 from cairn._src.run.layout import (
     EVENTS_DIR,
     INDEX_NAME,
@@ -279,14 +280,25 @@ def adoption_record(dir_name: str, manifest: Manifest) -> CheckpointRecord:
     )
 
 
+def adopt_records(index: RunIndex, adopted: list[CheckpointRecord]) -> RunIndex:
+    """``index`` with ``adopted`` (committed checkpoints it did not name) added, in report
+    order, and its next report index past them."""
+    if not adopted:
+        return index
+    records = sorted([*index.checkpoints, *adopted], key=lambda r: r.report_index)
+    return index.with_changes(checkpoints=tuple(records), next_report_index=max(
+        index.next_report_index, records[-1].report_index + 1))
+
+
 def reports_made(run: StorageLocation, retry: RetryPolicy, index: RunIndex) -> int:
     """How many reports the run has made, as far as its index, its metrics history and
     its event log know (0 when none of them knows of any)."""
     made = index.next_report_index - 1
     for record in read_log(run.join(METRICS_DIR), retry):
         made = max(made, record.get("report_index", 0))
-    for event in read_log(run.join(EVENTS_DIR), retry):
-        index_value = event.get("index")
+    for event in read_events(run.join(EVENTS_DIR), retry):
+        index_value = (event.record.get("index") if isinstance(event, UnknownEvent)
+                       else getattr(event, "index", None))
         if type(index_value) is int:
             made = max(made, index_value)
     return made

@@ -22,11 +22,13 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
     RunIndex,
+    adopt_records,
     adoption_record,
     within_reports_made,
     write_index,
@@ -47,7 +49,7 @@ from cairn._src.checkpoint.recheck import (
     recheck_uncommitted,
 )
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
-from cairn._src.checkpoint.retention import decide_retention, make_policy
+from cairn._src.checkpoint.retention import make_policy, split_by_retention
 from cairn._src.checkpoint.views import CheckpointView, ReadyCheckpoint
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
@@ -58,8 +60,9 @@ from cairn._src.errors import (
     RunLeaseError,
     StorageError,
 )
+from cairn._src.run.events import CheckpointDropped, Event, read_events
 from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
-from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
     delete_dir,
@@ -77,6 +80,15 @@ from cairn._src.storage.transfer import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    """Where the manager emits the events a later driver needs (the controller's event
+    stream, :class:`cairn._src.observe.observer.EventStream`)."""
+
+    def emit(self, event: Event) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -151,9 +163,10 @@ class CheckpointManager:
         self.registered: dict[str, Target] = {}
         # Called before every index write; raises RunLeaseError once the lease is lost.
         self.fence: Callable[[], None] | None = None
-        # The run's event log, for the records a later driver needs (registered
-        # references, checkpoints dropped as damaged).
-        self.events: SegmentLog | None = None
+        # Where the run's events are emitted (the event log among its observers), for the
+        # records a later driver needs (registered references, checkpoints dropped as
+        # damaged).
+        self.events: EventSink | None = None
         # Commits whose manifest was written but whose index write failed: the store may
         # have lost its answer. Settled by settle_uncertain() before the next attempt.
         self._uncertain: list[CheckpointRecord] = []
@@ -247,12 +260,10 @@ class CheckpointManager:
             # may ever be deleted (delete_unmanaged_checkpoints=True).
             self.registered[record.dir_name] = target
             if self.events is not None:
-                self.events.append(reference_event(record, t=time.time()))
+                self.events.emit(reference_event(record, t=time.time()))
                 self.events.flush()
-        records = [*self.index.checkpoints, record]
-        keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
-        kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
-        dropped = [r for r, k in zip(records, keep, strict=True) if not k]
+        kept, dropped = split_by_retention(self.policy, [*self.index.checkpoints, record],
+                                           protected=[self.index.resumed_from])
         index = self.index.with_changes(
             checkpoints=kept,
             next_report_index=max(self.index.next_report_index, ready.index + 1),
@@ -274,7 +285,7 @@ class CheckpointManager:
         seconds = time.perf_counter() - started
         logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
                     ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
-        return CommitOutcome(self.view(record), tuple(dropped), seconds)
+        return CommitOutcome(self.view(record), dropped, seconds)
 
     def delete_dropped(self, records: tuple[CheckpointRecord, ...]) -> None:
         """Delete checkpoints the index no longer names (after ``commit`` returned them).
@@ -381,9 +392,8 @@ class CheckpointManager:
                            self.retry)
         updated = dataclasses.replace(record, metrics=merged)
         records = [updated if r is record else r for r in self.index.checkpoints]
-        keep = decide_retention(self.policy, records, protected=[self.index.resumed_from])
-        kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
-        dropped = tuple(r for r, k in zip(records, keep, strict=True) if not k)
+        kept, dropped = split_by_retention(self.policy, records,
+                                           protected=[self.index.resumed_from])
         index = self.index.with_changes(checkpoints=kept)
         self._write_index(index)
         self.index = index
@@ -394,7 +404,7 @@ class CheckpointManager:
     # --- start-up and recovery ---------------------------------------------------------------
 
     def _committed_in_event_log(self) -> set[str]:
-        return committed_dir_names(read_log(self.run.join(EVENTS_DIR), self.retry))
+        return committed_dir_names(read_events(self.run.join(EVENTS_DIR), self.retry))
 
     def _confirmed_uncommitted(self, name: str) -> bool:
         """Whether storage, asked again, and the event log agree that ``name`` never
@@ -493,9 +503,7 @@ class CheckpointManager:
         if adopted:
             logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                            len(adopted), [r.dir_name for r in adopted])
-            records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
-            next_index = max(self.index.next_report_index, records[-1].report_index + 1)
-            self.save_index(checkpoints=tuple(records), next_report_index=next_index)
+            self._adopt(adopted)
 
     def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""
@@ -534,9 +542,13 @@ class CheckpointManager:
         if adopted:
             logger.warning("Adopting %s: committed, but the index write of the commit failed",
                            [r.dir_name for r in adopted])
-            records = sorted([*self.index.checkpoints, *adopted], key=lambda r: r.report_index)
-            self.save_index(checkpoints=tuple(records), next_report_index=max(
-                self.index.next_report_index, records[-1].report_index + 1))
+            self._adopt(adopted)
+
+    def _adopt(self, adopted: list[CheckpointRecord]) -> None:
+        """Write the index with ``adopted`` (committed checkpoints it did not name) added,
+        in report order, and the next report index past them."""
+        self.index = adopt_records(self.index, adopted)
+        self._write_index(self.index)
 
     def _manifest_asked_again(self, name: str, manifest_at: StorageLocation) -> Manifest:
         """The manifest of an indexed checkpoint storage answered as missing, read again;
@@ -596,9 +608,9 @@ class CheckpointManager:
                     )
                 dropped.append(record)
                 if self.events is not None:
-                    self.events.append({"type": "checkpoint_dropped", "dir_name":
-                                        record.dir_name, "report_index": record.report_index,
-                                        "reason": str(exc)[:500], "t": time.time()})
+                    self.events.emit(CheckpointDropped(
+                        t=time.time(), dir_name=record.dir_name,
+                        report_index=record.report_index, reason=str(exc)[:500]))
                 continue
             chosen = view
             break

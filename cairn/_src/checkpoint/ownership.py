@@ -32,9 +32,10 @@ from typing import Any
 
 from cairn._src.checkpoint.index import CheckpointRecord
 from cairn._src.checkpoint.manifest import Manifest
+from cairn._src.run.events import Event, ReferenceRegistered, as_events
 from cairn._src.run.layout import is_default_checkpoint_dir_name, is_safe_dir_name
 
-REFERENCE_EVENT = "reference_registered"
+REFERENCE_EVENT = ReferenceRegistered.TYPE
 
 # A reference as recorded: ("uri", target_uri) or ("path", target_path).
 Target = tuple[str, str]
@@ -57,24 +58,24 @@ def manifest_target(manifest: Manifest) -> Target | None:
     return None
 
 
-def reference_event(record: CheckpointRecord, *, t: float) -> dict[str, Any]:
-    """The event a commit of a reference appends, so a later deletion may trust it."""
-    return {"type": REFERENCE_EVENT, "dir_name": record.dir_name,
-            "report_index": record.report_index, "target_uri": record.target_uri,
-            "target_path": record.target_path, "t": t}
+def reference_event(record: CheckpointRecord, *, t: float) -> ReferenceRegistered:
+    """The event a commit of a reference emits, so a later deletion may trust it."""
+    return ReferenceRegistered(t=t, dir_name=record.dir_name,
+                               report_index=record.report_index,
+                               target_uri=record.target_uri, target_path=record.target_path)
 
 
-def registered_references(events: Iterable[Mapping[str, Any]]) -> dict[str, Target]:
-    """dir_name -> the reference this run registered under it, from its event log."""
+def registered_references(events: Iterable[Event | Mapping[str, Any]]) -> dict[str, Target]:
+    """dir_name -> the reference this run registered under it, from its event log
+    (``events``: typed, or records as the log stores them)."""
     registered: dict[str, Target] = {}
-    for event in events:
-        if event.get("type") != REFERENCE_EVENT or not isinstance(event.get("dir_name"), str):
+    for event in as_events(events):
+        if not isinstance(event, ReferenceRegistered) or not isinstance(event.dir_name, str):
             continue
-        uri, path = event.get("target_uri"), event.get("target_path")
-        if isinstance(uri, str):
-            registered[event["dir_name"]] = ("uri", uri)
-        elif isinstance(path, str):
-            registered[event["dir_name"]] = ("path", path)
+        if event.target_uri is not None:
+            registered[event.dir_name] = ("uri", event.target_uri)
+        elif event.target_path is not None:
+            registered[event.dir_name] = ("path", event.target_path)
     return registered
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cairn._src.errors import CheckpointDamagedError, CheckpointNotStoredError
+from cairn._src.run.events import CheckpointStarted, Commit, Event, as_events
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.fileio import list_files
@@ -51,23 +52,21 @@ class Recheck:
         return self.manifest is None and self.doubt is None
 
 
-def committed_dir_names(events: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The checkpoint directories whose commit the event log records.
+def committed_dir_names(events: Iterable[Event | Mapping[str, Any]]) -> set[str]:
+    """The checkpoint directories whose commit the event log records (``events``: typed,
+    or records as the log stores them).
 
     A ``commit`` event names its report; the directory is the report's default name, or
     the explicit one its ``checkpoint_started`` event announced.
     """
     committed: set[int] = set()
     announced: dict[int, str] = {}
-    for event in events:
-        index = event.get("index")
-        if type(index) is not int:
-            continue
-        if event.get("type") == "commit":
-            committed.add(index)
-        elif event.get("type") == "checkpoint_started" and isinstance(event.get("dir_name"),
-                                                                      str):
-            announced[index] = event["dir_name"]
+    for event in as_events(events):
+        if isinstance(event, Commit) and type(event.index) is int:
+            committed.add(event.index)
+        elif (isinstance(event, CheckpointStarted) and type(event.index) is int
+              and isinstance(event.dir_name, str)):
+            announced[event.index] = event.dir_name
     return {announced.get(index, default_checkpoint_dir_name(index)) for index in committed}
 
 

@@ -101,6 +101,19 @@ def decide_retention(
     return [k or r.dir_name in protected_names for k, r in zip(keep, records, strict=True)]
 
 
+def split_by_retention(
+    policy: RetentionPolicy,
+    records: Sequence[CheckpointRecord],
+    *,
+    protected: Sequence[str | None] = (),
+) -> tuple[tuple[CheckpointRecord, ...], tuple[CheckpointRecord, ...]]:
+    """``records`` split by :func:`decide_retention`: (kept, dropped), each in order."""
+    keep = decide_retention(policy, records, protected=protected)
+    kept = tuple(r for r, k in zip(records, keep, strict=True) if k)
+    dropped = tuple(r for r, k in zip(records, keep, strict=True) if not k)
+    return kept, dropped
+
+
 def best_first(
     records: Sequence[CheckpointRecord],
     score_attribute: str | None,

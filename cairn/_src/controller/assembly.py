@@ -20,8 +20,10 @@ from cairn._src.controller.payload import TrainSpec, WorkerPayload
 from cairn._src.controller.validations import ValidationRunner
 from cairn._src.observe.callbacks import CallbackDispatcher, TrainRunContext
 from cairn._src.observe.live_view import LiveView
+from cairn._src.observe.observer import EventLogWriter, EventStream, HistoryWriter
+from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR
-from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.run.segment_log import SegmentLog
 from cairn._src.run.status import run_history
 from cairn._src.wire.channel_security import tls_enabled
 
@@ -41,20 +43,24 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
                         scaling_config=scaling),
         scaling.max_workers,
     )
-    commits = CommitPipeline(manager, events, run_config, inbox, channels.broadcast,
-                             callbacks=callbacks)
-    validations = ValidationRunner(
-        spec.validation_config, manager, events, submit=commits.run_on_commit_thread,
-        wake=lambda: inbox.post(ValidationApplied()))
     # The driver's live view (RunConfig.progress); its hooks never block the loop.
     view = LiveView.for_run(run_config, scaling.max_workers)
+    # Every event is emitted once, to these observers in this order: the log first, so
+    # that a callback that raises still leaves the record.
+    stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks],
+                         log=events)
+    manager.events = stream
+    commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
+    validations = ValidationRunner(
+        spec.validation_config, manager, stream, submit=commits.run_on_commit_thread,
+        wake=lambda: inbox.post(ValidationApplied()))
     # Read before the commit thread starts: until then this thread is the manager's owner.
-    earlier_events = read_log(manager.run.join(EVENTS_DIR), manager.retry)
+    earlier_events = read_events(manager.run.join(EVENTS_DIR), manager.retry)
     validations.resume(earlier_events)
     view.follow(earlier_events, validations.status)
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
-                      validations=validations, view=view, callbacks=callbacks,
-                      clock=SystemClock(), manager=manager, history=history, events=events,
+                      validations=validations, events=stream, view=view,
+                      clock=SystemClock(), manager=manager, history=history, event_log=events,
                       run_config=run_config)
     return Controller(spec, scaling, parts, payload=payload,
                       policy=FailurePolicy(run_config.failure_config.max_failures),

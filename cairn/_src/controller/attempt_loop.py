@@ -35,8 +35,10 @@ from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.validations import ValidationRunner
 from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.errors import ReportError
-from cairn._src.observe.callbacks import CallbackDispatcher
+from cairn._src.observe.driver_events import CheckpointSkipped, Reported, Uploaded, UploadFailed
 from cairn._src.observe.live_view import LiveView
+from cairn._src.observe.observer import EventStream
+from cairn._src.run.events import Blocked, CheckpointStarted, FirstReport, TrainStart, WorkersReady
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.wire.messages import (
     CommittedMessage,
@@ -84,19 +86,24 @@ class RunProgress:
 
 @dataclass(frozen=True)
 class LoopParts:
-    """The collaborators an attempt's loop acts through."""
+    """The collaborators an attempt's loop acts through.
+
+    ``events`` is where every event is emitted, once, to the run's observers (the event
+    log, the metrics history, the live view, the callbacks: :mod:`cairn._src.observe.
+    observer`). ``view`` is here only to be started and stopped; ``history`` and
+    ``event_log`` only to be flushed."""
 
     backend: WorkerBackend
     inbox: Inbox
     channels: WorkerChannels
     commits: CommitPipeline
     validations: ValidationRunner
+    events: EventStream
     view: LiveView
-    callbacks: CallbackDispatcher
     clock: Clock
     manager: CheckpointManager
     history: SegmentLog
-    events: SegmentLog
+    event_log: SegmentLog
     run_config: RunConfig
 
 
@@ -253,16 +260,14 @@ class AttemptLoop:
                 self._send(item.rank, ("registrations", self._registrations))
                 self._send(item.rank, self._setup_message(attempt, item.rank))
                 if self.all_connected:
-                    self._parts.events.append({"type": "workers_ready",
-                                               "attempt": attempt.number,
-                                               "t": self._clock.time()})
+                    self._parts.events.emit(WorkersReady(t=self._clock.time(),
+                                                         attempt=attempt.number))
             elif isinstance(item, CommitResult):
                 self.on_committed(item)
 
     def on_committed(self, result: CommitResult) -> None:
         attempt, parts = self.attempt, self._parts
         parts.commits.on_committed(attempt, result)
-        parts.view.on_committed(result.ready, result.outcome, result.error)
         attempt.tracker.on_committed(result.ready.index)
         parts.validations.after_commit(result.ready, committed=result.error is None)
         self._services.answer(attempt.tracker, self._send)
@@ -286,10 +291,10 @@ class AttemptLoop:
 
     def _handle(self, message: object) -> None:
         attempt, parts = self.attempt, self._parts
-        parts.view.on_message(message)
         if isinstance(message, ReportMessage):
             self._on_report(message)
         elif isinstance(message, UploadedMessage):
+            parts.events.emit(Uploaded(message))
             if message.index in attempt.skipped_dirs:
                 # Another rank's upload failed and the report was dropped: this late part
                 # is removed too.
@@ -300,12 +305,10 @@ class AttemptLoop:
         elif isinstance(message, TimingMessage) and message.kind == "train_start":
             if not attempt.train_started:
                 attempt.train_started = True
-                parts.events.append({"type": "train_start", "attempt": attempt.number,
-                                     "t": message.at})
+                parts.events.emit(TrainStart(t=message.at, attempt=attempt.number))
         elif isinstance(message, TimingMessage):
-            parts.events.append({"type": "blocked", "rank": message.rank, "kind": message.kind,
-                                 "seconds": message.seconds, "t": message.at,
-                                 "index": message.index})
+            parts.events.emit(Blocked(t=message.at, rank=message.rank, kind=message.kind,
+                                      seconds=message.seconds, index=message.index))
         elif isinstance(message, UploadFailedMessage):
             self._on_upload_failed(message)
         elif isinstance(message, DoneMessage):
@@ -332,7 +335,7 @@ class AttemptLoop:
     def flush_logs(self) -> None:
         """Persist the metrics history and event log; a storage error is logged, not fatal
         (the records stay buffered and go out with the next flush)."""
-        for log in (self._parts.history, self._parts.events):
+        for log in (self._parts.history, self._parts.event_log):
             if not log.dirty:
                 continue
             try:
@@ -347,20 +350,14 @@ class AttemptLoop:
                                                message.index + 1)
         if not attempt.first_report_seen:
             attempt.first_report_seen = True
-            parts.events.append({"type": "first_report", "attempt": attempt.number,
-                                 "t": self._clock.time()})
+            parts.events.emit(FirstReport(t=self._clock.time(), attempt=attempt.number))
             # FailureConfig(warm_standby=True): spares for the next attempt start once this
             # one trains, so that their start-up does not slow this attempt's own.
             parts.backend.prepare_standby()
         if message.rank == 0:
             self._progress.last_metrics = message.metrics
-            record: dict[str, Any] = {"report_index": message.index, "attempt": attempt.number,
-                                      "time": message.sent_at, "metrics": message.metrics}
-            if message.checkpoint is not None:
-                record["checkpoint_dir_name"] = message.checkpoint.dir_name
-            parts.history.append(record)
-        parts.callbacks.reported(message.rank, message.index, message.metrics,
-                                 message.checkpoint is not None)
+        # The metrics history (rank 0's), the live view and the callbacks follow it.
+        parts.events.emit(Reported(attempt.number, message))
         self._send_verdicts(attempt.tracker.on_report(message))
         self._enqueue_ready()
 
@@ -374,8 +371,8 @@ class AttemptLoop:
             # Written before the upload starts: a driver that dies mid-upload leaves a
             # directory the next driver knows it may delete.
             attempt.announced_dirs.add(dir_name)
-            self._parts.events.append({"type": "checkpoint_started", "dir_name": dir_name,
-                                       "index": index, "t": self._clock.time()})
+            self._parts.events.emit(CheckpointStarted(t=self._clock.time(), dir_name=dir_name,
+                                                      index=index))
         if announce:
             self.flush_logs()
         for verdict in verdicts:
@@ -400,6 +397,7 @@ class AttemptLoop:
 
     def _on_upload_failed(self, message: UploadFailedMessage) -> None:
         attempt, parts = self.attempt, self._parts
+        parts.events.emit(UploadFailed(message))
         if parts.run_config.checkpoint_config.upload_failure_policy != "skip":
             # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
             # next report(), while training goes on past a lost checkpoint.
@@ -423,4 +421,4 @@ class AttemptLoop:
             self._delete_uncommitted(attempt.skipped_dirs[message.index])
         parts.channels.broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
                                                            error=reason))
-        parts.callbacks.skipped(message.index)
+        parts.events.emit(CheckpointSkipped(message.index))

@@ -3,7 +3,8 @@
 Commits run on one named thread fed by a queue (``None`` stops it), off the controller
 loop, so storage latency never delays another rank's message. Each result goes back to the
 loop as a :class:`CommitResult` in its inbox; the loop then calls
-:meth:`CommitPipeline.on_committed`, which tells the workers and the callbacks.
+:meth:`CommitPipeline.on_committed`, which tells the workers and emits the result once
+to the run's observers (event log, live view, callbacks).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.inbox import CommitResult, Inbox
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.errors import CheckpointNotStoredError, RunLeaseError
-from cairn._src.observe.callbacks import CallbackDispatcher
-from cairn._src.run.segment_log import SegmentLog
+from cairn._src.observe.driver_events import CheckpointCommitted, CommitFailed
+from cairn._src.observe.observer import EventStream
+from cairn._src.run.events import Commit
 from cairn._src.wire.messages import CommittedMessage
 
 T = TypeVar("T")
@@ -34,11 +36,9 @@ logger = logging.getLogger(__name__)
 class CommitPipeline:
     """The commit thread and the loop's handling of its results."""
 
-    def __init__(self, manager: CheckpointManager, events: SegmentLog, run_config: RunConfig,
+    def __init__(self, manager: CheckpointManager, events: EventStream, run_config: RunConfig,
                  inbox: Inbox,
-                 broadcast: Callable[[Attempt, object], None], *,
-                 callbacks: CallbackDispatcher) -> None:
-        self._callbacks = callbacks
+                 broadcast: Callable[[Attempt, object], None]) -> None:
         self._manager = manager
         self._events = events
         self._run_config = run_config
@@ -128,7 +128,7 @@ class CommitPipeline:
             self._manager.delete_dropped(outcome.dropped)
 
     def on_committed(self, attempt: Attempt, result: CommitResult) -> None:
-        """A commit's result, on the loop's thread: tell the workers and the callbacks.
+        """A commit's result, on the loop's thread: tell the workers and the observers.
 
         Raises :class:`RunLeaseError` when the commit found the lease taken over: the run
         stops at once, without another commit or index write.
@@ -148,21 +148,22 @@ class CommitPipeline:
                 lambda: self._manager.delete_uncommitted([ready.dir_name]))
             self._broadcast(attempt, CommittedMessage(ready.index, None, skipped=True,
                                                       error=reason))
-            self._callbacks.skipped(ready.index)
+            self._events.emit(CommitFailed(ready, error, skipped=True))
             return
         if error is not None:
             attempt.failures.append(WorkerFailure(
                 rank=min(ready.ranks), traceback="",
                 summary=f"Commit of checkpoint {ready.dir_name} failed: {error}"))
             message = CommittedMessage(ready.index, None, error=f"commit failed: {error}")
+            self._events.emit(CommitFailed(ready, error, skipped=False))
         else:
             assert outcome is not None
             attempt.last_commit_t = time.time()
             if result.holder is not None:
                 attempt.tracker.mark_used(result.holder)
-            self._events.append({"type": "commit", "index": ready.index, "t": time.time(),
-                                 "seconds": outcome.seconds, "bytes": ready.bytes_uploaded})
             message = CommittedMessage(ready.index, outcome.view)
-            self._callbacks.committed(ready.index, outcome.view.dir_name, dict(ready.metrics),
-                                      checkpoint_from_view(outcome.view))
+            self._events.emit(CheckpointCommitted(
+                Commit(t=time.time(), index=ready.index, seconds=outcome.seconds,
+                       bytes=ready.bytes_uploaded),
+                ready, outcome.view, outcome.seconds, checkpoint_from_view(outcome.view)))
         self._broadcast(attempt, message)

@@ -45,7 +45,16 @@ from cairn._src.controller.reports import ReportTracker
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
 from cairn._src.errors import CheckpointDamagedError, WorkerGroupError
+from cairn._src.observe.driver_events import AttemptFailed, Notice, WorkerGroupStarted
 from cairn._src.observe.live_state import give_up_notice, start_notice
+from cairn._src.run.events import (
+    AttemptStart,
+    DeletionsFailed,
+    ErrorInfo,
+    Failure,
+    SessionEnd,
+    SessionStart,
+)
 from cairn._src.run.storage_check import remove_storage_marker, write_storage_marker
 from cairn._src.wire.bootstrap import Bootstrap
 from cairn._src.wire.datasets import split_datasets
@@ -132,7 +141,7 @@ class Controller:
         parts.channels.start()
         parts.commits.start()
         self._opened = True
-        parts.events.append({"type": "session_start", "t": parts.clock.time()})
+        parts.events.emit(SessionStart(t=parts.clock.time()))
         parts.view.start()
 
     def step(self) -> Transition:
@@ -194,10 +203,10 @@ class Controller:
                        else self._policy.max_failures, decision.value)
         if decision is FailureDecision.RAISE:
             latest = index.latest
-            self._parts.view.notice(give_up_notice(
+            self._parts.events.emit(Notice(give_up_notice(
                 self._experiment_name, attempt=attempt.number,
                 max_failures=self._policy.max_failures, fatal=failure.fatal,
-                latest=latest.dir_name if latest is not None else None))
+                latest=latest.dir_name if latest is not None else None)))
             self._outcome = RunOutcome(error=error, last_metrics=self._progress.last_metrics)
             return self._machine.transition(ControllerState.ERRORED, "failure budget spent"
                                             if not failure.fatal else "fatal error")
@@ -237,20 +246,17 @@ class Controller:
             first_report_index=next_report_index,
             started_at=clock.time(),
         )
-        parts.events.append({"type": "attempt_start", "attempt": number,
-                             "t": attempt.started_at,
-                             "resume": resume.dir_name if resume else None})
-        parts.events.flush()
         if self._attempts_this_session == 0:
-            parts.view.notice(start_notice(
+            parts.events.emit(Notice(start_notice(
                 self._experiment_name, manager.run.display(), attempts=number,
                 checkpoints=len(index.checkpoints),
                 resume=resume.dir_name if resume else None,
                 resume_report=resume.report_index if resume else None,
-                finished_before=self._finished_before))
+                finished_before=self._finished_before)))
         self._attempts_this_session += 1
-        parts.view.on_attempt_start(number, attempt.started_at,
-                                    resume.dir_name if resume else None)
+        parts.events.emit(AttemptStart(t=attempt.started_at, attempt=number,
+                                       resume=resume.dir_name if resume else None))
+        parts.events.flush()
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
         channels = parts.channels
         bootstrap = Bootstrap((parts.backend.advertise_host(), channels.port),
@@ -263,7 +269,7 @@ class Controller:
         attempt.tracker = ReportTracker(world_size, used_dir_names=used)
         services = AttemptServices(world_size, manager, parts.validations,
                                    parts.run_config.checkpoint_config)
-        parts.callbacks.set_world_size(world_size)
+        parts.events.emit(WorkerGroupStarted(number, world_size))
         logger.info("Attempt %d: %d workers, resuming from %s", number, world_size,
                     resume.dir_name if resume else "scratch")
         # One shard per worker of this attempt, produced near it (wire/datasets.py).
@@ -310,18 +316,14 @@ class Controller:
         now = parts.clock.time()
         errors = failure_records(attempt.failures, error)
         self._last_error = _run_error(errors) or error_summary(error, ranks=failure.ranks)
-        parts.events.append({
-            "type": "failure", "attempt": attempt.number, "t": now,
-            "ranks": list(failure.ranks), "reason": failure.reason.splitlines()[0],
-            "last_commit_t": attempt.last_commit_t or attempt.started_at,
-            "errors": errors,
-            "counted": not attempt.resume_damaged,
-        })
+        logged = Failure(t=now, attempt=attempt.number, ranks=tuple(failure.ranks),
+                         reason=failure.reason.splitlines()[0],
+                         last_commit_t=attempt.last_commit_t or attempt.started_at,
+                         errors=tuple(e for e in map(ErrorInfo.parse, errors) if e is not None),
+                         counted=not attempt.resume_damaged)
+        # The event log, the live view and the callbacks (after_exception, on_failure).
+        parts.events.emit(AttemptFailed(logged, failure.reason, error))
         loop.flush_logs()
-        parts.view.on_failure(attempt.number, failure.reason,
-                              attempt.last_commit_t or attempt.started_at,
-                              not attempt.resume_damaged)
-        parts.callbacks.failed(error)
         return error, index
 
     def _finish(self, loop: AttemptLoop) -> RunOutcome:
@@ -346,8 +348,7 @@ class Controller:
             logger.warning("Could not delete %d checkpoint directories the run no longer "
                            "needs (%s): the storage still refuses; a later fit() of this run "
                            "or `cairn prune` deletes them", len(left), ", ".join(left))
-            parts.events.append({"type": "deletions_failed", "dir_names": left,
-                                 "t": parts.clock.time()})
+            parts.events.emit(DeletionsFailed(t=parts.clock.time(), dir_names=tuple(left)))
         next_report_index = self._progress.next_report_index
         parts.commits.call_on_commit_thread(
             lambda: manager.save_index(next_report_index=next_report_index))
@@ -379,8 +380,9 @@ class Controller:
             finally:
                 parts.backend.stop_standby()
         finally:
-            parts.events.append({"type": "session_end", "t": parts.clock.time(), **end})
-            for log in (parts.history, parts.events):
+            parts.events.emit(SessionEnd(t=parts.clock.time(), status=end.get("status"),
+                                         error=ErrorInfo.parse(end.get("error"))))
+            for log in (parts.history, parts.event_log):
                 try:
                     log.flush()
                 except Exception:

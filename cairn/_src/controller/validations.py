@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,9 @@ from cairn._src.checkpoint.retention import RetentionPolicy
 from cairn._src.checkpoint.views import ReadyCheckpoint, checkpoint_from_view
 from cairn._src.config.validation import ValidationConfig, merged_task
 from cairn._src.errors import ReportError
+from cairn._src.observe.observer import EventStream
+from cairn._src.run.events import Event, ValidationFinished, ValidationRequested, as_events
 from cairn._src.run.report_checks import check_score_attribute, score_value, validate_metrics
-from cairn._src.run.segment_log import SegmentLog
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class ValidationRunner:
     """
 
     def __init__(self, config: ValidationConfig | None, manager: CheckpointManager,
-                 events: SegmentLog, *, submit: Callable[[Callable[[], None]], None],
+                 events: EventStream, *, submit: Callable[[Callable[[], None]], None],
                  wake: Callable[[], None]) -> None:
         self.config = config
         self._manager = manager
@@ -118,19 +119,18 @@ class ValidationRunner:
 
     # --- requests ------------------------------------------------------------------------
 
-    def resume(self, records: Iterable[dict[str, Any]]) -> None:
+    def resume(self, events: Iterable[Event | Mapping[str, Any]]) -> None:
         """Re-queue the validations a previous driver left pending (from the event log)."""
         requested: dict[str, _Job] = {}
-        for record in records:
-            kind, name = record.get("type"), record.get("dir_name")
-            if not isinstance(name, str):
-                continue
-            if kind == REQUESTED and isinstance(record.get("task"), dict):
-                requested[name] = _Job(name, int(record.get("index", 0)), record["task"])
-            elif kind == FINISHED:
+        for event in as_events(events):
+            if isinstance(event, ValidationRequested) and isinstance(event.dir_name, str):
+                if event.task is not None:
+                    requested[event.dir_name] = _Job(event.dir_name, int(event.index or 0),
+                                                     event.task)
+            elif isinstance(event, ValidationFinished) and isinstance(event.dir_name, str):
+                name, status = event.dir_name, event.status
                 requested.pop(name, None)
-                status = record.get("status")
-                if isinstance(status, str) and status in ReportedCheckpointStatus.__members__:
+                if status is not None and status in ReportedCheckpointStatus.__members__:
                     with self._lock:
                         self._status[name] = ReportedCheckpointStatus[status]
         kept = {r.dir_name for r in self._manager.index.checkpoints}
@@ -155,8 +155,8 @@ class ValidationRunner:
         if ready.validation is None:
             return
         job = _Job(ready.dir_name, ready.index, dict(ready.validation))
-        self._events.append({"type": REQUESTED, "t": time.time(), "dir_name": job.dir_name,
-                             "index": job.index, "task": job.task})
+        self._events.emit(ValidationRequested(t=time.time(), dir_name=job.dir_name,
+                                              index=job.index, task=job.task))
         self._events.flush()
         with self._lock:
             self._pending[job.dir_name] = job
@@ -268,9 +268,9 @@ class ValidationRunner:
                 # No longer protected: retention may now drop it, by its validated score.
                 self._applying.add(job.dir_name)
             dropped = self._manager.apply_validation(job.dir_name, metrics)
-            self._events.append({"type": FINISHED, "t": time.time(), "dir_name": job.dir_name,
-                                 "index": job.index, "status": status.value,
-                                 "metrics": metrics})
+            self._events.emit(ValidationFinished(t=time.time(), dir_name=job.dir_name,
+                                                 index=job.index, status=status.value,
+                                                 metrics=metrics))
             self._events.flush()
             with self._lock:
                 self._status[job.dir_name] = status

@@ -3,7 +3,8 @@
 Two interfaces, both accepted in ``RunConfig(callbacks=[...])``: Cairn's
 :class:`Callback` (``on_report``, ``on_checkpoint``, ``on_failure``, ``on_run_end``) and
 Ray Train v2's :class:`UserCallback` (``after_report``, ``after_exception``). The
-controller calls them through one :class:`CallbackDispatcher`.
+controller calls them through one :class:`CallbackDispatcher`, an observer of the run's
+events (:mod:`.observer`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cairn._src.errors import ControllerError
+from cairn._src.observe.driver_events import (
+    AttemptFailed,
+    CheckpointCommitted,
+    CheckpointSkipped,
+    CommitFailed,
+    Reported,
+    WorkerGroupStarted,
+)
+from cairn._src.observe.observer import ObservedEvent
 
 if TYPE_CHECKING:
     from cairn._src.checkpoint.checkpoint import Checkpoint
@@ -142,6 +152,26 @@ class CallbackDispatcher:
 
     def _call(self, hook: str, *args: Any) -> None:
         call_hooks(self._callbacks, hook, *args)
+
+    def notify(self, event: ObservedEvent) -> None:
+        """An event of the run (the :class:`~.observer.Observer` protocol): reports,
+        commits, skipped checkpoints and failed attempts call the hooks; the others are
+        ignored."""
+        if isinstance(event, Reported):
+            message = event.message
+            self.reported(message.rank, message.index, message.metrics,
+                          message.checkpoint is not None)
+        elif isinstance(event, CheckpointCommitted):
+            self.committed(event.ready.index, event.view.dir_name, dict(event.ready.metrics),
+                           event.checkpoint)
+        elif isinstance(event, CheckpointSkipped) or (
+                isinstance(event, CommitFailed) and event.skipped):
+            self.skipped(event.index if isinstance(event, CheckpointSkipped)
+                         else event.ready.index)
+        elif isinstance(event, AttemptFailed):
+            self.failed(event.error)
+        elif isinstance(event, WorkerGroupStarted):
+            self.set_world_size(event.world_size)
 
     def reported(self, rank: int, index: int, metrics: dict[str, Any],
                  has_checkpoint: bool) -> None:

@@ -8,6 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src.goodput.summary import GoodputSummary, summarize
+from cairn._src.run.events import (
+    AttemptStart,
+    Blocked,
+    Commit,
+    Event,
+    Failure,
+    SessionEnd,
+    SessionStart,
+    TrainStart,
+    as_events,
+)
 from cairn._src.text import plural
 
 _METRICS_SHOWN = 4
@@ -106,7 +117,7 @@ class LiveState:
     lines it produced (shown at level 2)."""
 
     def __init__(self, num_workers: int, *, started_at: float,
-                 earlier_events: Iterable[dict[str, Any]] = (),
+                 earlier_events: Iterable[object] = (),
                  upload_failure_policy: str = "fail") -> None:
         self.num_workers = num_workers
         self.upload_failure_policy = upload_failure_policy
@@ -122,11 +133,11 @@ class LiveState:
         self.finished = False
         self._failure_reason: str | None = None
         self._validations: dict[str, int] = {}
-        earlier = list(earlier_events)
+        earlier = as_events(earlier_events)
         self._earlier = summarize(earlier) if earlier else None
         # This session's events, in the form summary.py reads; blocked time and bytes are
         # kept as running totals so the list stays short however long the run.
-        self._events: list[dict[str, Any]] = [{"type": "session_start", "t": started_at}]
+        self._events: list[Event] = [SessionStart(t=started_at)]
         self._blocked: dict[int, float] = {}
         self._uploaded = 0
 
@@ -134,7 +145,7 @@ class LiveState:
 
     def on_attempt_start(self, number: int, at: float, resume: str | None) -> list[str]:
         self.attempt = number
-        self._events.append({"type": "attempt_start", "attempt": number, "t": at})
+        self._events.append(AttemptStart(t=at, attempt=number))
         self.pending.clear()
         if self._failure_reason is None:
             return []
@@ -145,7 +156,7 @@ class LiveState:
                 f"{resume or 'scratch'} (after: {self.last_restart_reason})"]
 
     def on_train_start(self, at: float) -> list[str]:
-        self._events.append({"type": "train_start", "t": at})
+        self._events.append(TrainStart(t=at))
         return []
 
     def on_blocked(self, rank: int, seconds: float) -> list[str]:
@@ -207,8 +218,7 @@ class LiveState:
                    counted: bool) -> list[str]:
         self._failure_reason = _first_line(reason)
         self.pending.clear()
-        self._events.append({"type": "failure", "attempt": attempt, "t": at,
-                             "last_commit_t": last_commit_t})
+        self._events.append(Failure(t=at, attempt=attempt, last_commit_t=last_commit_t))
         return [f"attempt {attempt} failed{'' if counted else ' (not counted)'}: "
                 f"{self._failure_reason}"]
 
@@ -226,17 +236,17 @@ class LiveState:
     def goodput(self, now: float) -> GoodputSummary:
         """This session's goodput up to ``now``; a start-up or recovery still under way
         counts up to ``now``."""
-        ongoing: list[dict[str, Any]] = []
-        last = next((e["type"] for e in reversed(self._events)
-                     if e["type"] in ("attempt_start", "train_start", "failure")), None)
-        if last == "failure":
-            ongoing.append({"type": "attempt_start", "t": now})
-        if last in ("failure", "attempt_start"):
-            ongoing.append({"type": "train_start", "t": now})
-        events = [*self._events, *ongoing, {"type": "commit", "t": now, "bytes": self._uploaded},
-                  *({"type": "blocked", "rank": rank, "seconds": seconds, "t": now}
+        ongoing: list[Event] = []
+        last = next((e for e in reversed(self._events)
+                     if isinstance(e, (AttemptStart, TrainStart, Failure))), None)
+        if isinstance(last, Failure):
+            ongoing.append(AttemptStart(t=now))
+        if isinstance(last, (Failure, AttemptStart)):
+            ongoing.append(TrainStart(t=now))
+        events = [*self._events, *ongoing, Commit(t=now, bytes=self._uploaded),
+                  *(Blocked(t=now, rank=rank, seconds=seconds)
                     for rank, seconds in self._blocked.items()),
-                  {"type": "session_end", "t": now}]
+                  SessionEnd(t=now)]
         return summarize(events)
 
     def goodput_share(self, now: float) -> float | None:

@@ -35,7 +35,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from cairn._src.errors import ConfigError
+from cairn._src.observe.driver_events import (
+    AttemptFailed,
+    CheckpointCommitted,
+    CommitFailed,
+    Notice,
+    Reported,
+    Uploaded,
+    UploadFailed,
+)
 from cairn._src.observe.live_state import LiveState
+from cairn._src.observe.observer import ObservedEvent
+from cairn._src.run.events import AttemptStart, Blocked, TrainStart
 
 PROGRESS_ENV = "CAIRN_PROGRESS"
 INTERVAL_ENV = "CAIRN_PROGRESS_INTERVAL"
@@ -209,7 +220,7 @@ class LiveView:
     def __init__(self, level: int, num_workers: int, *, interval_s: float = DEFAULT_INTERVAL_S,
                  console: Any = None, interactive: bool | None = None,
                  redirect_streams: bool | None = None, plain_file: IO[str] | None = None,
-                 earlier_events: Iterable[dict[str, Any]] = (),
+                 earlier_events: Iterable[object] = (),
                  validation_status: Callable[[str], Any] | None = None,
                  upload_failure_policy: str = "fail",
                  clock: Callable[[], float] = time.time) -> None:
@@ -249,7 +260,7 @@ class LiveView:
     def enabled(self) -> bool:
         return self.level > 0
 
-    def follow(self, earlier_events: Iterable[dict[str, Any]],
+    def follow(self, earlier_events: Iterable[object],
                validation_status: Callable[[str], Any] | None) -> None:
         """Count the run's earlier sessions in goodput, and report finished validations
         (``validation_status(dir_name)`` is polled from the view's thread)."""
@@ -272,48 +283,48 @@ class LiveView:
             for line in lines:
                 self._lines.put(line)
 
-    def on_attempt_start(self, number: int, at: float, resume: str | None) -> None:
-        self._apply("on_attempt_start", number, at, resume)
-
-    def notice(self, line: str) -> None:
-        """A line every enabled level prints (which run starts, why the run gives up)."""
-        if self.enabled and not self._stopped:
-            self._lines.put(line)
-
-    def on_message(self, message: object) -> None:
-        """A worker's message, as the controller loop handles it."""
+    def notify(self, event: ObservedEvent) -> None:
+        """An event of the run (the :class:`~.observer.Observer` protocol): the ones the
+        view shows update its state; the others are ignored. Quick, no I/O."""
         if not self.enabled:
             return
-        from cairn._src.wire import messages as m
-
-        if isinstance(message, m.ReportMessage):
+        if isinstance(event, Reported):
+            message = event.message
             intent = message.checkpoint
             by_reference = intent is not None and (intent.reference is not None
                                                    or intent.mode == "NO_UPLOAD")
             self._apply("on_report", message.rank, message.index, message.metrics,
                         dict(intent.files) if intent is not None else None, by_reference)
-        elif isinstance(message, m.UploadedMessage):
-            self._apply("on_uploaded", message.rank, message.index, message.bytes_written,
-                        message.seconds)
-        elif isinstance(message, m.UploadFailedMessage):
-            self._apply("on_upload_failed", message.rank, message.index, message.error)
-        elif isinstance(message, m.TimingMessage):
-            if message.kind == "train_start":
-                self._apply("on_train_start", message.at)
-            else:
-                self._apply("on_blocked", message.rank, message.seconds)
+        elif isinstance(event, Uploaded):
+            uploaded = event.message
+            self._apply("on_uploaded", uploaded.rank, uploaded.index, uploaded.bytes_written,
+                        uploaded.seconds)
+        elif isinstance(event, UploadFailed):
+            failed = event.message
+            self._apply("on_upload_failed", failed.rank, failed.index, failed.error)
+        elif isinstance(event, TrainStart):
+            self._apply("on_train_start", event.t)
+        elif isinstance(event, Blocked):
+            self._apply("on_blocked", event.rank, event.seconds)
+        elif isinstance(event, AttemptStart):
+            self._apply("on_attempt_start", event.attempt, event.t, event.resume)
+        elif isinstance(event, CheckpointCommitted):
+            ready = event.ready
+            self._apply("on_committed", ready.index, event.view.dir_name, ready.bytes_uploaded,
+                        event.seconds, self._clock(), ready.validation is not None)
+        elif isinstance(event, CommitFailed):
+            self._apply("on_commit_failed", event.ready.index, str(event.error))
+        elif isinstance(event, AttemptFailed):
+            record = event.record
+            self._apply("on_failure", record.attempt, self._clock(), event.reason,
+                        record.last_commit_t, record.counted)
+        elif isinstance(event, Notice):
+            self.notice(event.line)
 
-    def on_committed(self, ready: Any, outcome: Any, error: BaseException | None) -> None:
-        """A commit's result (``ReadyCheckpoint``, ``CommitOutcome`` or None, error)."""
-        if error is not None or outcome is None:
-            self._apply("on_commit_failed", ready.index, str(error))
-            return
-        self._apply("on_committed", ready.index, outcome.view.dir_name, ready.bytes_uploaded,
-                    outcome.seconds, self._clock(), ready.validation is not None)
-
-    def on_failure(self, attempt: int, reason: str, last_commit_t: float,
-                   counted: bool) -> None:
-        self._apply("on_failure", attempt, self._clock(), reason, last_commit_t, counted)
+    def notice(self, line: str) -> None:
+        """A line every enabled level prints (which run starts, why the run gives up)."""
+        if self.enabled and not self._stopped:
+            self._lines.put(line)
 
     # --- reading (any thread) ------------------------------------------------------------
 

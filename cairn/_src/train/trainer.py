@@ -30,6 +30,14 @@ from cairn._src.errors import (
     TrainingFailedError,
 )
 from cairn._src.observe.callbacks import call_hooks
+from cairn._src.run.events import (
+    AttemptStart,
+    CheckpointDropped,
+    CheckpointStarted,
+    Commit,
+    Failure,
+    read_events,
+)
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
@@ -201,7 +209,6 @@ class Trainer:
             _log_run_start(self._run_name, run, manager)
             history = manager.history
             events = SegmentLog(run.join(EVENTS_DIR), retry)
-            manager.events = events
             next_index = max(manager.index.next_report_index,
                              _next_from_history(run.join(METRICS_DIR), retry))
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
@@ -245,13 +252,12 @@ class Trainer:
             logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
             index = rebuild_index(run, retry)
             # Attempts and failures are counted again from the event log.
-            events = read_log(run.join(EVENTS_DIR), retry)
+            logged = read_events(run.join(EVENTS_DIR), retry)
             index = index.with_changes(
                 attempts=max(index.attempts,
-                             sum(e.get("type") == "attempt_start" for e in events)),
-                failures=max(index.failures, sum(e.get("type") == "failure"
-                                                 and e.get("counted") is not False
-                                                 for e in events)),
+                             sum(isinstance(e, AttemptStart) for e in logged)),
+                failures=max(index.failures, sum(isinstance(e, Failure) and e.counted
+                                                 for e in logged)),
             )
         if index is not None:
             logger.info("Continuing run %s: %s committed, %s so far", run.display(),
@@ -267,8 +273,8 @@ class Trainer:
         manager = CheckpointManager(run, checkpoint_config, retry,
                                     RunIndex(retention=retention) if index is None
                                     else index.with_changes(retention=retention), history)
-        events = read_log(run.join(EVENTS_DIR), retry)
-        if index is None and any(e.get("type") == "commit" for e in events):
+        events = read_events(run.join(EVENTS_DIR), retry)
+        if index is None and any(isinstance(e, Commit) for e in events):
             # The index is gone but the run committed checkpoints: rebuild it from them.
             logger.warning("%s has no run index but committed checkpoints; rebuilding it "
                            "from the manifests", run.display())
@@ -278,11 +284,11 @@ class Trainer:
         # index alone.
         manager.registered = registered_references(events)
         if index is not None:
-            started = {str(e["dir_name"]) for e in events
-                       if e.get("type") == "checkpoint_started" and "dir_name" in e}
+            started = {str(e.dir_name) for e in events
+                       if isinstance(e, CheckpointStarted) and e.dir_name is not None}
             # Dropped as damaged by an earlier resume: never adopted back.
-            dropped = {str(e["dir_name"]) for e in events
-                       if e.get("type") == "checkpoint_dropped" and "dir_name" in e}
+            dropped = {str(e.dir_name) for e in events
+                       if isinstance(e, CheckpointDropped) and e.dir_name is not None}
             manager.reconcile(started, dropped)
         return manager
 
