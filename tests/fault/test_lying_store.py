@@ -22,6 +22,7 @@ from cairn import CheckpointConfig, ScalingConfig, Trainer
 from cairn._src.checkpoint.index import RunIndex
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, write_manifest
+from cairn._src.checkpoint.recheck import recheck_uncommitted
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation, resolve
@@ -249,3 +250,34 @@ def test_soak_with_a_transiently_lying_store_loses_no_committed_checkpoint(
         if name.startswith("sync_returned_"):
             with open(os.path.join(scratch, name)) as f:
                 assert f"checkpoint_{json.load(f):06d}" in committed
+
+
+def test_a_checkpoint_whose_deletion_retention_logged_is_deleted_when_half_gone(
+        root: str, control: str) -> None:
+    # Committed, then dropped by retention: the log has its commit and then its deletion.
+    # A driver killed mid-deletion left it without its manifest; the next start deletes it.
+    partial = os.path.join(root, "store", "run", "checkpoint_000001")
+    os.makedirs(partial)
+    with open(os.path.join(partial, "rank_0.json"), "w") as f:
+        f.write("{}")
+    run = lying_run(root, control)
+    events = SegmentLog(run.join("events"), RETRY)
+    events.append({"type": "commit", "index": 1, "t": 1.0})
+    events.append({"type": "checkpoint_deleting", "dir_name": "checkpoint_000001",
+                   "report_index": 1, "reason": "retention", "t": 2.0})
+    events.flush()
+    manager_at(run).reconcile()
+    assert not os.path.exists(os.path.join(partial, "rank_0.json"))
+
+
+def test_a_resume_over_thousands_of_index_records_without_directories_reads_no_backoff(
+        root: str, control: str) -> None:
+    # Neither listed nor committed in the log: one more read each, no sleep per record.
+    run = lying_run(root, control)
+    slept: list[float] = []
+    names = {f"bogus_{i}" for i in range(2000)}
+    for name in sorted(names):
+        recheck = recheck_uncommitted(run.join(name), name, RETRY, set, listed=set,
+                                      sleep=slept.append)
+        assert recheck.never_committed
+    assert slept == []

@@ -59,6 +59,8 @@ RECORDS: list[dict[str, Any]] = [
      "status": "VALIDATED", "metrics": {"acc": 0.9}},
     {"type": "checkpoint_dropped", "dir_name": "checkpoint_000002", "report_index": 2,
      "reason": "damaged", "t": 9.5},
+    {"type": "checkpoint_deleting", "dir_name": "checkpoint_000001", "report_index": 1,
+     "reason": "retention", "t": 9.75},
     {"type": "reference_registered", "dir_name": "ref_a", "report_index": 3,
      "target_uri": "xyz://bucket/a", "target_path": None, "t": 6.0},
     {"type": "session_end", "t": 11.0, "status": "finished"},

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import (
@@ -60,7 +60,7 @@ from cairn._src.errors import (
     RunLeaseError,
     StorageError,
 )
-from cairn._src.run.events import CheckpointDropped, Event, read_events
+from cairn._src.run.events import CheckpointDeleting, CheckpointDropped, Event, read_events
 from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
@@ -80,6 +80,21 @@ from cairn._src.storage.transfer import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+T = TypeVar("T")
+
+
+def _once(compute: Callable[[], T]) -> Callable[[], T]:
+    """``compute``, called at most once: later calls return its first result."""
+    results: list[T] = []
+
+    def cached() -> T:
+        if not results:
+            results.append(compute())
+        return results[0]
+
+    return cached
 
 
 class EventSink(Protocol):
@@ -293,6 +308,15 @@ class CheckpointManager:
         Separate from ``commit`` so that a SYNC report returns as soon as its checkpoint is
         committed, without waiting for older checkpoints to be deleted.
         """
+        if records and self.events is not None:
+            # Logged before any deletion starts: a later driver that finds one of these
+            # half deleted knows it was deleted on purpose (checkpoint/recheck.py).
+            now = time.time()
+            for record in records:
+                self.events.emit(CheckpointDeleting(t=now, dir_name=record.dir_name,
+                                                    report_index=record.report_index,
+                                                    reason="retention"))
+            self.events.flush()
         for record in records:
             self._delete(record)
 
@@ -550,13 +574,15 @@ class CheckpointManager:
         self.index = adopt_records(self.index, adopted)
         self._write_index(self.index)
 
-    def _manifest_asked_again(self, name: str, manifest_at: StorageLocation) -> Manifest:
+    def _manifest_asked_again(self, name: str, manifest_at: StorageLocation,
+                              committed: Callable[[], set[str]],
+                              listed: Callable[[], set[str]]) -> Manifest:
         """The manifest of an indexed checkpoint storage answered as missing, read again;
         a StorageError (an outage: the attempt fails and the next one asks again) while
         the listing or the event log says it exists; ManifestError (damage) when all
         agree that it is gone. One answer never drops a committed checkpoint."""
-        recheck = recheck_uncommitted(manifest_at, name, self.retry,
-                                      self._committed_in_event_log)
+        recheck = recheck_uncommitted(manifest_at, name, self.retry, committed,
+                                      listed=listed)
         if recheck.manifest is not None:
             return recheck.manifest
         if recheck.doubt is not None:
@@ -580,6 +606,9 @@ class CheckpointManager:
         is no damage: it propagates.
         """
         records = sorted(self.index.checkpoints, key=lambda r: r.report_index, reverse=True)
+        # Read at most once per resume, and only if a manifest reads as missing.
+        committed = _once(self._committed_in_event_log)
+        listed = _once(lambda: set(list_dir_names(self.run, self.retry)))
         dropped: list[CheckpointRecord] = []
         chosen: CheckpointView | None = None
         for record in records:
@@ -591,7 +620,8 @@ class CheckpointManager:
             try:
                 manifest = read_manifest(view.manifest_at, self.retry)
                 if manifest is None:
-                    manifest = self._manifest_asked_again(name, view.manifest_at)
+                    manifest = self._manifest_asked_again(name, view.manifest_at,
+                                                          committed, listed)
                 if self.config.verify_on_resume == "full" or name in self.suspects:
                     verify_directory(view.data, manifest.files, retry=self.retry)
                     self.fully_verified.add(name)

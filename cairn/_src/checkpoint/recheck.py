@@ -23,7 +23,7 @@ from typing import Any
 
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cairn._src.errors import CheckpointDamagedError, CheckpointNotStoredError
-from cairn._src.run.events import CheckpointStarted, Commit, Event, as_events
+from cairn._src.run.events import CheckpointDeleting, CheckpointStarted, Commit, Event, as_events
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.fileio import list_files
@@ -57,17 +57,23 @@ def committed_dir_names(events: Iterable[Event | Mapping[str, Any]]) -> set[str]
     or records as the log stores them).
 
     A ``commit`` event names its report; the directory is the report's default name, or
-    the explicit one its ``checkpoint_started`` event announced.
+    the explicit one its ``checkpoint_started`` event announced. A directory whose
+    deletion retention decided (a ``checkpoint_deleting`` event) is no longer one: a
+    driver killed while deleting it leaves it without its manifest, on purpose.
     """
     committed: set[int] = set()
     announced: dict[int, str] = {}
+    deleting: set[str] = set()
     for event in as_events(events):
         if isinstance(event, Commit) and type(event.index) is int:
             committed.add(event.index)
         elif (isinstance(event, CheckpointStarted) and type(event.index) is int
               and isinstance(event.dir_name, str)):
             announced[event.index] = event.dir_name
-    return {announced.get(index, default_checkpoint_dir_name(index)) for index in committed}
+        elif isinstance(event, CheckpointDeleting) and isinstance(event.dir_name, str):
+            deleting.add(event.dir_name)
+    return {announced.get(index, default_checkpoint_dir_name(index))
+            for index in committed} - deleting
 
 
 def recheck_uncommitted(
@@ -76,16 +82,23 @@ def recheck_uncommitted(
     retry: RetryPolicy,
     committed: Callable[[], set[str]],
     *,
+    listed: Callable[[], set[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Recheck:
     """Check again that ``location`` (the run's entry ``name``) holds no committed checkpoint.
 
     ``committed`` returns the directory names whose commit the event log records (read
-    only when storage agrees that the manifest is missing). Storage errors propagate: an
-    outage is no answer, and the caller leaves the directory for later.
+    only when storage agrees that the manifest is missing). ``listed``, where given,
+    returns the names a fresh listing of the run shows: a name neither listed nor
+    committed in the event log has two independent answers besides the manifest's, so
+    its manifest is read again once, without backoff (a resume over thousands of bogus
+    index records would otherwise sleep for each). Storage errors propagate: an outage is
+    no answer, and the caller leaves the directory for later.
     """
-    for reread in range(max(MIN_REREADS, retry.max_attempts)):
-        sleep(retry.backoff(reread))
+    absent = listed is not None and name not in listed() and name not in committed()
+    for reread in range(1 if absent else max(MIN_REREADS, retry.max_attempts)):
+        if not absent:
+            sleep(retry.backoff(reread))
         try:
             manifest = read_manifest(location, retry)
         except CheckpointDamagedError as exc:

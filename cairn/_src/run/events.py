@@ -399,10 +399,35 @@ class UnknownEvent(Event):
         return dict(self.record)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CheckpointDeleting(Event):
+    """Retention dropped checkpoint ``dir_name`` from the index; its deletion follows.
+
+    Written (and flushed) before the deletion starts, so that a later driver that finds the
+    directory half deleted, without its manifest, knows it was deleted on purpose and not
+    lost to a store that answers "not found" (:mod:`cairn._src.checkpoint.recheck`).
+    """
+
+    TYPE: ClassVar[str] = "checkpoint_deleting"
+    dir_name: str | None = None
+    report_index: int | None = None
+    reason: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        return {"type": self.type, "dir_name": self.dir_name,
+                "report_index": self.report_index, "reason": self.reason, "t": self.t}
+
+    @classmethod
+    def _from_record(cls, record: Mapping[str, Any]) -> Event:
+        return cls(t=record.get("t"), dir_name=record.get("dir_name"),
+                   report_index=_count(record.get("report_index")),
+                   reason=record.get("reason", ""))
+
+
 EVENT_TYPES: dict[str, type[Event]] = {kind.TYPE: kind for kind in (
     SessionStart, SessionEnd, AttemptStart, WorkersReady, TrainStart, FirstReport, Blocked,
     CheckpointStarted, Commit, Failure, DeletionsFailed, ValidationRequested,
-    ValidationFinished, CheckpointDropped, ReferenceRegistered,
+    ValidationFinished, CheckpointDropped, ReferenceRegistered, CheckpointDeleting,
 )}
 
 
