@@ -200,7 +200,7 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
                           *observers], log=events)
     commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
     validations = ValidationRunner(None, manager, stream, submit=commits.run_on_commit_thread,
-                                   wake=lambda: None)
+                                   wake=lambda: None, options=run_config.storage_options())
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
                       validations=validations, events=stream, view=view, clock=clock,
                       manager=manager, history=history, event_log=events,

@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import cairn
 from cairn import ChecksumMismatchError, ConfigError
-from cairn._src.storage import ranged, transfer, tuning
+from cairn._src.storage import ranged, transfer
 from cairn._src.storage.ranged import Fetcher
 from cairn.storage import TransferConfig, resolve, set_transfer_config, transfer_config
 from tests.storage.test_transfer import FAST
@@ -222,28 +223,46 @@ def test_the_run_config_and_the_setter_refuse_what_is_not_a_transfer_config() ->
     assert transfer_config() == TransferConfig()
 
 
-def test_runs_that_overlap_each_take_only_their_own_setting_away() -> None:
-    # Two fit() calls on two threads of one driver: A starts, B starts, A returns, B
-    # returns. While B runs it applies; after A returns B's still does; after both, the
-    # process's own setting, which set_transfer_config changed meanwhile.
-    a, b = TransferConfig(max_concurrency=2), TransferConfig(max_concurrency=3)
-    own = TransferConfig(max_concurrency=5)
-    run_a, run_b = tuning.applied(a), tuning.applied(b)
-    try:
-        run_a.__enter__()
-        assert transfer_config() == a
-        run_b.__enter__()
-        assert transfer_config() == b
-        assert set_transfer_config(own) == TransferConfig()
-        assert transfer_config() == b
-        run_a.__exit__(None, None, None)
-        assert transfer_config() == b
-        run_b.__exit__(None, None, None)
-        assert transfer_config() == own
-        with tuning.applied(None):
-            assert transfer_config() == own
-    finally:
-        set_transfer_config(None)
+def test_two_runs_in_one_driver_each_see_only_their_own_transfer_settings(
+    tmp_path: Path,
+) -> None:
+    # Two fit() calls one after the other, with different RunConfig(storage_transfer=...):
+    # each run's workers, its callbacks' checkpoints and its validations' checkpoints get
+    # that run's settings in their StorageOptions; the driver's own never change.
+    seen: list[tuple[str, object, object]] = []
+
+    class Observe(cairn.UserCallback):
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
+                         checkpoint: cairn.Checkpoint | None) -> None:
+            assert checkpoint is not None
+            seen.append(("callback", checkpoint._options.transfer, transfer_config()))
+
+    def validate(checkpoint: cairn.Checkpoint) -> dict[str, Any]:
+        seen.append(("validation", checkpoint._options.transfer, transfer_config()))
+        return {}
+
+    def train_fn() -> None:
+        from cairn._src.worker.session import get_session
+
+        seen_here = get_session("report").storage_options.transfer
+        assert seen_here is not None
+        cairn.report({"concurrency": seen_here.max_concurrency},
+                     checkpoint=cairn.Checkpoint.from_directory(tempfile.mkdtemp()),
+                     validation=True)
+
+    for name, config in [("first", TransferConfig(max_concurrency=2)),
+                         ("second", TransferConfig(max_concurrency=3))]:
+        seen.clear()
+        result = cairn.Trainer(
+            train_fn, scaling_config=cairn.ScalingConfig(num_workers=1),
+            run_config=cairn.RunConfig(storage_path=str(tmp_path), name=name,
+                                       storage_transfer=config, callbacks=[Observe()]),
+            validation_config=cairn.ValidationConfig(validate),
+        ).fit()
+        assert result.error is None
+        assert result.metrics["concurrency"] == config.max_concurrency
+        assert sorted(seen, key=lambda s: s[0]) == [
+            ("callback", config, TransferConfig()), ("validation", config, TransferConfig())]
     assert transfer_config() == TransferConfig()
 
 

@@ -78,6 +78,7 @@ from cairn._src.storage.transfer import (
     compute_entries,
     verify_directory,
 )
+from cairn._src.storage.tuning import TransferConfig
 
 logger = logging.getLogger(__name__)
 
@@ -112,19 +113,6 @@ class CommitOutcome:
     # No longer in the index; for delete_dropped() once the workers have been told.
     dropped: tuple[CheckpointRecord, ...]
     seconds: float
-
-
-def is_inside(location: StorageLocation, directory: StorageLocation) -> bool:
-    """Whether ``location`` lies strictly inside ``directory`` on the same storage."""
-    if location.uri is not None and directory.uri is not None:
-        # Query parameters (an endpoint, a database file) name the store, not the path:
-        # both sides must have the same ones, and the path is compared without them.
-        base, _, query = location.uri.partition("?")
-        directory_base, _, directory_query = directory.uri.partition("?")
-        return query == directory_query and base.startswith(directory_base.rstrip("/") + "/")
-    return location.filesystem.equals(directory.filesystem) and location.path.startswith(
-        directory.path.rstrip("/") + "/"
-    )
 
 
 def is_safe_record_name(name: str) -> bool:
@@ -164,8 +152,12 @@ class CheckpointManager:
         retry: RetryPolicy,
         index: RunIndex,
         history: SegmentLog,
+        *,
+        transfer: TransferConfig | None = None,
     ) -> None:
         self.run = run
+        # The run's transfer settings (RunConfig.storage_transfer), for the full checks.
+        self.transfer = transfer
         self.config = config
         self.retry = retry
         self.index = index
@@ -239,7 +231,7 @@ class CheckpointManager:
             # later can be verified like any managed checkpoint.
             names = [n for n in list_files(data, self.retry) if n != METADATA_FILE_NAME]
             entries = compute_entries(data, names, retry=self.retry)
-            managed = is_inside(data, self.run)
+            managed = self.run.contains(data, strictly=True)
         elif ready.reference is not None:
             names = [n for n in list_files(data, self.retry)
                      if n not in (METADATA_FILE_NAME, MANIFEST_NAME)]
@@ -388,7 +380,8 @@ class CheckpointManager:
         """Whether a checkpoint still in the index has its data at, in or above ``target``."""
         for record in self.index.checkpoints:
             data = self.view(record).data
-            if data == target or is_inside(data, target) or is_inside(target, data):
+            if (data == target or target.contains(data, strictly=True)
+                    or data.contains(target, strictly=True)):
                 return True
         return False
 
@@ -541,7 +534,7 @@ class CheckpointManager:
 
     def entry_holding(self, location: StorageLocation) -> str | None:
         """The run-directory entry ``location`` lies in, or None when outside the run."""
-        if not is_inside(location, self.run):
+        if not self.run.contains(location, strictly=True):
             return None
         return location.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0]
 
@@ -623,7 +616,8 @@ class CheckpointManager:
                     manifest = self._manifest_asked_again(name, view.manifest_at,
                                                           committed, listed)
                 if self.config.verify_on_resume == "full" or name in self.suspects:
-                    verify_directory(view.data, manifest.files, retry=self.retry)
+                    verify_directory(view.data, manifest.files, retry=self.retry,
+                                     transfer=self.transfer)
                     self.fully_verified.add(name)
                     self.suspects.discard(name)
                 else:

@@ -12,13 +12,18 @@ from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.transfer import FileEntry
 
 
-def checkpoint_from_view(view: CheckpointView) -> Checkpoint:
+def checkpoint_from_view(view: CheckpointView,
+                         options: StorageOptions | None = None) -> Checkpoint:
     """A checkpoint that reads its data from ``view.data`` and verifies it against the
-    manifest at ``view.manifest_at`` (the same place, unless registered by reference)."""
-    return Checkpoint._from_committed(view.data, manifest_location=view.manifest_at)
+    manifest at ``view.manifest_at`` (the same place, unless registered by reference);
+    with ``options`` (the run's), read and restored with its transfer settings and retry
+    budget."""
+    checkpoint = Checkpoint._from_committed(view.data, manifest_location=view.manifest_at)
+    return checkpoint if options is None else checkpoint._with_options(options)
 
 
 @dataclass(frozen=True)

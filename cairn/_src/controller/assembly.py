@@ -25,12 +25,14 @@ from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.run.status import run_history
+from cairn._src.storage.options import StorageOptions
 from cairn._src.wire.channel_security import tls_enabled
 
 
 def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,
                      manager: CheckpointManager, history: SegmentLog, events: SegmentLog, *,
-                     experiment_name: str, next_report_index: int) -> Controller:
+                     experiment_name: str, next_report_index: int,
+                     options: StorageOptions) -> Controller:
     payload = WorkerPayload.pickle(spec, run_config)
     backend = make_backend(scaling, run_config)
     inbox = Inbox()
@@ -53,7 +55,7 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
     commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
     validations = ValidationRunner(
         spec.validation_config, manager, stream, submit=commits.run_on_commit_thread,
-        wake=lambda: inbox.post(ValidationApplied()))
+        wake=lambda: inbox.post(ValidationApplied()), options=options)
     # Read before the commit thread starts: until then this thread is the manager's owner.
     earlier_events = read_events(manager.run.join(EVENTS_DIR), manager.retry)
     validations.resume(earlier_events)

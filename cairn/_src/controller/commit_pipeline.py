@@ -165,5 +165,6 @@ class CommitPipeline:
             self._events.emit(CheckpointCommitted(
                 Commit(t=time.time(), index=ready.index, seconds=outcome.seconds,
                        bytes=ready.bytes_uploaded),
-                ready, outcome.view, outcome.seconds, checkpoint_from_view(outcome.view)))
+                ready, outcome.view, outcome.seconds,
+                checkpoint_from_view(outcome.view, self._run_config.storage_options())))
         self._broadcast(attempt, message)

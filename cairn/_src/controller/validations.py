@@ -41,6 +41,7 @@ from cairn._src.errors import ReportError
 from cairn._src.observe.observer import EventStream
 from cairn._src.run.events import Event, ValidationFinished, ValidationRequested, as_events
 from cairn._src.run.report_checks import check_score_attribute, score_value, validate_metrics
+from cairn._src.storage.options import StorageOptions
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class ValidationRunner:
 
     def __init__(self, config: ValidationConfig | None, manager: CheckpointManager,
                  events: EventStream, *, submit: Callable[[Callable[[], None]], None],
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], options: StorageOptions) -> None:
         self.config = config
+        # The run's storage settings, given to the checkpoints the validations receive.
+        self._options = options
         self._manager = manager
         self._events = events
         self._submit = submit
@@ -215,7 +218,7 @@ class ValidationRunner:
         if record is None:
             logger.warning("Not validating %s: it is no longer in the run index", job.dir_name)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}
-        checkpoint = checkpoint_from_view(self._manager.view(record))
+        checkpoint = checkpoint_from_view(self._manager.view(record), self._options)
         kwargs, timeout = merged_task(self.config, job.task)
         box: list[Any] = []
         fn = self.config.fn

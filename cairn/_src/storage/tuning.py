@@ -24,18 +24,15 @@ parts in flight were no faster than 8; one stream per file took 2.8-3.0 s.
 
 A run's setting travels in its :class:`~cairn._src.storage.options.StorageOptions`: a
 worker's session passes it to every transfer it makes and to the checkpoints it hands
-out, and never changes this module's. What :func:`current` returns (used where a caller
-passes no setting) is the process's own, ``TransferConfig()`` unless
-:func:`set_transfer_config` changed it, except while a ``fit()`` with
-``RunConfig(storage_transfer=...)`` runs in the driver (:func:`applied`, until the driver
-passes ``RunConfig.storage_options()`` along instead).
+out, and never changes this module's; so does the driver, from
+``RunConfig.storage_options()``. What :func:`current` returns (used where a caller passes
+no setting) is the process's own, ``TransferConfig()`` unless :func:`set_transfer_config`
+changed it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -94,46 +91,17 @@ _lock = threading.Lock()
 _current = TransferConfig()
 
 
-# Settings applied by runs in progress (fit() calls), oldest first: (token, settings).
-_runs: list[tuple[object, TransferConfig]] = []
-
-
 def current() -> TransferConfig:
-    """The transfer settings in force: those of the run started last of the runs in
-    progress in this process (:func:`applied`), else the process's own."""
-    runs = _runs
-    return runs[-1][1] if runs else _current
-
-
-@contextmanager
-def applied(config: TransferConfig | None) -> Iterator[None]:
-    """``config`` in force in this process while the block runs (a ``fit()`` with
-    ``RunConfig(storage_transfer=...)``); ``None`` changes nothing.
-
-    Blocks may overlap (``fit()`` calls on several threads): each takes only its own
-    setting away when it ends, whatever the order, and while several are open the one
-    opened last applies. :func:`set_transfer_config` meanwhile sets what applies once
-    they have all ended.
-    """
-    if config is None:
-        yield
-        return
-    token = object()
-    with _lock:
-        _runs.append((token, config))
-    try:
-        yield
-    finally:
-        with _lock:
-            _runs[:] = [run for run in _runs if run[0] is not token]
+    """This process's own transfer settings (used where a caller passes none)."""
+    return _current
 
 
 def set_transfer_config(config: TransferConfig | None) -> TransferConfig:
     """Make ``config`` (``None``: the defaults) this process's transfer settings.
 
     Returns the settings it replaces, so that a caller can put them back. Transfers
-    already running keep the settings they started with, and a ``fit()`` in progress
-    with ``RunConfig(storage_transfer=...)`` keeps its own until it returns.
+    already running keep the settings they started with, and a run with
+    ``RunConfig(storage_transfer=...)`` keeps its own.
     """
     global _current
     if config is None:

@@ -41,7 +41,6 @@ from cairn._src.run.events import (
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage import tuning
 from cairn._src.storage.location import (
     StorageLocation,
     _known_scheme_set,
@@ -183,10 +182,6 @@ class Trainer:
         return base.join(self._run_name)
 
     def fit(self) -> Result:
-        with tuning.applied(self.run_config.storage_transfer):
-            return self._fit()
-
-    def _fit(self) -> Result:
         run = self._run_location()
         _create_local_run_directory(run, self._storage_path)
         retry = self.run_config.storage_retry
@@ -218,7 +213,8 @@ class Trainer:
                              datasets=self.datasets)
             controller = build_controller(spec, self.scaling_config, self.run_config, manager,
                                           history, events, experiment_name=self._run_name,
-                                          next_report_index=next_index)
+                                          next_report_index=next_index,
+                                          options=self.run_config.storage_options())
             outcome = controller.run()
         finally:
             lease.release()
@@ -272,7 +268,8 @@ class Trainer:
                               checkpoint_config.checkpoint_score_order)
         manager = CheckpointManager(run, checkpoint_config, retry,
                                     RunIndex(retention=retention) if index is None
-                                    else index.with_changes(retention=retention), history)
+                                    else index.with_changes(retention=retention), history,
+                                    transfer=self.run_config.storage_transfer)
         events = read_events(run.join(EVENTS_DIR), retry)
         if index is None and any(isinstance(e, Commit) for e in events):
             # The index is gone but the run committed checkpoints: rebuild it from them.
