@@ -20,6 +20,7 @@ import cloudpickle
 
 from cairn._src.checkpoint.index import RunIndex
 from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.retention import make_policy
 from cairn._src.config.run import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from cairn._src.controller.attempt_loop import LoopParts
 from cairn._src.controller.commit_pipeline import CommitPipeline
@@ -28,7 +29,11 @@ from cairn._src.controller.controller import Controller
 from cairn._src.controller.failure_policy import FailurePolicy
 from cairn._src.controller.inbox import Inbox, NewConnection
 from cairn._src.controller.payload import TrainSpec, WorkerPayload
-from cairn._src.controller.validations import ValidationRunner
+from cairn._src.controller.validations import (
+    PendingValidations,
+    ProtectPending,
+    ValidationRunner,
+)
 from cairn._src.observe.callbacks import CallbackDispatcher, TrainRunContext
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventLogWriter, EventStream, HistoryWriter, Observer
@@ -187,7 +192,6 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
     scaling = ScalingConfig(num_workers=workers)
     history = SegmentLog(run.join(METRICS_DIR), retry)
     events = SegmentLog(run.join(EVENTS_DIR), retry)
-    manager = CheckpointManager(run, CheckpointConfig(), retry, RunIndex(), history)
     backend = FakeBackend()
     clock = FakeClock()
     inbox = Inbox()
@@ -198,9 +202,15 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
     view = LiveView.for_run(run_config, workers)
     stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks,
                           *observers], log=events)
+    pending = PendingValidations()
+    config = CheckpointConfig()
+    manager = CheckpointManager(run, config, retry, RunIndex(), history, events=stream,
+                                policy=ProtectPending(make_policy(config.num_to_keep, None, "max"),
+                                                      pending.protected))
     commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
     validations = ValidationRunner(None, manager, stream, submit=commits.run_on_commit_thread,
-                                   wake=lambda: None, options=run_config.storage_options())
+                                   wake=lambda: None, options=run_config.storage_options(),
+                                   pending=pending)
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
                       validations=validations, events=stream, view=view, clock=clock,
                       manager=manager, history=history, event_log=events,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -28,9 +28,6 @@ from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
     RunIndex,
-    adopt_records,
-    adoption_record,
-    within_reports_made,
     write_index,
 )
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
@@ -45,11 +42,17 @@ from cairn._src.checkpoint.ownership import (
 )
 from cairn._src.checkpoint.recheck import (
     check_stored,
-    committed_dir_names,
     recheck_uncommitted,
 )
+from cairn._src.checkpoint.reconcile import (
+    adopt,
+    committed_in_event_log,
+    entry_holding,
+    names_holding_references,
+    reconcile,
+)
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
-from cairn._src.checkpoint.retention import make_policy, split_by_retention
+from cairn._src.checkpoint.retention import RetentionPolicy, make_policy, split_by_retention
 from cairn._src.checkpoint.views import CheckpointView, ReadyCheckpoint
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
@@ -60,14 +63,11 @@ from cairn._src.errors import (
     RunLeaseError,
     StorageError,
 )
-from cairn._src.run.events import CheckpointDeleting, CheckpointDropped, Event, read_events
-from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
+from cairn._src.run.events import CheckpointDeleting, CheckpointDropped, Event
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
-    TEMPORARY_MARK,
     delete_dir,
     delete_file,
-    is_dir,
     list_dir_names,
     list_files,
 )
@@ -153,27 +153,33 @@ class CheckpointManager:
         index: RunIndex,
         history: SegmentLog,
         *,
+        fence: Callable[[], None] | None = None,
+        events: EventSink | None = None,
+        registered: Mapping[str, Target] | None = None,
+        policy: RetentionPolicy | None = None,
         transfer: TransferConfig | None = None,
     ) -> None:
         self.run = run
-        # The run's transfer settings (RunConfig.storage_transfer), for the full checks.
-        self.transfer = transfer
         self.config = config
         self.retry = retry
         self.index = index
         self.history = history
-        self.policy = make_policy(
-            config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order
-        )
-        # dir_name -> the reference this run registered under it (from its event log and
-        # its own commits): only those may ever be deleted (see ownership.py).
-        self.registered: dict[str, Target] = {}
         # Called before every index write; raises RunLeaseError once the lease is lost.
-        self.fence: Callable[[], None] | None = None
+        self.fence = fence
         # Where the run's events are emitted (the event log among its observers), for the
         # records a later driver needs (registered references, checkpoints dropped as
         # damaged).
-        self.events: EventSink | None = None
+        self.events = events
+        # dir_name -> the reference this run registered under it (from its event log and
+        # its own commits): only those may ever be deleted (see ownership.py).
+        self.registered: dict[str, Target] = dict(registered or {})
+        # What retention keeps (CheckpointConfig's, unless the run wraps it: validations
+        # pending keep theirs).
+        self.policy = policy or make_policy(
+            config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order
+        )
+        # The run's transfer settings (RunConfig.storage_transfer), for the full checks.
+        self.transfer = transfer
         # Commits whose manifest was written but whose index write failed: the store may
         # have lost its answer. Settled by settle_uncertain() before the next attempt.
         self._uncertain: list[CheckpointRecord] = []
@@ -421,7 +427,7 @@ class CheckpointManager:
     # --- start-up and recovery ---------------------------------------------------------------
 
     def _committed_in_event_log(self) -> set[str]:
-        return committed_dir_names(read_events(self.run.join(EVENTS_DIR), self.retry))
+        return committed_in_event_log(self.run, self.retry)
 
     def _confirmed_uncommitted(self, name: str) -> bool:
         """Whether storage, asked again, and the event log agree that ``name`` never
@@ -464,79 +470,17 @@ class CheckpointManager:
                                name, exc)
 
     def reconcile(self, started: Collection[str] = (), dropped: Collection[str] = ()) -> None:
-        """Settle what a dead driver left behind, before the run goes on.
-
-        * A manifest the index does not name (killed between manifest and index): the
-          checkpoint is committed, so the index adopts it.
-        * A checkpoint directory Cairn created without a manifest (killed mid-upload): never
-          a checkpoint, so it is deleted. Cairn created it if it has a default name or is in
-          ``started`` (explicit names, recorded before their upload began). Other
-          directories (the user's logs, data of a NO_UPLOAD report still being written)
-          are left alone.
-        * Temporary files of interrupted atomic writes: deleted.
-
-        ``dropped``: checkpoints an earlier resume dropped as damaged; never adopted back.
-        """
-        known = {r.dir_name for r in self.index.checkpoints}
-        adopted: list[CheckpointRecord] = []
-        partial: list[str] = []
-        for name in list_dir_names(self.run, self.retry):
-            location = self.run.join(name)
-            if TEMPORARY_MARK in name:
-                delete_file(location, self.retry)
-                continue
-            if (name in RESERVED_NAMES or name in known or name in dropped
-                    or not is_dir(location, self.retry)):
-                continue
-            try:
-                manifest = read_manifest(location, self.retry)
-            except CairnError as exc:
-                logger.warning("Ignoring %s: %s", name, exc)
-                continue
-            if manifest is None:
-                partial.append(name)
-            elif manifest.report_index is not None:
-                adopted.append(adoption_record(name, manifest))
-        holding_references = self.names_holding_references()
-        for name in partial:
-            if not may_delete_partial(name, has_manifest=False, indexed=known,
-                                      announced=started,
-                                      holding_references=holding_references):
-                continue
-            recheck = recheck_uncommitted(self.run.join(name), name, self.retry,
-                                          self._committed_in_event_log)
-            if recheck.manifest is not None and recheck.manifest.report_index is not None:
-                logger.warning("%s has a manifest after all (storage first answered that "
-                               "it had none): adopting it", name)
-                adopted.append(adoption_record(name, recheck.manifest))
-            elif recheck.never_committed:
-                delete_dir(self.run.join(name), self.retry)
-                logger.info("Deleted %s: a directory without a manifest", name)
-            else:
-                logger.warning("Leaving %s in place: storage answers that it has no "
-                               "manifest, but %s. Check the store; a later start deletes it "
-                               "if it never committed.", name, recheck.doubt)
-        adopted = within_reports_made(self.run, self.retry, self.index, adopted)
-        if adopted:
-            logger.warning("Adopting %d committed checkpoints the index did not name: %s",
-                           len(adopted), [r.dir_name for r in adopted])
-            self._adopt(adopted)
+        """Settle what a dead driver left behind (:func:`.reconcile.reconcile`)."""
+        self.index = reconcile(self.run, self.index, self.retry, started, dropped,
+                               fence=self.fence)
 
     def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""
-        names = set()
-        for record in self.index.checkpoints:
-            if record.target_uri is not None:
-                name = self.entry_holding(resolve(record.target_uri))
-                if name is not None:
-                    names.add(name)
-        return names
+        return names_holding_references(self.run, self.index)
 
     def entry_holding(self, location: StorageLocation) -> str | None:
         """The run-directory entry ``location`` lies in, or None when outside the run."""
-        if not self.run.contains(location, strictly=True):
-            return None
-        return location.path[len(self.run.path.rstrip("/")) + 1:].split("/")[0]
+        return entry_holding(self.run, location)
 
     def settle_uncertain(self) -> None:
         """Settle commits whose index write failed after their manifest landed.
@@ -562,10 +506,8 @@ class CheckpointManager:
             self._adopt(adopted)
 
     def _adopt(self, adopted: list[CheckpointRecord]) -> None:
-        """Write the index with ``adopted`` (committed checkpoints it did not name) added,
-        in report order, and the next report index past them."""
-        self.index = adopt_records(self.index, adopted)
-        self._write_index(self.index)
+        """Write the index with ``adopted`` (committed checkpoints it did not name) added."""
+        self.index = adopt(self.run, self.index, adopted, self.retry, self.fence)
 
     def _manifest_asked_again(self, name: str, manifest_at: StorageLocation,
                               committed: Callable[[], set[str]],

@@ -276,8 +276,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         write_index(run, index.with_changes(checkpoints=tuple(r for r, _ in kept)), RETRY)
         # What the run recorded decides what may be deleted, never the index alone.
         manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
-                                    SegmentLog(run.join(METRICS_DIR), RETRY))
-        manager.registered = registered_references(events)
+                                    SegmentLog(run.join(METRICS_DIR), RETRY),
+                                    registered=registered_references(events))
         for record in dropped:
             deleted[record.dir_name] = manager.delete_owned(
                 record, delete_references=args.delete_references)

@@ -6,8 +6,13 @@ them all as constructor arguments; tests hand it fakes instead).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from cairn._src.backends.factory import make_backend
 from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.opening import OpenedRun
+from cairn._src.checkpoint.retention import make_policy
 from cairn._src.config.run import RunConfig, ScalingConfig
 from cairn._src.controller.attempt_loop import LoopParts
 from cairn._src.controller.clock import SystemClock
@@ -17,7 +22,11 @@ from cairn._src.controller.controller import Controller
 from cairn._src.controller.failure_policy import FailurePolicy
 from cairn._src.controller.inbox import Inbox, ValidationApplied
 from cairn._src.controller.payload import TrainSpec, WorkerPayload
-from cairn._src.controller.validations import ValidationRunner
+from cairn._src.controller.validations import (
+    PendingValidations,
+    ProtectPending,
+    ValidationRunner,
+)
 from cairn._src.observe.callbacks import CallbackDispatcher, TrainRunContext
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventLogWriter, EventStream, HistoryWriter
@@ -25,20 +34,23 @@ from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.run.status import run_history
+from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.options import StorageOptions
 from cairn._src.wire.channel_security import tls_enabled
 
 
-def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,
-                     manager: CheckpointManager, history: SegmentLog, events: SegmentLog, *,
-                     experiment_name: str, next_report_index: int,
-                     options: StorageOptions) -> Controller:
-    payload = WorkerPayload.pickle(spec, run_config)
-    backend = make_backend(scaling, run_config)
-    inbox = Inbox()
-    # The driver node's address, never every interface (loopback for local workers).
-    channels = WorkerChannels(backend.advertise_host(), inbox=inbox,
-                              tls=tls_enabled(scaling.tls))
+@dataclass(frozen=True)
+class Observers:
+    """The run's event stream and the observers the controller also talks to."""
+
+    stream: EventStream
+    view: LiveView
+    callbacks: CallbackDispatcher
+
+
+def build_observers(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,
+                    history: SegmentLog, events: SegmentLog) -> Observers:
+    """The run's event stream, built before the checkpoint manager that emits to it."""
     callbacks = CallbackDispatcher(
         run_config.callbacks,
         TrainRunContext(run_config=run_config, train_loop_config=spec.config,
@@ -51,11 +63,39 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
     # that a callback that raises still leaves the record.
     stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks],
                          log=events)
-    manager.events = stream
+    return Observers(stream, view, callbacks)
+
+
+def build_manager(run: StorageLocation, run_config: RunConfig, opened: OpenedRun,
+                  history: SegmentLog, *, fence: Callable[[], None], stream: EventStream,
+                  pending: PendingValidations) -> CheckpointManager:
+    """The run's checkpoint manager, with every collaborator it uses: the run's retry
+    budget and transfer settings, the lease's fence, the event stream, the references the
+    run registered and a retention policy that keeps checkpoints pending validation."""
+    config = run_config.checkpoint_config
+    policy = ProtectPending(make_policy(config.num_to_keep, config.checkpoint_score_attribute,
+                                        config.checkpoint_score_order), pending.protected)
+    return CheckpointManager(run, config, run_config.storage_retry, opened.index, history,
+                             fence=fence, events=stream, registered=opened.registered,
+                             policy=policy, transfer=run_config.storage_transfer)
+
+
+def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,
+                     manager: CheckpointManager, observers: Observers,
+                     pending: PendingValidations, history: SegmentLog, events: SegmentLog, *,
+                     experiment_name: str, next_report_index: int,
+                     options: StorageOptions) -> Controller:
+    payload = WorkerPayload.pickle(spec, run_config)
+    backend = make_backend(scaling, run_config)
+    inbox = Inbox()
+    # The driver node's address, never every interface (loopback for local workers).
+    channels = WorkerChannels(backend.advertise_host(), inbox=inbox,
+                              tls=tls_enabled(scaling.tls))
+    stream, view = observers.stream, observers.view
     commits = CommitPipeline(manager, stream, run_config, inbox, channels.broadcast)
     validations = ValidationRunner(
         spec.validation_config, manager, stream, submit=commits.run_on_commit_thread,
-        wake=lambda: inbox.post(ValidationApplied()), options=options)
+        wake=lambda: inbox.post(ValidationApplied()), options=options, pending=pending)
     # Read before the commit thread starts: until then this thread is the manager's owner.
     earlier_events = read_events(manager.run.join(EVENTS_DIR), manager.retry)
     validations.resume(earlier_events)

@@ -70,6 +70,25 @@ class _Job:
     task: dict[str, Any]
 
 
+class PendingValidations:
+    """The validations of one run not finished yet, shared by the :class:`ValidationRunner`
+    (which adds and finishes them) and the checkpoint manager's retention policy
+    (:class:`ProtectPending` keeps :meth:`protected`). Thread-safe under :attr:`lock`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # Notified whenever a validation finishes.
+        self.idle = threading.Condition(self.lock)
+        self.jobs: dict[str, _Job] = {}
+        # Pending, but no longer protected: their result is being applied (and re-ranked).
+        self.applying: set[str] = set()
+
+    def protected(self) -> set[str]:
+        """The checkpoints retention must keep."""
+        with self.lock:
+            return set(self.jobs) - self.applying
+
+
 _STOP = object()
 
 
@@ -82,7 +101,8 @@ class ValidationRunner:
 
     def __init__(self, config: ValidationConfig | None, manager: CheckpointManager,
                  events: EventStream, *, submit: Callable[[Callable[[], None]], None],
-                 wake: Callable[[], None], options: StorageOptions) -> None:
+                 wake: Callable[[], None], options: StorageOptions,
+                 pending: PendingValidations) -> None:
         self.config = config
         # The run's storage settings, given to the checkpoints the validations receive.
         self._options = options
@@ -90,33 +110,28 @@ class ValidationRunner:
         self._events = events
         self._submit = submit
         self._wake = wake
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._pending: dict[str, _Job] = {}
-        # Pending, but no longer protected: their result is being applied (and re-ranked).
-        self._applying: set[str] = set()
+        # Shared with the manager's retention policy (ProtectPending).
+        self._pending = pending
         self._status: dict[str, ReportedCheckpointStatus] = {}
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
-        manager.policy = ProtectPending(manager.policy, self.pending_names)
 
     # --- state -------------------------------------------------------------------------
 
     def pending_names(self) -> set[str]:
         """The checkpoints retention must keep."""
-        with self._lock:
-            return set(self._pending) - self._applying
+        return self._pending.protected()
 
     def pending_up_to(self, index: int) -> bool:
         """Whether a validation of a report up to ``index`` will still finish in this run
         (without a validation config, those left by an earlier driver never do)."""
-        with self._lock:
+        with self._pending.lock:
             return self.config is not None and any(
-                job.index <= index for job in self._pending.values())
+                job.index <= index for job in self._pending.jobs.values())
 
     def status(self, dir_name: str) -> ReportedCheckpointStatus:
-        with self._lock:
-            if dir_name in self._pending:
+        with self._pending.lock:
+            if dir_name in self._pending.jobs:
                 return ReportedCheckpointStatus.PENDING_VALIDATION
             return self._status.get(dir_name, ReportedCheckpointStatus.COMMITTED)
 
@@ -134,7 +149,7 @@ class ValidationRunner:
                 name, status = event.dir_name, event.status
                 requested.pop(name, None)
                 if status is not None and status in ReportedCheckpointStatus.__members__:
-                    with self._lock:
+                    with self._pending.lock:
                         self._status[name] = ReportedCheckpointStatus[status]
         kept = {r.dir_name for r in self._manager.index.checkpoints}
         jobs = sorted((j for j in requested.values() if j.dir_name in kept),
@@ -145,8 +160,8 @@ class ValidationRunner:
             logger.warning("Validations of %s are pending from an earlier driver, but this "
                            "Trainer has no validation_config: they stay pending",
                            [j.dir_name for j in jobs])
-            with self._lock:
-                self._pending.update({j.dir_name: j for j in jobs})
+            with self._pending.lock:
+                self._pending.jobs.update({j.dir_name: j for j in jobs})
             return
         logger.info("Running the validations an earlier driver left pending: %s",
                     [j.dir_name for j in jobs])
@@ -161,25 +176,25 @@ class ValidationRunner:
         self._events.emit(ValidationRequested(t=time.time(), dir_name=job.dir_name,
                                               index=job.index, task=job.task))
         self._events.flush()
-        with self._lock:
-            self._pending[job.dir_name] = job
+        with self._pending.lock:
+            self._pending.jobs[job.dir_name] = job
 
     def after_commit(self, ready: ReadyCheckpoint, committed: bool) -> None:
         """Start the validation of a committed checkpoint; forget one that did not commit."""
         if ready.validation is None:
             return
-        with self._lock:
-            job = self._pending.get(ready.dir_name)
+        with self._pending.lock:
+            job = self._pending.jobs.get(ready.dir_name)
             if not committed:
-                self._pending.pop(ready.dir_name, None)
-                self._idle.notify_all()
+                self._pending.jobs.pop(ready.dir_name, None)
+                self._pending.idle.notify_all()
                 return
         if job is not None:
             self._enqueue(job)
 
     def _enqueue(self, job: _Job) -> None:
-        with self._lock:
-            self._pending[job.dir_name] = job
+        with self._pending.lock:
+            self._pending.jobs[job.dir_name] = job
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cairn-validation",
                                                 daemon=True)
@@ -188,9 +203,9 @@ class ValidationRunner:
 
     def wait_idle(self) -> None:
         """Block until no validation is pending (the end of a successful run)."""
-        with self._idle:
-            while self._pending and self.config is not None:
-                self._idle.wait(1.0)
+        with self._pending.idle:
+            while self._pending.jobs and self.config is not None:
+                self._pending.idle.wait(1.0)
 
     def close(self) -> None:
         self._jobs.put(_STOP)
@@ -267,25 +282,25 @@ class ValidationRunner:
         """On the commit thread: merge, re-rank, log, then lift the protection."""
         dropped: tuple[CheckpointRecord, ...] = ()
         try:
-            with self._lock:
+            with self._pending.lock:
                 # No longer protected: retention may now drop it, by its validated score.
-                self._applying.add(job.dir_name)
+                self._pending.applying.add(job.dir_name)
             dropped = self._manager.apply_validation(job.dir_name, metrics)
             self._events.emit(ValidationFinished(t=time.time(), dir_name=job.dir_name,
                                                  index=job.index, status=status.value,
                                                  metrics=metrics))
             self._events.flush()
-            with self._lock:
+            with self._pending.lock:
                 self._status[job.dir_name] = status
             logger.info("Validation of %s: %s %s", job.dir_name, status.value, metrics)
         except Exception:
             logger.exception("Could not record the validation of %s; it runs again on the "
                              "next fit()", job.dir_name)
         finally:
-            with self._idle:
-                self._pending.pop(job.dir_name, None)
-                self._applying.discard(job.dir_name)
-                self._idle.notify_all()
+            with self._pending.idle:
+                self._pending.jobs.pop(job.dir_name, None)
+                self._pending.applying.discard(job.dir_name)
+                self._pending.idle.notify_all()
             done.set()
             self._wake()
         self._manager.delete_dropped(dropped)

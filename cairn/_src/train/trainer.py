@@ -12,32 +12,23 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypedDict
 
 from cairn._src import migration
-from cairn._src.checkpoint.index import Retention, RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import CheckpointManager
-from cairn._src.checkpoint.ownership import registered_references
+from cairn._src.checkpoint.opening import open_run
 from cairn._src.config.run import RunConfig, ScalingConfig, default_storage_path
 from cairn._src.config.validation import ValidationConfig
-from cairn._src.controller.assembly import build_controller
+from cairn._src.controller.assembly import build_controller, build_manager, build_observers
 from cairn._src.controller.payload import TrainSpec
+from cairn._src.controller.validations import PendingValidations
 from cairn._src.errors import (
     CheckpointDamagedError,
     CheckpointNotFoundError,
     ConfigDeprecationError,
     ConfigError,
     ControllerError,
-    ManifestError,
     StorageError,
     TrainingFailedError,
 )
 from cairn._src.observe.callbacks import call_hooks
-from cairn._src.run.events import (
-    AttemptStart,
-    CheckpointDropped,
-    CheckpointStarted,
-    Commit,
-    Failure,
-    read_events,
-)
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
@@ -51,7 +42,6 @@ from cairn._src.storage.location import (
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
-from cairn._src.text import plural
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
 from cairn._src.wire.datasets import check_datasets
@@ -195,24 +185,30 @@ class Trainer:
             _raise_startup_error(run, exc)
         try:
             try:
-                manager = self._open_run(run, startup)
+                opened = open_run(run, self.run_config.checkpoint_config, startup)
             except StorageError as exc:
                 _raise_startup_error(run, exc)
-            manager.retry = retry
-            # Every index write first checks that this driver still holds the run.
-            manager.fence = lease.fence
-            _log_run_start(self._run_name, run, manager)
-            history = manager.history
+            history = SegmentLog(run.join(METRICS_DIR), retry)
             events = SegmentLog(run.join(EVENTS_DIR), retry)
-            next_index = max(manager.index.next_report_index,
-                             _next_from_history(run.join(METRICS_DIR), retry))
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
                              self._pass_config, list(self._setup_hooks),
                              list(self._teardown_hooks), self._attempt_env,
                              validation_config=self.validation_config,
                              datasets=self.datasets)
+            # The event stream first: the manager is built once, with every collaborator
+            # (every index write first checks that this driver still holds the run).
+            observers = build_observers(spec, self.scaling_config, self.run_config, history,
+                                        events)
+            pending = PendingValidations()
+            manager = build_manager(run, self.run_config, opened, history,
+                                    fence=lease.fence, stream=observers.stream,
+                                    pending=pending)
+            _log_run_start(self._run_name, run, manager)
+            next_index = max(manager.index.next_report_index,
+                             _next_from_history(run.join(METRICS_DIR), retry))
             controller = build_controller(spec, self.scaling_config, self.run_config, manager,
-                                          history, events, experiment_name=self._run_name,
+                                          observers, pending, history, events,
+                                          experiment_name=self._run_name,
                                           next_report_index=next_index,
                                           options=self.run_config.storage_options())
             outcome = controller.run()
@@ -240,54 +236,6 @@ class Trainer:
     def can_restore(cls, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused, as Ray Train v2 refuses it (``DeprecationWarning``); see :meth:`restore`."""
         raise ConfigDeprecationError(migration.TRAINER_RESTORE)
-
-    def _open_run(self, run: StorageLocation, retry: RetryPolicy) -> CheckpointManager:
-        try:
-            index = read_index(run, retry)
-        except ManifestError as exc:
-            logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
-            index = rebuild_index(run, retry)
-            # Attempts and failures are counted again from the event log.
-            logged = read_events(run.join(EVENTS_DIR), retry)
-            index = index.with_changes(
-                attempts=max(index.attempts,
-                             sum(isinstance(e, AttemptStart) for e in logged)),
-                failures=max(index.failures, sum(isinstance(e, Failure) and e.counted
-                                                 for e in logged)),
-            )
-        if index is not None:
-            logger.info("Continuing run %s: %s committed, %s so far", run.display(),
-                        plural(len(index.checkpoints), "checkpoint"),
-                        plural(index.attempts, "attempt"))
-        history = SegmentLog(run.join(METRICS_DIR), retry)
-        checkpoint_config = self.run_config.checkpoint_config
-        # The retention settings go into the index: Result.from_path orders the best
-        # checkpoints by them, and `cairn show` says why each one is kept.
-        retention = Retention(checkpoint_config.num_to_keep,
-                              checkpoint_config.checkpoint_score_attribute,
-                              checkpoint_config.checkpoint_score_order)
-        manager = CheckpointManager(run, checkpoint_config, retry,
-                                    RunIndex(retention=retention) if index is None
-                                    else index.with_changes(retention=retention), history,
-                                    transfer=self.run_config.storage_transfer)
-        events = read_events(run.join(EVENTS_DIR), retry)
-        if index is None and any(isinstance(e, Commit) for e in events):
-            # The index is gone but the run committed checkpoints: rebuild it from them.
-            logger.warning("%s has no run index but committed checkpoints; rebuilding it "
-                           "from the manifests", run.display())
-            manager.index = rebuild_index(run, retry).with_changes(retention=retention)
-            index = manager.index
-        # What this run recorded decides what it may delete (ownership.py), never the
-        # index alone.
-        manager.registered = registered_references(events)
-        if index is not None:
-            started = {str(e.dir_name) for e in events
-                       if isinstance(e, CheckpointStarted) and e.dir_name is not None}
-            # Dropped as damaged by an earlier resume: never adopted back.
-            dropped = {str(e.dir_name) for e in events
-                       if isinstance(e, CheckpointDropped) and e.dir_name is not None}
-            manager.reconcile(started, dropped)
-        return manager
 
 
 def _raise_startup_error(run: StorageLocation, exc: StorageError) -> NoReturn:
