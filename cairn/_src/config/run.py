@@ -367,11 +367,12 @@ class RunConfig:
     (``RetryPolicy(max_attempts=20, max_backoff_s=30)``) to ride out a storage outage at
     start. When it runs out, ``fit()`` raises :class:`StorageError` saying that the run is
     intact and can be started again. ``storage_transfer`` sets the part size and the
-    requests in flight of transfers with remote storage in every worker, and in the driver
-    while ``fit()`` runs (:class:`cairn.storage.TransferConfig`; ``None``: each process's
-    own settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
-    ``fit()`` calls running at once in one process use the setting of the one started
-    last, and each takes only its own away when it returns.
+    requests in flight of this run's transfers with remote storage, in every worker and in
+    the driver (:class:`cairn.storage.TransferConfig`; ``None``: each process's own
+    settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
+    It travels with the run in one ``StorageOptions`` (:meth:`storage_options`), never
+    through a process-wide setting, so two ``fit()`` calls in one process never see each
+    other's, and the driver's own setting never changes.
     """
 
     name: str | None = None
