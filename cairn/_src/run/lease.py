@@ -186,6 +186,23 @@ class RunLease:
         except FileNotFoundError:
             return None
 
+    def _read_settled(self) -> LeaseInfo | None:
+        """The lease as :meth:`_read` gives it, read again with backoff while it does not
+        parse: an object store may hand back a torn read of the object this driver is
+        rewriting at that moment (seen with an S3-protocol server). A lease that stays
+        malformed is not this driver's: :class:`ManifestError` propagates."""
+        attempts = max(3, self._retry.max_attempts)
+        for attempt in range(attempts):
+            try:
+                return self._read()
+            except ManifestError:
+                if attempt == attempts - 1:
+                    raise
+                logger.debug("The lease of %s did not parse; reading it again",
+                             self._run_text())
+                time.sleep(self._retry.backoff(attempt))
+        raise AssertionError("unreachable")
+
     def _write(self) -> None:
         info = LeaseInfo(socket.gethostname(), os.getpid(), self._token, time.time(),
                          self._ttl_s, self._generation)
@@ -252,7 +269,7 @@ class RunLease:
         driver that lost its lease writes no index over the new holder's.
         """
         if self._lost is None:
-            current = self._read()
+            current = self._read_settled()
             if current is None or current.token != self._token:
                 self._lost = self._lost_error(current)
         if self._lost is not None:
@@ -278,7 +295,7 @@ class RunLease:
     def _renew(self) -> None:
         while not self._stop.wait(self._ttl_s / 3):
             try:
-                current = self._read()
+                current = self._read_settled()
                 if current is None or current.token != self._token:
                     # Someone took the run over (this driver looked dead to it): stop
                     # renewing rather than fight over the lease; the fence stops commits.
