@@ -341,10 +341,9 @@ class ValidationFinished(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointDropped(Event):
-    """A resume found checkpoint ``dir_name`` damaged and dropped it from the index."""
+class _CheckpointRemoved(Event):
+    """A checkpoint ``dir_name`` that left the index, and why (``reason``)."""
 
-    TYPE: ClassVar[str] = "checkpoint_dropped"
     dir_name: str | None = None
     report_index: int | None = None
     reason: str = ""
@@ -358,6 +357,13 @@ class CheckpointDropped(Event):
         return cls(t=record.get("t"), dir_name=record.get("dir_name"),
                    report_index=_count(record.get("report_index")),
                    reason=record.get("reason", ""))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointDropped(_CheckpointRemoved):
+    """A resume found checkpoint ``dir_name`` damaged and dropped it from the index."""
+
+    TYPE: ClassVar[str] = "checkpoint_dropped"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,28 +406,16 @@ class UnknownEvent(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointDeleting(Event):
+class CheckpointDeleting(_CheckpointRemoved):
     """Retention dropped checkpoint ``dir_name`` from the index; its deletion follows.
 
     Written (and flushed) before the deletion starts, so that a later driver that finds the
     directory half deleted, without its manifest, knows it was deleted on purpose and not
     lost to a store that answers "not found" (:mod:`cairn._src.checkpoint.recheck`).
+    Not a :class:`CheckpointDropped`: readers of damage drops never see these.
     """
 
     TYPE: ClassVar[str] = "checkpoint_deleting"
-    dir_name: str | None = None
-    report_index: int | None = None
-    reason: str = ""
-
-    def to_record(self) -> dict[str, Any]:
-        return {"type": self.type, "dir_name": self.dir_name,
-                "report_index": self.report_index, "reason": self.reason, "t": self.t}
-
-    @classmethod
-    def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record.get("t"), dir_name=record.get("dir_name"),
-                   report_index=_count(record.get("report_index")),
-                   reason=record.get("reason", ""))
 
 
 EVENT_TYPES: dict[str, type[Event]] = {kind.TYPE: kind for kind in (
