@@ -32,6 +32,9 @@ import cairn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 from cairn.storage import ObjectInfo, register_scheme
 
+# Fixtures shared by test folders, from tests/support (on the path above).
+pytest_plugins = ["copy_process_fixtures"]
+
 # The driver's live view stays quiet in tests; tests of the view turn it on with
 # RunConfig(progress=1 | 2).
 os.environ.setdefault("CAIRN_PROGRESS", "0")

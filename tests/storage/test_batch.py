@@ -208,24 +208,6 @@ def test_upload_hands_back_what_changed_since_the_listing_without_blocking(
 # Many files: shares copied by copy processes (real child processes, with the threshold
 # lowered so that the tree above is "many").
 
-@pytest.fixture
-def few_files_a_share(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Lowers the share threshold to 4 files (on 4 cores, whatever this machine has) and
-    counts the copy processes started."""
-    monkeypatch.setattr(batch, "MIN_SHARE_FILES", 4)
-    monkeypatch.setattr(batch, "_cores", lambda: 4)
-    monkeypatch.setattr(batch, "_copy_processes_failed", False)
-    started: list[int] = []
-    real = batch._CopyProcess.start
-
-    def counting(self: batch._CopyProcess, interpreter: str) -> None:
-        started.append(1)
-        real(self, interpreter)
-
-    monkeypatch.setattr(batch._CopyProcess, "start", counting)
-    return started
-
-
 def test_shares_have_equal_counts_and_split_a_large_directory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch, "MIN_SHARE_FILES", 3)

@@ -29,25 +29,8 @@ def planted_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def copy_processes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Shares of 4 files on 4 cores, so that 16 files start copy processes; counts them."""
-    monkeypatch.setattr(batch, "MIN_SHARE_FILES", 4)
-    monkeypatch.setattr(batch, "_cores", lambda: 4)
-    monkeypatch.setattr(batch, "_copy_processes_failed", False)
-    started: list[int] = []
-    real = batch._CopyProcess.start
-
-    def counting(self: batch._CopyProcess, interpreter: str) -> None:
-        started.append(1)
-        real(self, interpreter)
-
-    monkeypatch.setattr(batch._CopyProcess, "start", counting)
-    return started
-
-
 def test_copy_processes_import_nothing_from_the_working_directory(
-        planted_cwd: Path, copy_processes: list[int], caplog: pytest.LogCaptureFixture) -> None:
+        planted_cwd: Path, few_files_a_share: list[int], caplog: pytest.LogCaptureFixture) -> None:
     source = planted_cwd / "source"
     names = [f"d{i % 2}/file_{i}.bin" for i in range(16)]
     for name in names:
@@ -62,7 +45,7 @@ def test_copy_processes_import_nothing_from_the_working_directory(
     assert left == set() and sorted(entries) == sorted(names)
     hashed, left = batch.hash_files(str(dest), dict.fromkeys(names), max_workers=4)
     assert left == set() and hashed == entries
-    assert len(copy_processes) == 6  # three copy processes for each call
+    assert len(few_files_a_share) == 6  # three copy processes for each call
     imported = sorted(p.name for p in planted_cwd.iterdir() if p.name.startswith("imported_"))
     assert imported == []
     # Every share was copied by a copy process that worked, none by the fallback.
