@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_port"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ray_port"
 
 
 def load_port() -> object:

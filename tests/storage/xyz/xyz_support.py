@@ -2,7 +2,7 @@
 
 ``StorageConformance`` is re-exported from tests/storage/conformance.py. That folder is on
 ``sys.path`` only when pytest collects a test from it, so it is appended here, which lets
-``pytest tests/xyz`` run on its own.
+``pytest tests/storage/xyz`` run on its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from driver_process import finish, start_script, wait_for
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_STORAGE_TESTS = os.path.normpath(os.path.join(_HERE, os.pardir, "storage"))
+_STORAGE_TESTS = os.path.normpath(os.path.join(_HERE, os.pardir))
 if _STORAGE_TESTS not in sys.path:
     sys.path.append(_STORAGE_TESTS)
 
@@ -24,7 +24,8 @@ from conformance import StorageConformance  # noqa: E402
 __all__ = ["StorageConformance", "finish", "guide_code", "start_driver", "wait_for"]
 
 DRIVER = os.path.join(_HERE, "xyz_driver.py")
-GUIDE = os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, "docs", "custom-storage.md"))
+GUIDE = os.path.normpath(os.path.join(_HERE, os.pardir, os.pardir, os.pardir, "docs",
+                                      "custom-storage.md"))
 # Where the guide's code keeps its files; the tests put them under a temporary directory.
 GUIDE_DIRECTORY = "/tmp/cairn-guide"
 

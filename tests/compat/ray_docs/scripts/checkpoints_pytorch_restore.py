@@ -2,7 +2,7 @@
 # section __pytorch_restore_start__ .. __pytorch_restore_end__ of doc_code/checkpoints.py
 # (ray-project/ray, Apache License 2.0), copied verbatim: the train function resumes from
 # get_checkpoint() after an intentional error (FailureConfig(max_failures=1)).
-# tests/port/test_ray_docs.py ports it by rewriting its imports.
+# tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # flake8: noqa
 # isort: skip_file
 # ruff: noqa

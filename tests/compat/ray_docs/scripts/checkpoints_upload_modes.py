@@ -5,7 +5,7 @@
 # guide's snippets leave placeholders (`...`) and define `train_fn` twice; this copy fills
 # the placeholders, each fill marked `# filled:`, renames the second function
 # `train_fn_async`, and adds the driver that runs both with 2 workers.
-# tests/port/test_ray_docs.py ports it by rewriting its imports.
+# tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # flake8: noqa
 # isort: skip_file
 # ruff: noqa

@@ -1,6 +1,6 @@
 # Ray Train's doc/source/train/doc_code/key_concepts.py (ray-project/ray, Apache
 # License 2.0), the code of the "Key concepts" guide, copied verbatim.
-# tests/port/test_ray_docs.py ports it by rewriting its imports.
+# tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # flake8: noqa
 # isort: skip_file
 # ruff: noqa

@@ -20,7 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The workloads and checks of the local backend's suites, reused on the cluster.
 for folder in ("fault", "train", "support"):
     path = os.path.join(TESTS, folder)

@@ -4,7 +4,7 @@
 # rank-prefixed file into one checkpoint. The guide's snippet leaves placeholders (`...`)
 # and stores to "s3://bucket/"; this copy fills them, each fill marked `# filled:`:
 # the state saved, the metrics, and the storage path (the test's STORAGE_PATH).
-# tests/port/test_ray_docs.py ports it by rewriting its imports.
+# tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # flake8: noqa
 # isort: skip_file
 # ruff: noqa

@@ -1,6 +1,6 @@
 """Ray Train's documentation scripts, ported by rewriting their imports, run on Cairn.
 
-The scripts under ``ray_docs/`` are copies of Ray Train 2.60's quickstart and of its
+The scripts under ``scripts/`` are copies of Ray Train 2.60's quickstart and of its
 checkpointing and key-concepts guides (each file's header names its source and any
 placeholder the guide leaves that the copy had to fill). :func:`port` rewrites their
 Ray Train import lines and nothing else, then each test runs the result as a script in
@@ -34,9 +34,9 @@ import pytest
 import cairn
 
 HERE = Path(__file__).resolve().parent
-DOCS = HERE / "ray_docs"
+DOCS = HERE / "scripts"
 STAND_INS = HERE / "stand_ins"
-PORTER = HERE.parents[1] / "examples" / "ray_port" / "port.py"
+PORTER = HERE.parents[2] / "examples" / "ray_port" / "port.py"
 
 RAY_NAMESPACE = "import cairn, cairn.torch, types; ray = types.SimpleNamespace(train=cairn)"
 # A committed checkpoint directory also holds its manifest (the README's contract item 4).
@@ -78,7 +78,7 @@ def changed_lines(source: str, ported: str) -> list[tuple[str, str]]:
 
 def run_ported(script: str, tmp_path: Path, *, source: str | None = None,
                timeout: float = 600) -> tuple[str, Path]:
-    """Port ``ray_docs/<script>`` (or ``source``), run it; (stdout, storage folder)."""
+    """Port ``scripts/<script>`` (or ``source``), run it; (stdout, storage folder)."""
     text = source if source is not None else (DOCS / script).read_text()
     ported = tmp_path / script
     ported.write_text(port(text))

@@ -1,6 +1,6 @@
 # Ray Train's PyTorch quickstart: the "PyTorch + Ray Train" code block of
 # doc/source/train/getting-started-pytorch.rst (ray-project/ray, Apache License 2.0),
-# copied verbatim. tests/port/test_ray_docs.py ports it by rewriting its imports.
+# copied verbatim. tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # ruff: noqa
 import os
 import tempfile

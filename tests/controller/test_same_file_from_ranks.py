@@ -1,5 +1,5 @@
 """The same relative path from several ranks, and checkpoint_dir_name without a checkpoint
-(pure tracker logic; the real runs are in tests/api/test_shared_files.py)."""
+(pure tracker logic; the real runs are in tests/train/test_shared_files.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 # Ray Train's checkpointing guide (doc/source/train/user-guides/checkpoints.rst), the
 # section __pytorch_save_start__ .. __pytorch_save_end__ of doc_code/checkpoints.py
 # (ray-project/ray, Apache License 2.0), copied verbatim: only the global rank 0 saves and
-# reports the checkpoint. tests/port/test_ray_docs.py ports it by rewriting its imports.
+# reports the checkpoint. tests/compat/ray_docs/test_ray_docs.py ports it by rewriting its imports.
 # flake8: noqa
 # isort: skip_file
 # ruff: noqa

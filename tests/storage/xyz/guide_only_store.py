@@ -1,6 +1,6 @@
 """A second custom store, written from docs/custom-storage.md alone (not from Cairn's code).
 
-It checks that the guide is enough: tests/xyz/test_xyz_guide_only.py runs the NO_UPLOAD
+It checks that the guide is enough: tests/storage/xyz/test_xyz_guide_only.py runs the NO_UPLOAD
 scenario with worker and driver crashes on it, and the conformance suite.
 
 Design, rule by rule from the guide:
