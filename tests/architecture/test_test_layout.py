@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def documented_extra_folders() -> dict[str, str]:
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
-    block = re.search(r"```text\n *# test folders outside the package's shape\n(.*?)```", text, re.S)
+    heading = r"```text\n *# test folders outside the package's shape\n(.*?)```"
+    block = re.search(heading, text, re.S)
     assert block, "CONTRIBUTING.md lost its block of test folders outside the package's shape"
     folders = {}
     for line in block.group(1).splitlines():
