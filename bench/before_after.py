@@ -7,7 +7,9 @@ copy). This script answers another question: did a change make Cairn slower? It 
 ``REV`` (any git revision) to a temporary directory and runs each selected benchmark module
 in both trees, each in a fresh subprocess with that tree first on ``sys.path`` and Ray's
 reference off (``--no-ray``; the references measured in the same run, such as a raw copy,
-stay). Modules alternate which tree goes first, round after round, so a load that drifts
+stay). Where a row has such a reference, its ratio to it is shown for each tree too: on a
+shared machine that ratio, measured in the same process moments apart, moves less than
+the figure itself. Modules alternate which tree goes first, round after round, so a load that drifts
 during the run falls on both sides. It prints, per figure, the median over the rounds
 before and after, and ``after / before``; a figure only one side has is shown alone.
 
@@ -115,6 +117,7 @@ def compare(rev: str, names: Sequence[str] | None, quick: bool, rounds: int) -> 
         here, there = modules(after), set(modules(before))
         selected = [n for n in here if not names or n in names]
         samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+        ratios: dict[tuple[str, str], dict[str, list[float]]] = {}
         units: dict[tuple[str, str], str] = {}
         started = time.perf_counter()
         for index, name in enumerate(selected):
@@ -133,20 +136,31 @@ def compare(rev: str, names: Sequence[str] | None, quick: bool, rounds: int) -> 
                         slot = samples.setdefault(key, {"before": [], "after": []})
                         if isinstance(value, (int, float)):
                             slot[side].append(float(value))
+                        reference = row.get("reference")
+                        if isinstance(value, (int, float)) and isinstance(
+                                reference, (int, float)) and reference > 0:
+                            ratios.setdefault(key, {"before": [], "after": []})[side].append(
+                                float(value) / float(reference))
         print(f"Cairn at {rev} (before) and the working tree (after), "
               f"{'--quick, ' if quick else ''}{rounds} round(s), "
               f"{time.perf_counter() - started:.0f} s")
         print(f"Machine: {_harness.format_machine(_harness.machine_info())}")
         print()
-        print("| benchmark | metric | before | after | after / before |")
-        print("| --- | --- | --- | --- | --- |")
-        for (bench, metric), slot in samples.items():
-            b = statistics.median(slot["before"]) if slot["before"] else None
-            a = statistics.median(slot["after"]) if slot["after"] else None
+        print("| benchmark | metric | before | after | after / before "
+              "| to its reference, before | after |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for key, slot in samples.items():
+            b, a = _median(slot["before"]), _median(slot["after"])
             ratio = a / b if a is not None and b else None
-            unit = units[(bench, metric)]
-            print(f"| {bench} | {metric} ({unit}) | {_harness.format_value(b)} | "
-                  f"{_harness.format_value(a)} | {_harness.format_ratio(ratio)} |")
+            to_ref = ratios.get(key, {"before": [], "after": []})
+            print(f"| {key[0]} | {key[1]} ({units[key]}) | {_harness.format_value(b)} | "
+                  f"{_harness.format_value(a)} | {_harness.format_ratio(ratio)} | "
+                  f"{_harness.format_ratio(_median(to_ref['before']))} | "
+                  f"{_harness.format_ratio(_median(to_ref['after']))} |")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ class Row:
     benchmark: str
     metric: str
     cairn: float | None = None
+    reference: float | None = None
     unit: str = "s"
 
 def parse_args(argv):
@@ -39,7 +40,7 @@ def parse_args(argv):
 def run_module(name, args):
     if name == "broken":
         raise SystemExit("this module cannot run")
-    return [Row(name, "quick" if args.quick else "full", {value})]
+    return [Row(name, "quick" if args.quick else "full", {value}, 4.0)]
 '''
 
 
@@ -54,7 +55,8 @@ def test_one_module_in_each_tree_gives_its_own_figure(tmp_path: Path) -> None:
     after = make_tree(tmp_path / "after", ("report", "newer"), 1.0)
     assert before_after.modules(after) == ["report", "newer"]
     assert before_after.run_one(before, "report", quick=True) == [
-        {"benchmark": "report", "metric": "quick", "cairn": 2.0, "unit": "s"}]
+        {"benchmark": "report", "metric": "quick", "cairn": 2.0, "reference": 4.0,
+         "unit": "s"}]
     assert before_after.run_one(after, "report", quick=False)[0]["cairn"] == 1.0
 
 
@@ -77,3 +79,17 @@ def test_rounds_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         before_after.parse_args(["HEAD", "--rounds", "0"])
     assert "--rounds must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_table_puts_each_figure_before_and_after_with_their_ratios(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = make_tree(tmp_path / "before", ("report",), 2.0)
+    after = make_tree(tmp_path / "after", ("report", "newer"), 1.0)
+    monkeypatch.setattr(before_after, "export_revision", lambda rev, into: before)
+    monkeypatch.setattr(before_after, "REPO_ROOT", after)
+    before_after.compare("REV", None, quick=True, rounds=2)
+    table = capsys.readouterr().out
+    assert "| report | quick (s) | 2 | 1 | 0.5x | 0.5x | 0.25x |" in table
+    # A module the earlier revision does not have is shown after only.
+    assert "| newer | quick (s) | - | 1 | - | - | 0.25x |" in table
