@@ -332,9 +332,15 @@ class LocalBackend:
         ``bootstrap``; the other ranks' processes stay. Every rank's handle."""
         num_workers = len(self.workers)
         merged = self._environment(num_workers, env)
+        # With warm standby, the replacements are spares (their imports done); the unused
+        # spares go, and a full set starts again at the next attempt's first report.
+        spares = self._take_standby(num_workers, merged) if self._warm_standby else None
+        if spares is not None:
+            _stop_spares([p for rank, p in enumerate(spares) if rank not in ranks])
         oom_kills = oom_kill_count()
         for rank in sorted(ranks):
-            process = self._spawn(rank, num_workers, merged)
+            process = (spares[rank] if spares is not None
+                       else self._spawn(rank, num_workers, merged))
             assert process.stdin is not None
             try:
                 process.stdin.write(bootstrap.for_rank(rank, env=env or {}))
