@@ -1,9 +1,12 @@
 """TorchTrainer (gloo) crash to first step after restore, with and without warm standby
-workers (``FailureConfig(warm_standby=True)``), in one run.
+workers (``FailureConfig(warm_standby=True)``), in one run; with ``--survivors``, one rank
+of two killed with the survivor kept (``FailureConfig(keep_survivors=True)``) against the
+whole group restarted, at 64 MiB and 1 GiB of training state.
 
 Usage::
 
     python bench/torch_recovery.py [--quick] [--runs 3]
+    python bench/torch_recovery.py --survivors [--warm-standby] [--runs 3] [--sizes-mib 64,1024]
 
 Two workers of ``cairn.torch.TorchTrainer`` on CPUs (gloo) train a small MLP wrapped by
 ``prepare_model`` (DDP), a step of 0.5 s, one SYNC checkpoint (``save_training_state``)
@@ -42,6 +45,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="one run of each")
     parser.add_argument("--runs", type=int, default=None, help="runs of each (median)")
     parser.add_argument("--no-ray", action="store_true", help="accepted for run_all")
+    parser.add_argument("--survivors", action="store_true",
+                        help="keep_survivors against the whole-group restart instead")
+    parser.add_argument("--sizes-mib", default="64,1024",
+                        help="--survivors: training state sizes in MiB (comma-separated)")
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="--survivors: both sides with FailureConfig(warm_standby=True)")
     return parser.parse_args(argv)
 
 
@@ -106,6 +115,10 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     """Rows ``{benchmark, metric, cairn, reference, ratio, unit, ...}`` for the harness."""
     if args is None or isinstance(args, (list, tuple)):
         args = parse_args(args)
+    if getattr(args, "survivors", False):
+        from torch_survivors import run_survivors
+
+        return run_survivors(args)
     quick = bool(getattr(args, "quick", False))
     runs = getattr(args, "runs", None) or (1 if quick else 3)
     scratch = tempfile.mkdtemp(prefix="cairn-bench-torch-recovery-")

@@ -20,6 +20,7 @@ from cairn._src.config.run import (
 )
 from cairn._src.config.validation import ValidationConfig, ValidationFn, ValidationTaskConfig
 from cairn._src.errors import (
+    AttemptStopped,
     CairnError,
     CheckpointCollisionError,
     CheckpointNotFoundError,
@@ -67,6 +68,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AttemptStopped",
     "CairnError",
     "Callback",
     "Checkpoint",

@@ -97,6 +97,14 @@ class CollectiveTimeoutError(CairnError, TimeoutError):
     """Ranks did not all reach the same report within the collective timeout."""
 
 
+class AttemptStopped(BaseException):
+    """Raised in the train function of a rank that Cairn keeps alive after another rank
+    failed (``FailureConfig(keep_survivors=True)``), at its next ``report()`` or
+    collective: the train function unwinds and is called again, in the same process, for
+    the next attempt. It derives from ``BaseException`` so that ``except Exception`` in
+    the train loop does not swallow it; let it propagate."""
+
+
 class PlacementTimeoutError(CairnError, TimeoutError):
     """The Ray cluster did not place or start the workers within the placement timeout
     (``CAIRN_RAY_PLACEMENT_TIMEOUT_S``); the message names the resources it lacks and how

@@ -130,6 +130,29 @@ class FakeBackend:
         self.standby_stopped += 1
 
 
+@dataclass
+class ReplacingFakeBackend(FakeBackend):
+    """A fake backend that can replace single ranks (FailureConfig(keep_survivors=True))."""
+
+    killed_ranks: list[set[int]] = field(default_factory=list)
+    replaced: list[set[int]] = field(default_factory=list)
+
+    def kill_ranks(self, ranks: Any) -> None:
+        self.killed_ranks.append(set(ranks))
+        for worker in self.groups[-1]:
+            if worker.rank in ranks:
+                worker.end()
+
+    def replace(self, ranks: Any, bootstrap: Bootstrap, *,
+                env: dict[str, str] | None = None) -> list[Any]:
+        self.bootstraps.append(bootstrap)
+        self.replaced.append(set(ranks))
+        group = [FakeWorker(w.rank, bootstrap.attempt) if w.rank in ranks else w
+                 for w in self.groups[-1]]
+        self.groups.append(group)
+        return list(group)
+
+
 def _train(config: dict[str, Any]) -> None:
     pass
 
@@ -183,16 +206,17 @@ class Harness:
 
 
 def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
-                 observers: Sequence[Observer] = ()) -> Harness:
+                 observers: Sequence[Observer] = (), keep_survivors: bool = False) -> Harness:
     """A controller over fakes, opened; ``observers`` follow its events after the real
     ones (the event log, the metrics history, the live view, the callbacks)."""
     run = resolve(str(tmp_path)).join("run")
     retry = RetryPolicy()
-    run_config = RunConfig(progress=0, failure_config=FailureConfig(max_failures=max_failures))
+    run_config = RunConfig(progress=0, failure_config=FailureConfig(
+        max_failures=max_failures, keep_survivors=keep_survivors))
     scaling = ScalingConfig(num_workers=workers)
     history = SegmentLog(run.join(METRICS_DIR), retry)
     events = SegmentLog(run.join(EVENTS_DIR), retry)
-    backend = FakeBackend()
+    backend = ReplacingFakeBackend() if keep_survivors else FakeBackend()
     clock = FakeClock()
     inbox = Inbox()
     channels = WorkerChannels("127.0.0.1", inbox=inbox)

@@ -8,7 +8,8 @@ import cairn
 def test_exported_members() -> None:
     assert cairn.__all__ == sorted(cairn.__all__)
     assert cairn.__all__ == [
-        "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
+        "AttemptStopped", "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError",
+        "CheckpointConfig",
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
         "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError",
@@ -34,6 +35,9 @@ def test_errors_share_one_root_and_builtins() -> None:
     assert issubclass(cairn.ConfigError, ValueError)
     assert issubclass(cairn.CollectiveTimeoutError, TimeoutError)
     assert issubclass(cairn.PlacementTimeoutError, TimeoutError)
+    # A stop, like KeyboardInterrupt: `except Exception` in a train loop lets it through.
+    assert issubclass(cairn.AttemptStopped, BaseException)
+    assert not issubclass(cairn.AttemptStopped, Exception)
     # As Ray Train raises them: code written for Ray catches Cairn's errors.
     assert issubclass(cairn.WorkerGroupError, cairn.TrainingFailedError)
     assert issubclass(cairn.ControllerError, cairn.TrainingFailedError)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from typing import IO, TYPE_CHECKING, Any
 
 from cairn._src.wire.bootstrap import ATTEMPT_VARIABLES, Bootstrap
@@ -313,6 +314,44 @@ class LocalBackend:
             self.workers.append(WorkerProcess(rank, process, self._forward_output, oom_kills))
         logger.info("Started %d local workers (pids %s)", num_workers,
                     ", ".join(str(w.pid) for w in self.workers))
+        return list(self.workers)
+
+    def kill_ranks(self, ranks: Collection[int]) -> None:
+        """Kill the processes of ``ranks`` (FailureConfig(keep_survivors=True): the other
+        ranks' processes run the next attempt)."""
+        for worker in self.workers:
+            if worker.rank in ranks:
+                _signal_group(worker.process, signal.SIGKILL)
+                worker.process.wait()
+                worker.flush_output()
+                worker.exit_watcher.close()
+
+    def replace(self, ranks: Collection[int], bootstrap: Bootstrap, *,
+                env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        """A new process for each of ``ranks`` (killed by :meth:`kill_ranks`), handed
+        ``bootstrap``; the other ranks' processes stay. Every rank's handle."""
+        num_workers = len(self.workers)
+        merged = self._environment(num_workers, env)
+        # With warm standby, the replacements are spares (their imports done); the unused
+        # spares go, and a full set starts again at the next attempt's first report.
+        spares = self._take_standby(num_workers, merged) if self._warm_standby else None
+        if spares is not None:
+            _stop_spares([p for rank, p in enumerate(spares) if rank not in ranks])
+        oom_kills = oom_kill_count()
+        for rank in sorted(ranks):
+            process = (spares[rank] if spares is not None
+                       else self._spawn(rank, num_workers, merged))
+            assert process.stdin is not None
+            try:
+                process.stdin.write(bootstrap.for_rank(rank, env=env or {}))
+                process.stdin.close()
+            except OSError as exc:
+                logger.warning("Worker rank %d (pid %d) exited before it read its bootstrap: "
+                               "%s", rank, process.pid, exc)
+            self.workers[rank] = WorkerProcess(rank, process, self._forward_output, oom_kills)
+        logger.info("Replaced local workers of ranks %s (pids %s); kept pids %s",
+                    sorted(ranks), ", ".join(str(self.workers[r].pid) for r in sorted(ranks)),
+                    ", ".join(str(w.pid) for w in self.workers if w.rank not in ranks))
         return list(self.workers)
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:

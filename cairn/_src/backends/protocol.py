@@ -8,7 +8,8 @@ with the connections, so a death is noticed at once, never by polling.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from cairn._src.wire.bootstrap import Bootstrap
@@ -62,3 +63,17 @@ class WorkerBackend(Protocol):
 
     def stop_standby(self) -> None:
         """The run is over: stop the spare workers, if any."""
+
+
+@runtime_checkable
+class RankReplacer(Protocol):
+    """A backend that can replace some ranks of a running group and keep the others'
+    processes (``FailureConfig(keep_survivors=True)``); the local backend is one."""
+
+    def kill_ranks(self, ranks: Collection[int]) -> None:
+        """Kill the processes of ``ranks`` (and what they started); reap them."""
+
+    def replace(self, ranks: Collection[int], bootstrap: Bootstrap, *,
+                env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        """Start a new process for each of ``ranks`` (killed before) with ``bootstrap``;
+        every rank's handle, the others' unchanged."""

@@ -328,11 +328,24 @@ class FailureConfig:
       attempt trains, and hands the next attempt to them after a failure: a restart skips
       interpreter start-up and imports. Costs one idle process per rank (no effect with
       ``max_failures=0`` or the Ray backend).
+    * ``keep_survivors``: when one rank fails (raises, exits, is killed), the local
+      backend keeps the other ranks' processes: their train functions are stopped (at
+      their next ``report()`` or collective, or by the failed collective itself), their
+      ``torch.distributed`` group is ended, and they call the train function again, in
+      the same process, for the next attempt, while only the failed rank is started
+      afresh. Off by default: the train function then runs twice in one process, so
+      module-level state and threads it started outlive an attempt. The whole group
+      restarts as before when more than one rank fails at once, a rank does not stop
+      within ``stop_timeout_s``, or the backend cannot replace one rank (Ray).
+    * ``stop_timeout_s``: with ``keep_survivors``, how long a surviving rank may take to
+      stop its train function before the whole group is killed and restarted.
     """
 
     max_failures: int = 0
     collective_timeout_s: float = 600.0
     warm_standby: bool = False
+    keep_survivors: bool = False
+    stop_timeout_s: float = 30.0
     fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -344,6 +357,11 @@ class FailureConfig:
             raise ConfigError(
                 f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."
             )
+        if not isinstance(self.keep_survivors, bool):
+            raise ConfigError(
+                f"FailureConfig.keep_survivors={self.keep_survivors!r} must be True or False."
+            )
+        _check_positive_float("FailureConfig.stop_timeout_s", self.stop_timeout_s)
         check_field_types(self)
 
 

@@ -48,6 +48,8 @@ from cairn._src.wire.messages import (
     RejectMessage,
     ReportMessage,
     SetupMessage,
+    StopMessage,
+    StoppedMessage,
     TimingMessage,
     UploadedMessage,
     UploadFailedMessage,
@@ -121,6 +123,8 @@ class AttemptLoop:
         self._setup_message = setup_message
         self._clock = parts.clock
         self.exited: set[int] = set()
+        # Ranks whose train function has ended and that wait to rejoin (keep_survivors).
+        self.stopped: set[int] = set()
         self.ended: AttemptFailure | _Finished | None = None
         self._failure_deadline: float | None = None
         self._report_deadline: float | None = None
@@ -272,6 +276,39 @@ class AttemptLoop:
         parts.validations.after_commit(result.ready, committed=result.error is None)
         self._services.answer(attempt.tracker, self._send)
 
+    def stop_ranks(self, ranks: set[int], reason: str, timeout_s: float) -> bool:
+        """Stop the train functions of ``ranks`` (kept after another rank failed) and wait
+        until each says it is idle; False when one died or did not stop in ``timeout_s``.
+
+        Their messages meanwhile are handled as usual: a report the failed rank had
+        reached may still commit."""
+        attempt, clock = self.attempt, self._clock
+        for rank in sorted(ranks):
+            self._send(rank, StopMessage(attempt.number, reason))
+        deadline = clock.monotonic() + timeout_s
+        watchers = {w.exit_watcher.fileno(): w.rank for w in attempt.workers
+                    if w.rank in ranks}
+        while not ranks <= self.stopped:
+            if ranks & self.exited or not ranks <= set(attempt.connections):
+                return False
+            now = clock.monotonic()
+            if now >= deadline:
+                logger.warning("%s did not stop within %gs", describe_ranks(
+                    sorted(ranks - self.stopped)), timeout_s)
+                return False
+            connections = {c: r for r, c in attempt.connections.items()}
+            wake_r = self._parts.inbox.wake_r
+            ready = clock.wait([wake_r, *connections, *watchers], min(1.0, deadline - now))
+            if wake_r in ready:
+                self._parts.inbox.clear_wake()
+            self._drain_inbox()
+            for item in ready:
+                if item in connections:
+                    self._read_connection(connections[item], item)
+                elif isinstance(item, int) and item in watchers:
+                    self.exited.add(watchers[item])
+        return True
+
     def wait_for_commits(self) -> None:
         """Wait for the commits in flight (the attempt's workers are gone)."""
         inbox = self._parts.inbox
@@ -313,6 +350,9 @@ class AttemptLoop:
             self._on_upload_failed(message)
         elif isinstance(message, DoneMessage):
             attempt.done[message.rank] = message
+        elif isinstance(message, StoppedMessage):
+            if message.attempt == attempt.number:
+                self.stopped.add(message.rank)
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):

@@ -33,6 +33,7 @@ from typing import Any
 
 import cloudpickle
 
+from cairn._src.backends.protocol import RankReplacer
 from cairn._src.checkpoint.index import RunIndex
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.config.run import ScalingConfig
@@ -44,6 +45,7 @@ from cairn._src.controller.payload import SetupFactory, TrainSpec, WorkerPayload
 from cairn._src.controller.reports import ReportTracker
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
+from cairn._src.controller.survivors import KeptRanks, plan_survivors
 from cairn._src.errors import CheckpointDamagedError, WorkerGroupError
 from cairn._src.observe.driver_events import AttemptFailed, Notice, WorkerGroupStarted
 from cairn._src.observe.live_state import give_up_notice, start_notice
@@ -58,6 +60,7 @@ from cairn._src.run.events import (
 from cairn._src.run.storage_check import remove_storage_marker, write_storage_marker
 from cairn._src.wire.bootstrap import Bootstrap
 from cairn._src.wire.datasets import split_datasets
+from cairn._src.wire.messages import RejoinMessage
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,12 @@ class Controller:
         self._outcome: RunOutcome | None = None
         self._last_error: dict[str, Any] | None = None
         self._opened = False
+        # FailureConfig(keep_survivors=True) with a backend that can replace one rank.
+        failure_config = parts.run_config.failure_config
+        self._keep_survivors = (failure_config.keep_survivors
+                                and isinstance(parts.backend, RankReplacer))
+        # The ranks kept across the restart in progress (None: the whole group restarts).
+        self._kept: KeptRanks | None = None
 
     @property
     def state(self) -> ControllerState:
@@ -254,15 +263,30 @@ class Controller:
                 resume_report=resume.report_index if resume else None,
                 finished_before=self._finished_before)))
         self._attempts_this_session += 1
+        kept, self._kept = self._kept, None
         parts.events.emit(AttemptStart(t=attempt.started_at, attempt=number,
-                                       resume=resume.dir_name if resume else None))
+                                       resume=resume.dir_name if resume else None,
+                                       kept=tuple(kept.keep) if kept else (),
+                                       replaced=tuple(sorted(kept.replace)) if kept else ()))
         parts.events.flush()
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
         channels = parts.channels
         bootstrap = Bootstrap((parts.backend.advertise_host(), channels.port),
                               channels.authkey, number,
                               tls_certificate=channels.certificate_pem)
-        attempt.workers = parts.backend.start(self._scaling.max_workers, bootstrap, env=env)
+        if kept is not None and isinstance(parts.backend, RankReplacer):
+            attempt.workers = parts.backend.replace(kept.replace, bootstrap, env=env)
+            for connection in kept.connections.values():
+                # A kept rank connects again for this attempt, in the same process; one
+                # that died meanwhile fails this attempt through its exit, as any rank.
+                try:
+                    connection.send(RejoinMessage(number, dict(env)))
+                except OSError:
+                    pass
+                connection.close()
+        else:
+            attempt.workers = parts.backend.start(self._scaling.max_workers, bootstrap,
+                                                  env=env)
         # The world of this attempt is the group the backend started: an elastic range
         # (ScalingConfig.min_workers .. max_workers) may get fewer than it asked for.
         world_size = len(attempt.workers)
@@ -277,7 +301,8 @@ class Controller:
             self._spec.datasets, [w.node_id for w in attempt.workers]
         ) if self._spec.datasets else None
         setup = SetupFactory(self._spec, self._payload, parts.run_config, manager.run,
-                             self._experiment_name, self._storage_token, split)
+                             self._experiment_name, self._storage_token, split,
+                             keep_survivors=self._keep_survivors)
         return AttemptLoop(attempt, parts, self._progress, services,
                            registrations=self._payload.registrations,
                            setup_message=setup.message)
@@ -288,9 +313,11 @@ class Controller:
                             failure: AttemptFailure) -> tuple[BaseException, RunIndex]:
         parts, attempt = self._parts, loop.attempt
         manager = parts.manager
-        parts.backend.kill()
-        for connection in attempt.connections.values():
-            connection.close()
+        self._kept = self._keep_or_kill(loop, failure)
+        kept = self._kept.connections if self._kept is not None else {}
+        for rank, connection in attempt.connections.items():
+            if rank not in kept:
+                connection.close()
         attempt.connections.clear()
         loop.wait_for_commits()
         pending = attempt.tracker.pending_dir_names()
@@ -325,6 +352,33 @@ class Controller:
         parts.events.emit(AttemptFailed(logged, failure.reason, error))
         loop.flush_logs()
         return error, index
+
+    def _keep_or_kill(self, loop: AttemptLoop, failure: AttemptFailure) -> KeptRanks | None:
+        """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the
+        kept ranks, or None when the whole group was killed."""
+        attempt, backend = loop.attempt, self._parts.backend
+        plan = plan_survivors(
+            enabled=self._keep_survivors, can_replace=isinstance(backend, RankReplacer),
+            ranks=[w.rank for w in attempt.workers], failures=attempt.failures,
+            exited=loop.exited, connected=attempt.connected, fatal=failure.fatal)
+        damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
+                      or "MissingCheckpointFile" in f.summary for f in attempt.failures)
+        if plan.keep and not damaged and isinstance(backend, RankReplacer):
+            timeout_s = self._parts.run_config.failure_config.stop_timeout_s
+            # The failed ranks go first: their sockets close, so a kept rank blocked in a
+            # collective with one of them fails there at once.
+            backend.kill_ranks(plan.replace)
+            if loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s):
+                logger.info("Attempt %d: %s", attempt.number, plan.reason)
+                return KeptRanks({r: attempt.connections[r] for r in plan.keep},
+                                 plan.replace)
+            logger.warning("Attempt %d: restarting the whole group: a kept rank did not stop",
+                           attempt.number)
+        elif self._keep_survivors:
+            logger.info("Attempt %d: restarting the whole group: %s", attempt.number,
+                        plan.reason if not damaged else "the resume checkpoint is suspect")
+        backend.kill()
+        return None
 
     def _finish(self, loop: AttemptLoop) -> RunOutcome:
         parts, attempt = self._parts, loop.attempt

@@ -87,6 +87,7 @@ class SetupFactory:
     experiment_name: str
     storage_token: str | None
     dataset_split: DatasetSplit | None
+    keep_survivors: bool = False
 
     def message(self, attempt: Attempt, rank: int) -> SetupMessage:
         payload = self.payload
@@ -120,4 +121,5 @@ class SetupFactory:
                             else None),
             local_tier_bytes=checkpoint_config.local_tier_bytes,
             local_tier_dir=checkpoint_config.local_tier_dir,
+            keep_survivors=self.keep_survivors,
         )

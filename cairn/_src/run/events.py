@@ -148,13 +148,27 @@ class AttemptStart(Event):
     TYPE: ClassVar[str] = "attempt_start"
     attempt: int | None = None
     resume: str | None = None
+    # FailureConfig(keep_survivors=True): the ranks whose processes run this attempt again
+    # after the previous one failed, and the ranks started afresh (both empty otherwise).
+    kept: tuple[int, ...] = ()
+    replaced: tuple[int, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
-        return {"type": self.type, "attempt": self.attempt, "t": self.t, "resume": self.resume}
+        record: dict[str, Any] = {"type": self.type, "attempt": self.attempt, "t": self.t,
+                                  "resume": self.resume}
+        if self.kept:
+            record["kept"] = list(self.kept)
+            record["replaced"] = list(self.replaced)
+        return record
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
-        return cls(t=record.get("t"), attempt=record.get("attempt"), resume=record.get("resume"))
+        return cls(t=record.get("t"), attempt=record.get("attempt"), resume=record.get("resume"),
+                   kept=_ranks(record.get("kept")), replaced=_ranks(record.get("replaced")))
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    return tuple(v for v in value if isinstance(v, int)) if isinstance(value, list) else ()
 
 
 @dataclass(frozen=True, kw_only=True)

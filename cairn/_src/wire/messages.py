@@ -162,6 +162,9 @@ class SetupMessage:
     local_tier_dir: str | None = None
     # RunConfig.storage_transfer (None: the worker keeps its process default).
     transfer: TransferConfig | None = None
+    # FailureConfig.keep_survivors: after its train function ends by an error or a stop,
+    # the worker waits for a RejoinMessage instead of exiting.
+    keep_survivors: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,3 +238,37 @@ class CollectiveReleaseMessage:
 
     seq: int
     data: bytes | None = None
+
+
+# --- keeping the survivors of a failure (FailureConfig(keep_survivors=True)) -------------
+
+
+@dataclass(frozen=True)
+class StopMessage:
+    """Controller -> worker: another rank failed; stop the train function.
+
+    The worker raises :class:`AttemptStopped` at the train function's next ``report()``
+    or collective (and in those already waiting), ends its process group, waits for its
+    uploads, then answers :class:`StoppedMessage` and waits for a :class:`RejoinMessage`.
+    """
+
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoppedMessage:
+    """Worker -> controller: the train function of ``attempt`` has ended (it raised, or
+    was stopped), Cairn's own threads are idle, and the process waits to rejoin."""
+
+    rank: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RejoinMessage:
+    """Controller -> a kept worker: connect again and run the train function for
+    ``attempt``; ``env`` are that attempt's variables (the torch rendezvous port)."""
+
+    attempt: int
+    env: dict[str, str] = field(default_factory=dict)

@@ -42,6 +42,7 @@ class WorkerCollectives:
         self._lock = threading.Lock()
         self._next_seq = 1
         self._waiting: dict[int, tuple[threading.Event, list[bytes | None]]] = {}
+        self._stopped: BaseException | None = None
 
     def barrier(self) -> None:
         self._call(BARRIER, None)
@@ -71,14 +72,28 @@ class WorkerCollectives:
         event = threading.Event()
         box: list[bytes | None] = []
         with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
             seq = self._next_seq
             self._next_seq += 1
             self._waiting[seq] = (event, box)
         self._send(CollectiveMessage(self._rank, seq, kind, self._report_count(), payload))
-        # No deadline here: the controller fails the attempt (and so ends this process)
-        # when the other ranks do not arrive within the collective timeout.
+        # No deadline here: the controller fails the attempt (and so ends this process, or
+        # stops this call) when the other ranks do not arrive within the collective timeout.
         event.wait()
+        if not box:
+            assert self._stopped is not None
+            raise self._stopped
         return box[0]
+
+    def stop(self, error: BaseException) -> None:
+        """The attempt is stopping (another rank failed): every call waiting, and every
+        later one, raises ``error``."""
+        with self._lock:
+            self._stopped = error
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for event, _ in waiting:
+            event.set()
 
     def on_release(self, message: CollectiveReleaseMessage) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ uploads to commit, and reports the return value or the error.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -21,11 +22,17 @@ from typing import Any
 
 import cloudpickle
 
-from cairn._src.errors import CheckpointCollisionError, ConfigError, ReportError
+from cairn._src.errors import AttemptStopped, CheckpointCollisionError, ConfigError, ReportError
 from cairn._src.run.storage_check import check_storage_marker
 from cairn._src.storage.registry import import_registrations
 from cairn._src.wire.code_locations import failing_frame, loads_located
-from cairn._src.wire.messages import DoneMessage, ErrorMessage, SetupMessage, TimingMessage
+from cairn._src.wire.messages import (
+    DoneMessage,
+    ErrorMessage,
+    RejoinMessage,
+    SetupMessage,
+    TimingMessage,
+)
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
 from cairn._src.worker.session import WorkerSession, set_session
@@ -49,7 +56,10 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def run_worker(connection: Connection, rank: int, attempt: int) -> int:
+def run_worker(connection: Connection, rank: int, attempt: int) -> int | RejoinMessage:
+    """Run this rank's share of ``attempt``: the exit code, or, for a rank the controller
+    keeps after another rank failed (``FailureConfig(keep_survivors=True)``), the
+    :class:`RejoinMessage` of the attempt it is to run next in this same process."""
     connection.send(("hello", rank, os.getpid(), attempt))
     kind, registrations = connection.recv()
     assert kind == "registrations"
@@ -82,15 +92,9 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
             hook(session.context)
     except BaseException as exc:
         fatal = isinstance(exc, FATAL_ERRORS)
-        message = ErrorMessage(
-            rank=rank,
-            error_type=type(exc).__name__,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
-            exception=_pickle_exception(exc),
-            fatal=fatal,
-            frame=failing_frame(exc),
-        )
+        if setup.keep_survivors and not fatal and isinstance(exc, Exception | AttemptStopped):
+            return _stop_for_rejoin(session, setup, exc)
+        message = _error_message(rank, exc, fatal=fatal)
         session.close()
         session.send(message)
         return 1
@@ -106,6 +110,47 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     # briefly for it), so the Done message is seen even if the exit is noticed first.
     session.send(DoneMessage(rank, session.report_count, returned))
     return 0
+
+
+def _error_message(rank: int, exc: BaseException, *, fatal: bool) -> ErrorMessage:
+    return ErrorMessage(rank=rank, error_type=type(exc).__name__, message=str(exc),
+                        traceback="".join(traceback.format_exception(exc)),
+                        exception=_pickle_exception(exc), fatal=fatal,
+                        frame=failing_frame(exc))
+
+
+def _stop_for_rejoin(session: WorkerSession, setup: SetupMessage,
+                     exc: BaseException) -> int | RejoinMessage:
+    """The train function of a rank that may be kept ended (it raised, or the controller
+    stopped it): report the error, end what the attempt set up in this process (its
+    process group, so that peers blocked in a collective with it fail at once), and wait
+    for the controller to say whether this process runs the next attempt."""
+    if not isinstance(exc, AttemptStopped):
+        session.send(_error_message(setup.rank, exc, fatal=False))
+    # The train function's frames (kept alive by the traceback) hold its model, and a DDP
+    # model holds the process group open: release them before the group is ended.
+    _clear_frames(exc)
+    gc.collect()
+    for hook in cloudpickle.loads(setup.teardown_hooks):
+        try:
+            hook(session.context)
+        except Exception as hook_error:
+            logger.warning("Rank %d: a teardown after the train function stopped failed: %s",
+                           setup.rank, hook_error)
+    rejoin = session.wait_to_rejoin(setup.attempt)
+    session.close()
+    return rejoin if rejoin is not None else 1
+
+
+def _clear_frames(exc: BaseException) -> None:
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)
+            error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def connect(boot: dict[str, Any]) -> Connection:
@@ -132,17 +177,27 @@ def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
 
 
 def run_from_bootstrap(boot: dict[str, Any]) -> int:
-    """Connect to the controller named by ``boot`` and run this worker's share."""
-    connection, tunnel = _connect(boot)
-    try:
-        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
-    finally:
-        if tunnel is not None:
-            # The last messages (Done, an error) may still be in the tunnel: ending our
-            # side lets its pump deliver them, then close; the process may exit after.
-            abort_connection(connection)
-            connection.close()
-            tunnel.wait_closed(_FLUSH_TIMEOUT_S)
+    """Connect to the controller named by ``boot`` and run this worker's share; a rank
+    kept after another rank failed connects again and runs each next attempt it is
+    given, in this same process."""
+    while True:
+        connection, tunnel = _connect(boot)
+        try:
+            outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
+        finally:
+            if tunnel is not None:
+                # The last messages (Done, an error) may still be in the tunnel: ending our
+                # side lets its pump deliver them, then close; the process may exit after.
+                abort_connection(connection)
+                connection.close()
+                tunnel.wait_closed(_FLUSH_TIMEOUT_S)
+            else:
+                connection.close()
+        if not isinstance(outcome, RejoinMessage):
+            return outcome
+        # The next attempt's own variables (a fresh torch rendezvous port).
+        os.environ.update(outcome.env)
+        boot = {**boot, "attempt": outcome.attempt}
 
 
 def _preload() -> None:

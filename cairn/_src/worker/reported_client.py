@@ -34,6 +34,7 @@ class ReportedCheckpointsClient:
         self._lock = threading.Lock()
         self._next_id = 1
         self._waiting: dict[int, tuple[threading.Event, list[ReportedCheckpointsReply]]] = {}
+        self._stopped: BaseException | None = None
 
     def get_all(self, consistency_mode: object, timeout_s: object) -> list[ReportedCheckpoint]:
         mode = CheckpointConsistencyMode.parse(consistency_mode)
@@ -41,6 +42,8 @@ class ReportedCheckpointsClient:
         event = threading.Event()
         box: list[ReportedCheckpointsReply] = []
         with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
             request_id = self._next_id
             self._next_id += 1
             self._waiting[request_id] = (event, box)
@@ -48,10 +51,22 @@ class ReportedCheckpointsClient:
                                               mode.value, timeout))
         # The controller answers at timeout_s at the latest (or fails the attempt).
         event.wait()
+        if not box:
+            assert self._stopped is not None
+            raise self._stopped
         return [ReportedCheckpoint(checkpoint_from_view(view)._with_options(self._options),
                                    dict(view.metrics),
                                    ReportedCheckpointStatus(status))
                 for view, status in box[0].checkpoints]
+
+    def stop(self, error: BaseException) -> None:
+        """The attempt is stopping: every call waiting (and every later one) raises
+        ``error``."""
+        with self._lock:
+            self._stopped = error
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for event, _ in waiting:
+            event.set()
 
     def on_reply(self, reply: ReportedCheckpointsReply) -> None:
         with self._lock:

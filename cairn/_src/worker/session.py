@@ -24,16 +24,13 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import pyarrow.fs as pafs
-
-from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
+from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.checkpoint.local_tier import LocalTier
 from cairn._src.checkpoint.references import check_reference, check_upload_source
 from cairn._src.checkpoint.reported import CheckpointConsistencyMode, ReportedCheckpoint
 from cairn._src.checkpoint.views import CheckpointView, checkpoint_from_view
 from cairn._src.config.run import CheckpointUploadMode
-from cairn._src.config.validation import task_for_report
-from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
+from cairn._src.errors import AttemptStopped, CairnError, CheckpointSkippedError, ReportError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.storage.fileio import is_dir
@@ -47,9 +44,12 @@ from cairn._src.wire.messages import (
     CommittedMessage,
     ProceedMessage,
     RejectMessage,
+    RejoinMessage,
     ReportedCheckpointsReply,
     ReportMessage,
     SetupMessage,
+    StopMessage,
+    StoppedMessage,
     TimingMessage,
     UploadedMessage,
     UploadFailedMessage,
@@ -64,10 +64,12 @@ from cairn._src.worker.upload_job import (
     UploadFn,
     UploadJob,
     Waiter,
+    checkpoint_files,
     lower_thread_priority,
     resolve_after_commit,
     unchanged_files,
     upload_files,
+    validation_task,
 )
 
 __all__ = ["BACKGROUND_NICENESS", "UploadFn", "WorkerSession", "get_session",
@@ -114,6 +116,10 @@ class WorkerSession:
         self._uploads: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(setup.max_pending_uploads)
         self._stopping = False
+        # keep_survivors: the controller's stop, then its RejoinMessage (or None).
+        self._stop: AttemptStopped | None = None
+        self._rejoin: RejoinMessage | None = None
+        self._stop_event, self._rejoin_event = threading.Event(), threading.Event()
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
                                                    lambda: self._next_index - 1,
@@ -150,7 +156,7 @@ class WorkerSession:
         self._raise_async_error()
         clean = validate_metrics(metrics)
         mode = CheckpointUploadMode.parse(checkpoint_upload_mode)
-        task = self._validation_task(validation, checkpoint)
+        task = validation_task(validation, checkpoint, enabled=self._setup.validation)
         if checkpoint is None:
             # A name without a checkpoint is accepted, as in Ray Train: another rank may pass
             # the checkpoint of this report; the controller checks that the names agree.
@@ -164,24 +170,6 @@ class WorkerSession:
             clean, checkpoint, checkpoint_dir_name, mode,
             delete_local_checkpoint_after_upload, checkpoint_upload_fn, task,
         )
-
-    def _validation_task(self, validation: object,
-                         checkpoint: Checkpoint | None) -> dict[str, Any] | None:
-        task = task_for_report(validation)
-        if task is None:
-            return None
-        if checkpoint is None:
-            raise ReportError(
-                f"report(validation={validation!r}) was given without a checkpoint. "
-                "Validation requires a checkpoint to be provided."
-            )
-        if not self._setup.validation:
-            raise ReportError(
-                f"report(validation={validation!r}): `validation_config` was not set on the "
-                "trainer, but a validation was requested. Pass Trainer(..., "
-                "validation_config=cairn.ValidationConfig(fn)) or drop validation=."
-            )
-        return task
 
     def get_all_reported_checkpoints(
         self, consistency_mode: object = CheckpointConsistencyMode.VALIDATED,
@@ -230,7 +218,7 @@ class WorkerSession:
         files: dict[str, int] = {}
         metadata: dict[str, Any] = {}
         if upload_fn is None:
-            files, has_metadata = self._local_files(checkpoint)
+            files, has_metadata = checkpoint_files(checkpoint)
             if has_metadata:
                 metadata = checkpoint.get_metadata()
         index = self._take_index()
@@ -328,24 +316,6 @@ class WorkerSession:
                 f"declared: missing {missing}, undeclared {extra}."
             )
 
-    def _local_files(self, checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
-        """The files to upload, and whether the directory holds checkpoint metadata (set
-        before the report, it travels in the manifest, not as a file)."""
-        files = self._list_local(checkpoint)
-        return files, files.pop(METADATA_FILE_NAME, None) is not None
-
-    def _list_local(self, checkpoint: Checkpoint) -> dict[str, int]:
-        if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-            raise ReportError(
-                f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
-                "ASYNC upload a local directory. For a checkpoint already on storage use "
-                "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
-            )
-        try:
-            return list_local_files(checkpoint.path)
-        except CairnError as exc:
-            raise ReportError(f"report(checkpoint=...): {exc}") from exc
-
     def _register_reference(
         self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
         validation: dict[str, Any] | None = None,
@@ -376,6 +346,8 @@ class WorkerSession:
                   mode: CheckpointUploadMode) -> None:
         waiter = Waiter()
         with self._state_lock:
+            if self._stop is not None:
+                raise self._stop
             self._proceed[job.index] = waiter
             self._handles[job.index] = job.inner or job.handle
         intent = CheckpointIntent(job.dir_name, mode.value, files=job.files,
@@ -419,11 +391,16 @@ class WorkerSession:
                     self._write_deferred(job)
                 message = upload_files(job, answer, destination, self.rank, started,
                                        options=self.storage_options,
-                                       list_files=lambda: self._local_files(job.checkpoint)[0])
+                                       list_files=lambda: checkpoint_files(job.checkpoint)[0])
         except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
-            exc = self._removed_source(job, caught) or caught
+            removed = (removed_source_error(job.checkpoint.path, caught, job.index)
+                       if job.background and job.upload_fn is None and job.write is None
+                       else None)
+            if removed is not None and self._setup.upload_failure_policy != "skip":
+                self.send(fatal_error_message(self.rank, removed))  # a restart repeats it
+            exc = removed or caught
             self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
             if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
                 logger.warning("Skipping the checkpoint of report %d: its upload failed after "
@@ -447,18 +424,6 @@ class WorkerSession:
         job.sent = True
         self.send(message)
 
-    def _removed_source(self, job: UploadJob, error: BaseException) -> ReportError | None:
-        """The error of an ASYNC upload whose directory the train function removed first;
-        under upload_failure_policy="fail" it fails the run at once (a restart would only
-        repeat it), not after the attempts of FailureConfig.max_failures."""
-        if not job.background or job.upload_fn is not None or job.write is not None:
-            return None
-        removed = removed_source_error(job.checkpoint.path, error, job.index)
-        if removed is not None:
-            if self._setup.upload_failure_policy != "skip":
-                self.send(fatal_error_message(self.rank, removed))
-        return removed
-
     def _upload_loop(self) -> None:
         lower_thread_priority()
         while True:
@@ -468,7 +433,7 @@ class WorkerSession:
             try:
                 self._run_upload(job)
                 (job.inner or job.handle).wait()
-            except CheckpointSkippedError:
+            except (CheckpointSkippedError, AttemptStopped):
                 pass
             except BaseException as exc:
                 with self._state_lock:
@@ -487,6 +452,8 @@ class WorkerSession:
 
     def _raise_async_error(self) -> None:
         with self._state_lock:
+            if self._stop is not None:
+                raise self._stop
             error, self._async_error = self._async_error, None
         if error is not None:
             raise error
@@ -515,6 +482,9 @@ class WorkerSession:
             try:
                 message = self._connection.recv()
             except (EOFError, OSError):
+                if self._setup.keep_survivors and self._stop_event.is_set():
+                    self._rejoin_event.set()  # let go: the whole group restarts
+                    return
                 if not self._stopping:
                     # The controller is gone (driver killed): nobody will commit or answer;
                     # leave now rather than train on unobserved.
@@ -539,6 +509,12 @@ class WorkerSession:
                 self.collectives.on_release(message)
             elif isinstance(message, ReportedCheckpointsReply):
                 self._reported.on_reply(message)
+            elif isinstance(message, StopMessage):
+                self._on_stop(message)
+            elif isinstance(message, RejoinMessage):
+                self._rejoin, self._stopping = message, True
+                self._rejoin_event.set()
+                return
 
     def _on_committed(self, message: CommittedMessage) -> None:
         if self._tier is not None and message.checkpoint is not None:
@@ -572,6 +548,39 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
+
+    # --- a survivor (FailureConfig(keep_survivors=True)) ---------------------------------
+
+    def _on_stop(self, message: StopMessage) -> None:
+        """Another rank failed (the receiver thread): every wait of the train function and
+        the uploader, and its next report() or collective, raise AttemptStopped."""
+        stop = AttemptStopped(f"attempt {message.attempt} is stopping: {message.reason}")
+        with self._state_lock:
+            self._stop = self._stop or stop
+            waiters, handles = list(self._proceed.items()), list(self._handles.values())
+            self._handles.clear()
+        for index, waiter in waiters:
+            waiter.set(RejectMessage(index, stop))
+        for handle in handles:
+            handle._resolve(None, stop)
+        self._reported.stop(stop)
+        self.collectives.stop(stop)
+        self._stop_event.set()
+
+    def wait_to_rejoin(self, attempt: int) -> RejoinMessage | None:
+        """After the train function ended: wait for the stop, let the uploader finish, say
+        so, and wait for the next attempt (None: the controller let this process go)."""
+        self._stop_event.wait()
+        self._uploads.put(_STOP)
+        self._uploader.join()
+        if not self._rejoin_event.is_set():
+            try:
+                self.send(StoppedMessage(self.rank, attempt))
+            except OSError:
+                return None
+        self._rejoin_event.wait()
+        self._stopping = True
+        return self._rejoin
 
 
 _session: WorkerSession | None = None

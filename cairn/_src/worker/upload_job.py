@@ -17,11 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.errors import CairnError
+import pyarrow.fs as pafs
+
+from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
+from cairn._src.config.validation import task_for_report
+from cairn._src.errors import CairnError, ReportError
 from cairn._src.storage.fileio import delete_file
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.options import StorageOptions
+from cairn._src.storage.paths import list_local_files
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
@@ -158,3 +162,40 @@ def lower_thread_priority(increment: int = BACKGROUND_NICENESS) -> None:
         os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
     except (AttributeError, OSError):
         pass
+
+
+def validation_task(validation: object, checkpoint: Checkpoint | None, *,
+                    enabled: bool) -> dict[str, Any] | None:
+    """The validation task of ``report(validation=...)`` (None: none asked); ``enabled``:
+    whether the trainer has a ``ValidationConfig``."""
+    task = task_for_report(validation)
+    if task is None:
+        return None
+    if checkpoint is None:
+        raise ReportError(
+            f"report(validation={validation!r}) was given without a checkpoint. "
+            "Validation requires a checkpoint to be provided."
+        )
+    if not enabled:
+        raise ReportError(
+            f"report(validation={validation!r}): `validation_config` was not set on the "
+            "trainer, but a validation was requested. Pass Trainer(..., "
+            "validation_config=cairn.ValidationConfig(fn)) or drop validation=."
+        )
+    return task
+
+
+def checkpoint_files(checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
+    """The files to upload, and whether the directory holds checkpoint metadata (set
+    before the report, it travels in the manifest, not as a file)."""
+    if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        raise ReportError(
+            f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
+            "ASYNC upload a local directory. For a checkpoint already on storage use "
+            "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
+        )
+    try:
+        files = list_local_files(checkpoint.path)
+    except CairnError as exc:
+        raise ReportError(f"report(checkpoint=...): {exc}") from exc
+    return files, files.pop(METADATA_FILE_NAME, None) is not None

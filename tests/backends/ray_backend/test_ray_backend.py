@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -42,3 +43,19 @@ def test_actor_death_restarts_and_resumes(run_config: Callable[..., cairn.RunCon
     # Rank 1 exited right after report 2 (step 1) returned: resumed from it, not before.
     assert result.return_value["start"] == 2
     assert result.goodput.failures == 1
+
+
+def test_keep_survivors_restarts_the_whole_group_on_ray(
+    run_config: Callable[..., cairn.RunConfig], caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The Ray backend cannot replace one rank: the option falls back to today's restart.
+    with caplog.at_level(logging.INFO, logger="cairn"):
+        result = cairn.Trainer(
+            ray_workloads.train, train_loop_config={"steps": 4, "crash_at": 1},
+            scaling_config=cairn.ScalingConfig(num_workers=2, backend="ray"),
+            run_config=run_config(failure_config=cairn.FailureConfig(
+                max_failures=1, keep_survivors=True)),
+        ).fit()
+    assert result.return_value["start"] == 2
+    assert result.goodput.failures == 1
+    assert "kept ranks" not in caplog.text

@@ -1,0 +1,144 @@
+"""One rank of two killed (``kill -9``) during training: crash to the first step after
+restore with ``FailureConfig(keep_survivors=True)`` (the survivor keeps its process, only
+the killed rank starts afresh) against today's whole-group restart, in one run, at each
+training-state size. Run through ``bench/torch_recovery.py --survivors``.
+
+Each rank holds a model whose state is ``size`` MiB (one large parameter, rank 0 writes
+it: ``save_training_state``) and a small layer trained with one gloo ``all_reduce`` per
+step. One SYNC checkpoint is committed at step 1; at step 3 rank 1 writes the wall time
+and SIGKILLs itself while rank 0 waits in that step's ``all_reduce``. The next attempt
+writes the wall time once rank 0 has restored the checkpoint and both ranks completed one
+``all_reduce`` step. Also measured: the bytes the restore read from storage (the sum over
+ranks of the files ``as_directory()`` copied from the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import cairn
+
+CRASH_AT = 3
+CHECKPOINT_AT = 1
+
+
+def _write(path: str, value: Any) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+def train(config: dict[str, Any]) -> None:
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    import cairn.torch as ct
+
+    context = cairn.get_context()
+    rank, attempt = context.get_world_rank(), context.get_attempt()
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.big = torch.nn.Parameter(torch.zeros(config["size_mib"] * 2**18),
+                                   requires_grad=False)
+    model.small = torch.nn.Linear(64, 1)
+    optimizer = torch.optim.SGD(model.small.parameters(), lr=0.01)
+    start = 0
+    checkpoint = cairn.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as restored:
+            read = sum(os.path.getsize(os.path.join(root, name))
+                       for root, _, names in os.walk(restored) for name in names)
+            start = ct.load_training_state(restored, model=model, optimizer=optimizer).step + 1
+        _write(os.path.join(config["out"], f"read_{rank}"), read)
+    data = torch.randn(32, 64)
+    for step in range(start, CRASH_AT + 3):
+        optimizer.zero_grad()
+        loss = model.small(data).pow(2).mean()
+        loss.backward()
+        if attempt == 0 and step == CRASH_AT and rank == 1:
+            _write(os.path.join(config["out"], "crash"), time.time())
+            time.sleep(0.2)  # rank 0 is in this step's all_reduce by now
+            os.kill(os.getpid(), signal.SIGKILL)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        optimizer.step()
+        if attempt > 0 and step == start and rank == 0:
+            _write(os.path.join(config["out"], "first_step"), time.time())
+        if attempt == 0 and step == CHECKPOINT_AT:
+            with tempfile.TemporaryDirectory() as local:
+                ct.save_training_state(local, model=model, optimizer=optimizer, step=step)
+                cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(local))
+
+
+def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[float, int]:
+    from cairn.torch import TorchTrainer
+
+    out = tempfile.mkdtemp(dir=scratch)
+    TorchTrainer(
+        train, train_loop_config={"size_mib": size_mib, "out": out},
+        scaling_config=cairn.ScalingConfig(num_workers=2),
+        run_config=cairn.RunConfig(
+            name="torch-survivors", storage_path=os.path.join(out, "storage"), progress=0,
+            failure_config=cairn.FailureConfig(max_failures=1, keep_survivors=keep,
+                                               warm_standby=standby)),
+    ).fit()
+
+    def read(name: str) -> Any:
+        with open(os.path.join(out, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    seconds = float(read("first_step") - read("crash"))
+    storage_bytes = sum(read(f"read_{rank}") for rank in (0, 1))
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds, storage_bytes
+
+
+def run_survivors(args: Any) -> list[dict[str, Any]]:
+    runs = getattr(args, "runs", None) or (1 if getattr(args, "quick", False) else 3)
+    sizes = [int(s) for s in str(getattr(args, "sizes_mib", "64,1024")).split(",") if s]
+    standby = bool(getattr(args, "warm_standby", False))
+    scratch = tempfile.mkdtemp(prefix="cairn-bench-torch-survivors-")
+    rows: list[dict[str, Any]] = []
+    kept_median: dict[int, float] = {}
+    try:
+        for size in sizes:
+            whole, kept, whole_bytes, kept_bytes = [], [], 0, 0
+            for _ in range(runs):  # alternate, so that load drifts hit both alike
+                seconds, whole_bytes = one_run(False, size, scratch, standby)
+                whole.append(seconds)
+                seconds, kept_bytes = one_run(True, size, scratch, standby)
+                kept.append(seconds)
+            cairn_s, reference = statistics.median(kept), statistics.median(whole)
+            kept_median[size] = cairn_s
+            rows.append({
+                "benchmark": "torch_survivors",
+                "metric": f"crash of 1 of 2 ranks to first step after restore, {size} MiB "
+                          f"state, keep_survivors{', warm standby' if standby else ''}",
+                "cairn": cairn_s, "reference": reference, "ratio": cairn_s / reference,
+                "unit": "s", "reference_name": "whole-group restart, same run"
+                + (" (warm standby too)" if standby else ""),
+                "note": f"median of {runs}; kept {', '.join(f'{t:.2f}' for t in kept)} s, "
+                        f"whole {', '.join(f'{t:.2f}' for t in whole)} s; restore read "
+                        f"{kept_bytes / 2**20:.0f} MiB (kept) and {whole_bytes / 2**20:.0f} "
+                        "MiB (whole) from storage",
+            })
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if len(sizes) > 1:
+        small, large = min(sizes), max(sizes)
+        rows.append({
+            "benchmark": "torch_survivors",
+            "metric": f"keep_survivors recovery, {large} MiB against {small} MiB state",
+            "cairn": kept_median[large], "reference": kept_median[small],
+            "ratio": kept_median[large] / kept_median[small], "unit": "s",
+            "reference_name": f"{small} MiB, same run", "note": "target: flat in size (<= 1.3x)",
+        })
+    return rows

@@ -1,0 +1,163 @@
+"""FailureConfig(keep_survivors=True), stepped with fakes: when one rank fails the others
+are stopped and kept, only the failed rank is replaced, and the kept ranks are told to
+rejoin; every fallback restarts the whole group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from controller_fakes import FakeWorker, Harness, ReplacingFakeBackend, make_harness
+
+from cairn._src.controller.state import ControllerState
+from cairn._src.controller.survivors import plan_survivors
+from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.wire.messages import (
+    RejoinMessage,
+    SetupMessage,
+    StopMessage,
+    StoppedMessage,
+)
+
+S = ControllerState
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def build(**options: object) -> Harness:
+        harness = make_harness(tmp_path / str(len(made)), **options)  # type: ignore[arg-type]
+        made.append(harness)
+        return harness
+
+    yield build
+    for harness in made:
+        harness.close()
+
+
+def _start(harness: Harness) -> list[FakeWorker]:
+    harness.controller.step()
+    workers = harness.backend.groups[-1]
+    for worker in workers:
+        harness.connect(worker)
+    assert harness.controller.step().new is S.RUNNING
+    return workers
+
+
+def _of(messages: list[object], kind: type) -> list[object]:
+    return [m for m in messages if isinstance(m, kind)]
+
+
+def test_a_dead_rank_is_replaced_and_the_stopped_survivor_rejoins(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True)
+    backend = harness.backend
+    assert isinstance(backend, ReplacingFakeBackend)
+    first = _start(harness)
+    harness.received(first[0])
+    first[1].end()
+    assert first[0].peer is not None
+    first[0].peer.send(StoppedMessage(0, 0))  # its train function ended, it waits
+    assert harness.controller.step().new is S.RESTARTING
+    assert _of(harness.received(first[0]), StopMessage) == [
+        StopMessage(0, "[rank 1] Worker rank 1 (pid 10001) exited with code 1")]
+    assert backend.killed_ranks == [{1}] and backend.kills == 0
+    assert harness.controller.step().new is S.STARTING
+    assert backend.replaced == [{1}]
+    second = backend.groups[-1]
+    assert second[0] is first[0] and second[1] is not first[1]
+    rejoin = _of(_until_closed(first[0]), RejoinMessage)
+    assert [m.attempt for m in rejoin] == [1]  # type: ignore[attr-defined]
+    # The kept rank connects again for attempt 1, the replacement for the first time.
+    for worker in second:
+        harness.connect(worker, attempt=1)
+    assert harness.controller.step().new is S.RUNNING
+    setups = _of(harness.received(second[0]), SetupMessage)
+    assert [s.attempt for s in setups] == [1]  # type: ignore[attr-defined]
+    assert setups[0].keep_survivors  # type: ignore[attr-defined]
+    starts = [e for e in harness.event_types() if e == "attempt_start"]
+    assert len(starts) == 2
+
+
+def _until_closed(worker: FakeWorker) -> list[object]:
+    """What the controller sent on a connection it then closed."""
+    assert worker.peer is not None
+    messages = []
+    try:
+        while worker.peer.poll():
+            messages.append(worker.peer.recv())
+    except EOFError:
+        pass
+    return messages
+
+
+def test_a_survivor_that_does_not_stop_makes_the_whole_group_restart(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True)
+    first = _start(harness)
+    first[1].end()
+    assert harness.controller.step().new is S.RESTARTING  # after stop_timeout_s (fake time)
+    assert _of(_until_closed(first[0]), StopMessage)
+    assert harness.backend.kills == 1
+    harness.controller.step()
+    assert harness.backend.replaced == []  # type: ignore[attr-defined]
+    assert harness.backend.groups[-1][0] is not first[0]
+
+
+def test_two_ranks_failing_at_once_restart_the_whole_group(make) -> None:
+    harness = make(workers=3, max_failures=1, keep_survivors=True)
+    first = _start(harness)
+    first[1].end()
+    first[2].end()
+    assert harness.controller.step().new is S.RESTARTING
+    assert _of(_until_closed(first[0]), StopMessage) == []
+    assert harness.backend.kills == 1
+
+
+def test_a_fatal_error_never_keeps_survivors(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True)
+    first = _start(harness)
+    harness.error(first[1], fatal=True)
+    assert harness.controller.step().new is S.ERRORED
+    assert _of(_until_closed(first[0]), StopMessage) == []
+
+
+def _failure(rank: int, summary: str, traceback: str = "tb") -> WorkerFailure:
+    return WorkerFailure(rank=rank, summary=summary, traceback=traceback)
+
+
+def test_the_plan_keeps_ranks_whose_error_is_a_lost_peer() -> None:
+    plan = plan_survivors(
+        enabled=True, can_replace=True, ranks=[0, 1, 2], exited={1}, connected={0, 1, 2},
+        fatal=False, failures=[_failure(1, "Worker rank 1 (pid 9) was killed", ""),
+                               _failure(0, "RuntimeError: Connection closed by peer")])
+    assert (plan.keep, plan.replace) == ({0, 2}, {1})
+
+
+@pytest.mark.parametrize(("options", "reason"), [
+    ({"enabled": False}, "keep_survivors=False"),
+    ({"can_replace": False}, "cannot replace"),
+    ({"fatal": True}, "fatal"),
+    ({"connected": {0}}, "not every rank had connected"),
+    ({"failures": [_failure(0, "ValueError: a"), _failure(1, "ValueError: b")]},
+     "2 ranks failed at once"),
+    ({"exited": {0, 1}}, "no rank is left"),
+])
+def test_the_plan_restarts_the_whole_group(options: dict[str, object], reason: str) -> None:
+    arguments: dict[str, object] = {
+        "enabled": True, "can_replace": True, "ranks": [0, 1], "exited": set(),
+        "connected": {0, 1}, "fatal": False, "failures": [_failure(1, "ValueError: x")]}
+    plan = plan_survivors(**{**arguments, **options})  # type: ignore[arg-type]
+    assert plan.keep == frozenset() and plan.replace == {0, 1}
+    assert reason in plan.reason
+
+
+def test_keep_survivors_must_be_a_bool() -> None:
+    import cairn
+
+    with pytest.raises(cairn.ConfigError, match=r"FailureConfig.keep_survivors='yes' must be "
+                                                r"True or False"):
+        cairn.FailureConfig(keep_survivors="yes")  # type: ignore[arg-type]
+    with pytest.raises(cairn.ConfigError, match=r"FailureConfig\.stop_timeout_s"):
+        cairn.FailureConfig(stop_timeout_s=0)
+

@@ -1,0 +1,82 @@
+"""Train functions for FailureConfig(keep_survivors=True), run in real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import cairn
+from cairn.torch import load_training_state, prepare_data_loader, prepare_model, report_snapshot
+
+
+def _data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(64, 8, generator=generator)
+    return TensorDataset(inputs, (inputs.sum(dim=1) > 0).long())
+
+
+def _record(config: dict[str, Any], name: str, value: Any) -> None:
+    path = os.path.join(config["scratch"], name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+def train(config: dict[str, Any]) -> dict[str, Any]:
+    """A DDP model trained with an explicit all_reduce each step, snapshotted every
+    ``every`` steps. ``faults`` maps an attempt to what one rank does at one step: "kill"
+    (SIGKILL while its peers wait in the step's all_reduce) or "raise"."""
+    context = cairn.get_context()
+    rank, attempt = context.get_world_rank(), context.get_attempt()
+    _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
+    torch.manual_seed(0)
+    random.seed(rank)
+    np.random.seed(rank)
+    model = prepare_model(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2),
+                                        nn.Linear(16, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = prepare_data_loader(DataLoader(_data(), batch_size=4, shuffle=True), seed=3)
+    step = 0
+    checkpoint = cairn.get_checkpoint()
+    if checkpoint is not None:
+        step = load_training_state(checkpoint, model=model, optimizer=optimizer,
+                                   data_loader=loader).step
+        _record(config, f"resumed_{attempt}_{rank}.json", step)
+    fault = config.get("faults", {}).get(str(attempt))
+    handles: list[cairn.ReportHandle] = []
+    for _ in range(loader.epoch, config["epochs"]):
+        for inputs, labels in loader:
+            noise = random.random() * 0.01 + float(np.random.rand()) * 0.01
+            loss = nn.functional.cross_entropy(model(inputs + noise), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            if fault and rank == fault["rank"] and step + 1 == fault["step"]:
+                for handle in handles:
+                    handle.wait()  # the resume is from a committed checkpoint
+                if fault["kind"] == "raise":
+                    raise ValueError(f"rank {rank} fails on purpose at step {step + 1}")
+                time.sleep(0.3)  # the peers are inside this step's all_reduce by now
+                os.kill(os.getpid(), signal.SIGKILL)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            optimizer.step()
+            step += 1
+            if step % config["every"] == 0:
+                handles.append(report_snapshot({"step": step, "loss": float(total)},
+                                               model=model, optimizer=optimizer,
+                                               data_loader=loader, step=step))
+    for handle in handles:
+        handle.wait()
+    final = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return {"step": step, "model": {k: v.clone() for k, v in final.state_dict().items()},
+            "next_draw": torch.rand(2)}

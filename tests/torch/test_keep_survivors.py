@@ -1,0 +1,105 @@
+"""FailureConfig(keep_survivors=True) with real processes, real kill -9 and gloo: the
+survivors keep their processes (same pids), the failed rank is replaced, and the resumed
+training is bit-exact against a run without failures."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import pytest
+import survivor_workloads
+import torch
+
+import cairn
+from cairn import CheckpointConfig, FailureConfig, ScalingConfig
+from cairn.torch import TorchTrainer
+
+JOB = {"epochs": 3, "every": 5}
+
+
+def _read(scratch: str, name: str) -> Any:
+    with open(os.path.join(scratch, name)) as f:
+        return json.load(f)
+
+
+def _fit(run_config: Any, scratch: str, name: str, faults: dict[str, Any],
+         **failure: Any) -> cairn.Result:
+    return TorchTrainer(
+        survivor_workloads.train,
+        train_loop_config={**JOB, "scratch": scratch, "faults": faults},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config(name=name, failure_config=FailureConfig(**failure),
+                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    ).fit()
+
+
+def _assert_same_training(final: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert final["step"] == reference["step"]
+    for name, tensor in reference["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+    assert torch.equal(final["next_draw"], reference["next_draw"])
+
+
+@pytest.fixture
+def reference(run_config: Any, tmp_path: Any) -> dict[str, Any]:
+    scratch = tmp_path / "reference"
+    scratch.mkdir()
+    result = _fit(run_config, str(scratch), "reference", {})
+    return result.return_value  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", ["kill", "raise"])
+def test_the_survivor_keeps_its_process_and_resumes_bit_exact(
+    run_config: Any, scratch: str, reference: dict[str, Any], kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="cairn"):
+        result = _fit(run_config, scratch, "failed", {"0": {"rank": 1, "step": 13,
+                                                             "kind": kind}},
+                      max_failures=1, keep_survivors=True)
+    assert result.error is None
+    # Rank 0 (in the all_reduce when rank 1 died, or raised) ran attempt 1 in its process.
+    assert _read(scratch, "pid_1_0.json") == _read(scratch, "pid_0_0.json")
+    assert _read(scratch, "pid_1_1.json") != _read(scratch, "pid_0_1.json")
+    assert _read(scratch, "resumed_1_0.json") == _read(scratch, "resumed_1_1.json") == 10
+    assert "kept ranks [0], replacing [1]" in caplog.text
+    _assert_same_training(result.return_value, reference)
+    events = [json.loads(line) for line in _event_lines(result.path)]
+    starts = [e for e in events if e["type"] == "attempt_start"]
+    assert starts[-1]["kept"] == [0] and starts[-1]["replaced"] == [1]
+
+
+def test_two_failures_in_a_row_keep_the_survivors_each_time(
+    run_config: Any, scratch: str, reference: dict[str, Any],
+) -> None:
+    faults = {"0": {"rank": 1, "step": 13, "kind": "kill"},
+              "1": {"rank": 0, "step": 22, "kind": "kill"}}
+    result = _fit(run_config, scratch, "twice", faults, max_failures=2, keep_survivors=True)
+    assert result.error is None
+    assert _read(scratch, "pid_1_0.json") == _read(scratch, "pid_0_0.json")
+    # Rank 1's replacement of attempt 1 survived rank 0's death in attempt 1.
+    assert _read(scratch, "pid_2_1.json") == _read(scratch, "pid_1_1.json")
+    assert _read(scratch, "pid_2_0.json") != _read(scratch, "pid_1_0.json")
+    assert _read(scratch, "resumed_2_0.json") == 20
+    _assert_same_training(result.return_value, reference)
+
+
+def test_without_keep_survivors_the_whole_group_restarts(
+    run_config: Any, scratch: str,
+) -> None:
+    result = _fit(run_config, scratch, "whole", {"0": {"rank": 1, "step": 13, "kind": "kill"}},
+                  max_failures=1)
+    assert result.error is None
+    assert _read(scratch, "pid_1_0.json") != _read(scratch, "pid_0_0.json")
+
+
+def _event_lines(path: str) -> list[str]:
+    lines: list[str] = []
+    events = os.path.join(path, "events")
+    for name in sorted(os.listdir(events)):
+        with open(os.path.join(events, name)) as f:
+            lines += [line for line in f if line.strip()]
+    return lines
