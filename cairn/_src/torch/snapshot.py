@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
+import torch
 from torch import nn
 
 from cairn._src.errors import ReportError
@@ -136,16 +137,36 @@ def _state_dict_files(
 
 
 class _Writer:
-    """Runs on the upload thread: serialize the copy, then free its buffers."""
+    """Runs on the upload thread: serialize the copy, then free its buffers.
+
+    Straight into the checkpoint's directory on storage, each file through a hashing sink
+    (:meth:`write_file`, see :mod:`cairn._src.worker.direct_write`); or, where the worker
+    keeps a local copy of what it uploads (a local tier), into a local directory
+    (:meth:`__call__`) that is uploaded and then kept in the tier.
+    """
 
     def __init__(self, copied: dict[str, Any], buffer_set: BufferSet) -> None:
         self._copied = copied
         self._buffer_set = buffer_set
+        self._waited = False
+
+    def names(self) -> list[str]:
+        return list(self._copied)
+
+    def write_file(self, rel: str, sink: BinaryIO) -> None:
+        if not self._waited:
+            self._buffer_set.wait_for_copies()
+            self._waited = True
+        torch.save(self._copied[rel], sink)
+
+    def close(self) -> None:
+        if self._copied:
+            self._copied = {}
+            _buffers.release(self._buffer_set)
 
     def __call__(self, directory: str) -> None:
         try:
             self._buffer_set.wait_for_copies()
             write_files(directory, self._copied)
         finally:
-            self._copied = {}
-            _buffers.release(self._buffer_set)
+            self.close()

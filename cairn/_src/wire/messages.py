@@ -162,6 +162,8 @@ class SetupMessage:
     local_tier_dir: str | None = None
     # RunConfig.storage_transfer (None: the worker keeps its process default).
     transfer: TransferConfig | None = None
+    # RunConfig.storage_fsync: uploaded files are fsynced before they are announced.
+    fsync: bool = True
 
 
 @dataclass(frozen=True)

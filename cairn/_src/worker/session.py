@@ -56,6 +56,7 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import RunStorage, TrainContext
+from cairn._src.worker.direct_write import direct_writer, write_direct
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
@@ -103,7 +104,7 @@ class WorkerSession:
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # What this worker's transfers and the checkpoints it hands out use.
         self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
-                                              local_tier=self._tier)
+                                              local_tier=self._tier, fsync=setup.fsync)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -414,6 +415,9 @@ class WorkerSession:
             elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
                 # Another rank reported this same directory and uploads it whole.
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
+            elif (writer := direct_writer(job, self._tier)) is not None:
+                message = write_direct(job, writer, answer, destination, self.rank, started,
+                                       options=self.storage_options)
             else:
                 if job.write is not None:
                     self._write_deferred(job)

@@ -19,9 +19,11 @@ from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.errors import CairnError
+from cairn._src.storage.durability import sync_uploaded
 from cairn._src.storage.fileio import delete_file
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.options import StorageOptions
+from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
@@ -113,6 +115,7 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                                retry=retry, background=job.background,
                                transfer=options.transfer)
     entries = dict(sorted({**written, **unchanged}.items()))
+    sync_written(destination, written, options)
     if isinstance(answer, ProceedMessage) and answer.stale:
         # Written by the first upload of this directory and gone since (a temporary file
         # renamed): not part of the checkpoint.
@@ -125,6 +128,16 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
                            time.perf_counter() - started, duplicates=duplicates)
+
+
+def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
+                 options: StorageOptions) -> None:
+    """With ``options.fsync``, make the files just ``written`` under a local
+    ``destination`` durable before they are announced (:mod:`.durability`): the manifest
+    that the commit writes next may name only data that is on the disk."""
+    root = local_os_path(destination)
+    if options.fsync and root is not None and written:
+        sync_uploaded(root, written)
 
 
 def resolve_after_commit(job: UploadJob) -> None:
