@@ -12,6 +12,14 @@ directories are fsynced before they are announced (:mod:`cairn._src.storage.dura
 
 Runs on the upload thread of a worker; one file at a time (the serializer holds the GIL
 for its pickling, so more threads would only take turns).
+
+Priority adapts to the backlog: the upload thread is niced (it takes the cores the train
+loop leaves), which is right for a write that finishes soon, but beside a busy loop (or a
+busy machine) it stretched a 2 s commit to 16 s, and the next snapshot waits for it. A
+write still running ``ESCALATE_AFTER_S`` after it began takes the train loop's own
+priority for the rest of it (:class:`AdaptivePriority`), where the OS lets a thread lower
+its niceness again (Linux: ``CAP_SYS_NICE``, as root in most containers, or an
+``RLIMIT_NICE`` that allows it); elsewhere it stays niced.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +48,9 @@ from cairn._src.worker.upload_job import UploadJob, sync_written
 
 logger = logging.getLogger(__name__)
 
+# How long a snapshot's write runs niced before it takes the train loop's priority.
+ESCALATE_AFTER_S = 1.0
+
 # The most one write() hands the sink at once: a tensor record of several GiB is cut so
 # that a remote stream buffers at most this much beyond its parts in flight.
 _WRITE_BYTES = 16 << 20
@@ -55,13 +68,52 @@ class DirectWriter(Protocol):
     def close(self) -> None: ...
 
 
+class AdaptivePriority:
+    """The calling thread's CPU priority during one write: as it was (niced) until
+    ``after_s`` have passed, then the process's main thread's; :meth:`restore` puts the
+    first back. Call :meth:`check` between pieces of work; only the thread that made it
+    may use it. Silently nothing where threads have no niceness of their own or the OS
+    refuses to lower it."""
+
+    def __init__(self, after_s: float) -> None:
+        self._deadline = time.perf_counter() + after_s
+        self._thread = threading.get_native_id()
+        self._original: int | None = None
+        self._done = not sys.platform.startswith("linux")
+
+    def check(self) -> None:
+        if self._done or time.perf_counter() < self._deadline:
+            return
+        self._done = True
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, self._thread)
+            loop = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+            if loop < current:
+                os.setpriority(os.PRIO_PROCESS, self._thread, loop)
+                self._original = current
+                logger.debug("A snapshot write past %.1fs took the train loop's priority "
+                             "(niceness %d, was %d)", ESCALATE_AFTER_S, loop, current)
+        except (AttributeError, OSError):
+            pass  # no per-thread niceness, or lowering it is not allowed: stay niced
+
+    def restore(self) -> None:
+        if self._original is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, self._thread, self._original)
+            except OSError:
+                pass
+            self._original = None
+
+
 class HashingSink:
     """A write-only binary file: each write is hashed, counted and passed to ``target``
     (None: hash only). ``flush_every``: a remote stream is flushed each time that many
     more bytes went through it, so that its background parts do not pile up."""
 
-    def __init__(self, target: Any, *, flush_every: int | None = None) -> None:
+    def __init__(self, target: Any, *, flush_every: int | None = None,
+                 priority: AdaptivePriority | None = None) -> None:
         self._target = target
+        self._priority = priority
         self._hasher = new_hasher()
         self._flush_every = flush_every
         self._unflushed = 0
@@ -74,6 +126,8 @@ class HashingSink:
         view = memoryview(data).cast("B")
         total = len(view)
         for start in range(0, total, _WRITE_BYTES):
+            if self._priority is not None:
+                self._priority.check()
             piece = view[start:start + _WRITE_BYTES]
             self._hasher.update(piece)
             if self._target is not None:
@@ -107,18 +161,23 @@ def direct_writer(job: UploadJob, local_tier: object) -> DirectWriter | None:
 
 def write_direct(job: UploadJob, writer: DirectWriter, answer: object,
                  destination: StorageLocation, rank: int, started: float, *,
-                 options: StorageOptions) -> UploadedMessage:
+                 options: StorageOptions,
+                 escalate_after_s: float = ESCALATE_AFTER_S) -> UploadedMessage:
     """Serialize every file of ``writer`` into ``destination``, hashing as it goes; the
-    paths the controller's ``answer`` names as another rank's are hashed, not written."""
+    paths the controller's ``answer`` names as another rank's are hashed, not written.
+    After ``escalate_after_s`` the calling thread takes the train loop's priority
+    (:class:`AdaptivePriority`), until this returns."""
+    priority = AdaptivePriority(escalate_after_s)
     try:
-        return _write_all(job, writer, answer, destination, rank, started, options)
+        return _write_all(job, writer, answer, destination, rank, started, options, priority)
     finally:
+        priority.restore()
         writer.close()
 
 
 def _write_all(job: UploadJob, writer: DirectWriter, answer: object,
                destination: StorageLocation, rank: int, started: float,
-               options: StorageOptions) -> UploadedMessage:
+               options: StorageOptions, priority: AdaptivePriority) -> UploadedMessage:
     retry = options.retry
     skipped = set(answer.duplicates) if isinstance(answer, ProceedMessage) else set()
     names = writer.names()
@@ -143,13 +202,13 @@ def _write_all(job: UploadJob, writer: DirectWriter, answer: object,
     @contextmanager
     def sink_for(rel: str) -> Iterator[HashingSink]:
         if rel in skipped:
-            yield HashingSink(None)
+            yield HashingSink(None, priority=priority)
         elif root is not None:
             with create_or_truncate(os.path.join(root, *rel.split("/"))) as raw:
-                yield HashingSink(raw)
+                yield HashingSink(raw, priority=priority)
         else:
             with fs.open_output_stream(destination.join(rel).path) as stream:
-                yield HashingSink(stream, flush_every=window)
+                yield HashingSink(stream, flush_every=window, priority=priority)
 
     def attempt(rel: str) -> FileEntry:
         with sink_for(rel) as sink:
@@ -162,6 +221,7 @@ def _write_all(job: UploadJob, writer: DirectWriter, answer: object,
         entry = with_retry(functools.partial(attempt, rel), retry,
                            f"write {rel!r} of report {job.index} to {destination.display()}")
         (duplicates if rel in skipped else written)[rel] = entry
+    priority.check()
     sync_written(destination, written, options)
     size = sum(entry.size for entry in written.values())
     seconds = time.perf_counter() - started
