@@ -3,6 +3,7 @@ the option that turns them off (``RunConfig.storage_fsync``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,3 +87,28 @@ def test_storage_fsync_must_be_a_bool() -> None:
         StorageOptions(fsync=1)  # type: ignore[arg-type]
     assert cairn.RunConfig().storage_options().fsync is True
     assert cairn.RunConfig(storage_fsync=False).storage_options().fsync is False
+
+
+def test_a_file_system_that_cannot_sync_a_directory_syncs_its_files_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "a.pt").write_bytes(b"x")
+    synced: list[str] = []
+
+    def refusing(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        synced.append(path)
+
+    monkeypatch.setattr(os, "fsync", refusing)
+    sync_uploaded(str(tmp_path / "checkpoint"), ["a.pt"])
+    assert synced == [str(tmp_path / "checkpoint" / "a.pt")]
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        sync_uploaded(str(tmp_path / "checkpoint"), ["a.pt"])

@@ -23,6 +23,7 @@ in the same process can record the order of the calls. Thread-safe: no shared st
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 # In the name of a manifest or index being written (fileio.TEMPORARY_MARK, repeated here
 # because fileio imports this module).
 _TEMPORARY_MARK = ".cairn-tmp-"
+# What a file system answers when it cannot fsync a directory.
+_DIRECTORY_SYNC_REFUSED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 # O_EXCL | O_NOFOLLOW: never write through something that already has the name.
 _CREATE_NEW = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
                | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
@@ -41,13 +44,23 @@ _CREATE_NEW = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 
 
 def fsync_path(path: str) -> None:
     """fsync the file or directory at ``path`` (opened read-only: Linux flushes an inode's
-    dirty pages whatever the mode of the descriptor that asks)."""
+    dirty pages whatever the mode of the descriptor that asks).
+
+    A directory is skipped where the OS cannot open one (Windows) and where its file
+    system refuses to sync one (EINVAL, ENOTSUP: some FUSE and network file systems,
+    whose directory operations are synchronous or out of the client's hands)."""
+    is_dir = os.path.isdir(path)
+    if is_dir and os.name == "nt":
+        return
     flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-    if os.path.isdir(path):
+    if is_dir:
         flags |= getattr(os, "O_DIRECTORY", 0)
     descriptor = os.open(path, flags)
     try:
         os.fsync(descriptor)
+    except OSError as exc:
+        if not (is_dir and exc.errno in _DIRECTORY_SYNC_REFUSED):
+            raise
     finally:
         os.close(descriptor)
 

@@ -5,9 +5,10 @@ The train loop copies the state's tensors into reused CPU buffers
 (:mod:`.snapshot_buffers`) and hands the copy to the worker's upload thread, which
 serializes it (:func:`serialize`, the ``torch.save`` format) straight into the
 checkpoint's directory on storage, hashing as it writes
-(:mod:`cairn._src.worker.direct_write`), and commits it, one report after another. The copy is what makes this safe: training may
-change the live tensors as soon as ``report_snapshot`` returns. The time spent copying is
-recorded as checkpoint stall (kind ``snapshot_copy``) in the run's goodput timeline.
+(:mod:`cairn._src.worker.direct_write`), and commits it, one report after another. The
+copy is what makes this safe: training may change the live tensors as soon as
+``report_snapshot`` returns. The time spent copying is recorded as checkpoint stall (kind
+``snapshot_copy``) in the run's goodput timeline.
 """
 
 from __future__ import annotations
