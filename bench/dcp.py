@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/dcp.py [--quick] [--size-mb N] [--rounds N]
+    python bench/dcp.py [--quick] [--size-mb N] [--rounds N] [--fsync-cost]
 
 One ``cairn.torch.TorchTrainer`` run of two workers (gloo, CPUs, local storage in a
 temporary directory). Each rank trains the same MLP wrapped by ``prepare_model`` (DDP;
@@ -46,13 +46,17 @@ samples pooled), on rank 0 (``time.perf_counter``):
   count) and the driver process (Cairn commits there), over the idle save;
 * fsync calls per checkpoint: ``os.fsync``/``os.fdatasync`` patched to count in both
   workers (DCP's checkpoint process is not counted: its ``FileSystemWriter`` is the same);
-  Cairn's source has no fsync;
+  Cairn's driver adds 4 (manifest and index, each with its directory), not counted;
 * restore: fresh model (``to_empty``) and Adam, load call to return, both ranks;
 * step median and p90 during the background phase over the idle steps' (a ratio: 1x
   means no slowdown).
 
 The table's rows put Cairn beside the best DCP variant for each figure (named in
-``Against``); the note lists every variant. ``run(args)`` returns the rows for
+``Against``; for call to committed, the best ``async_save`` variant, the reference of
+issue 30's targets: <= 1.2x idle, <= 3x with steps running, and Cairn's step p90
+busy/idle <= 1.05); the note lists every variant. ``--fsync-cost`` then runs Cairn alone
+with ``RunConfig(storage_fsync=False)`` and adds its call to committed beside the
+durable one's. ``run(args)`` returns the rows for
 ``bench/run_all.py``. DCP's checkpoint process logs its requests at INFO to stderr (its
 own handler, set up in that process): those lines are DCP's, not the benchmark's.
 """
@@ -84,6 +88,11 @@ Row = _harness.Row
 
 BENCHMARK = "dcp"
 COMMIT_TARGET = 1.1
+# Issue 30's targets for report_snapshot against the best DCP async_save of the same run:
+# call to committed with the loop idle, and with steps running; and the step p90 during
+# the background phase over the idle one (Cairn's own ratio).
+TARGETS = {"commit": 1.2, "busy_commit": 3.0}
+STEP_P90_TARGET = 1.05
 LABELS = {
     worker.DCP_SAVE: "DCP save",
     worker.DCP_ASYNC: "DCP async_save (default)",
@@ -91,6 +100,7 @@ LABELS = {
     worker.DCP_PROCESS: "DCP async_save (process + shm)",
 }
 DCP_SIDES = tuple(LABELS)
+ASYNC_SIDES = tuple(side for side in DCP_SIDES if side != worker.DCP_SAVE)
 SHORT = {worker.DCP_SAVE: "save", worker.DCP_ASYNC: "async", worker.DCP_CACHED: "cached",
          worker.DCP_PROCESS: "process+shm"}
 
@@ -118,12 +128,13 @@ def settings_for(args: Any) -> Settings:
 
 
 def measure(work: Path, settings: Settings,
-            sides: Sequence[str] = worker.SIDES) -> dict[str, Any]:
-    """Run the comparison; rank 0's samples (``_dcp_worker.train_dcp_comparison``)."""
+            sides: Sequence[str] = worker.SIDES, *, fsync: bool = True) -> dict[str, Any]:
+    """Run the comparison; rank 0's samples (``_dcp_worker.train_dcp_comparison``).
+    ``fsync``: the run's ``RunConfig.storage_fsync``."""
     from cairn.torch import TorchTrainer
 
     dcp_root = work / "dcp"
-    dcp_root.mkdir()
+    dcp_root.mkdir(parents=True)
     config = {"state_mb": settings.size_mb, "rounds": settings.rounds,
               "idle_steps": settings.idle_steps, "dcp_root": str(dcp_root),
               "driver_pid": os.getpid(), "sides": list(sides)}
@@ -132,7 +143,7 @@ def measure(work: Path, settings: Settings,
         train_loop_config=config,
         scaling_config=cairn.ScalingConfig(num_workers=2),
         run_config=cairn.RunConfig(
-            name="dcp", storage_path=str(work / "storage"), progress=0,
+            name="dcp", storage_path=str(work / "storage"), progress=0, storage_fsync=fsync,
             checkpoint_config=cairn.CheckpointConfig(num_to_keep=1),
         ),
     ).fit()
@@ -172,8 +183,10 @@ def figures(samples: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def best(per_side: dict[str, dict[str, float]], key: str) -> tuple[str, float] | None:
-    """The DCP variant with the lowest ``key`` (every figure here is lower-is-better)."""
-    candidates = [(side, per_side[side][key]) for side in DCP_SIDES
+    """The DCP variant with the lowest ``key`` (every figure here is lower-is-better);
+    for the commit figures, of the ``async_save`` variants (the targets' reference)."""
+    sides = ASYNC_SIDES if key in TARGETS else DCP_SIDES
+    candidates = [(side, per_side[side][key]) for side in sides
                   if side in per_side and key in per_side[side]]
     return min(candidates, key=lambda item: item[1]) if candidates else None
 
@@ -215,14 +228,21 @@ def rows_from(samples: dict[str, Any], settings: Settings) -> list[Row]:
                      f"{cairn_side['cancelled_bytes'] * scale:.0f} MB")
         if key == "fsync":
             note += ("; counted in both workers (process + shm: in DCP's checkpoint process, "
-                     "not counted); "
-                     "Cairn's source has no fsync; DCP FileSystemWriter(sync_files=True) "
-                     "syncs every file and .metadata")
+                     "not counted); Cairn's workers fsync each file and its directories up "
+                     "to the run's, its driver then 4 more (manifest and index, each with "
+                     "its directory); DCP FileSystemWriter(sync_files=True) syncs every "
+                     "file and .metadata")
         if key.startswith("step_"):
             note += (f"; {int(cairn_side['busy_step_count'])} busy steps (Cairn), "
                      f"{len(samples['idle_steps'])} idle")
         if key == "call":
             note += "; " + common
+        if key in TARGETS and top is not None and top[1]:
+            verdict = "met" if cairn_side[key] / top[1] <= TARGETS[key] else "MISSED"
+            note = f"target <= {TARGETS[key]:g}x: {verdict}; {note}"
+        if key == "step_p90_ratio":
+            verdict = "met" if cairn_side[key] <= STEP_P90_TARGET else "MISSED"
+            note = f"target <= {STEP_P90_TARGET:g} (Cairn's): {verdict}; {note}"
         rows.append(Row(benchmark=BENCHMARK, metric=f"{metric}, {size}",
                         cairn=cairn_side[key] * scale,
                         reference=None if top is None else top[1] * scale,
@@ -261,17 +281,40 @@ def sharded_rows(per_side: dict[str, dict[str, float]], size: str) -> list[Row]:
 # --------------------------------------------------------------------------------------
 
 
+def fsync_cost_rows(durable: dict[str, Any], scratch: dict[str, Any]) -> list[Row]:
+    """Cairn with ``storage_fsync=True`` (the comparison's run) against a run of Cairn
+    alone with ``storage_fsync=False``: what durability costs."""
+    on = figures(durable).get(worker.CAIRN)
+    off = figures(scratch).get(worker.CAIRN)
+    if on is None or off is None:
+        return []
+    size = f"{durable['state_bytes'] / 1e6:.0f} MB"
+    return [Row(benchmark=BENCHMARK, metric=f"fsync cost: {metric}, {size}",
+                cairn=on[key], reference=off[key],
+                reference_name="Cairn with RunConfig(storage_fsync=False)", unit="s",
+                note="Cairn's report_snapshot with fsync (default) against without, "
+                     "two runs one after the other")
+            for key, metric in (("commit", "call to committed, loop idle"),
+                                ("busy_commit", "call to committed, steps running"))]
+
+
 def cairn_rows(args: Any) -> list[Row]:
     settings = settings_for(args)
     logger.info("dcp: %g MB per rank, %d round(s)", settings.size_mb, settings.rounds)
     work = Path(tempfile.mkdtemp(prefix="cairn-bench-dcp-"))
+    scratch: dict[str, Any] | None = None
     try:
         with _harness.quiet_logger("cairn"):
-            samples = measure(work, settings)
+            samples = measure(work / "durable", settings)
+            if getattr(args, "fsync_cost", False):
+                scratch = measure(work / "scratch", settings, (worker.CAIRN,), fsync=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     logger.debug("dcp samples: %s", samples)
-    return rows_from(samples, settings)
+    rows = rows_from(samples, settings)
+    if scratch is not None:
+        rows += fsync_cost_rows(samples, scratch)
+    return rows
 
 
 def run(args: Any = None) -> list[Row]:
@@ -288,6 +331,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help=f"model + Adam state per rank, MB (default {FULL.size_mb:g})")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"timed rounds (default {FULL.rounds})")
+    parser.add_argument("--fsync-cost", action="store_true",
+                        help="then run Cairn alone with RunConfig(storage_fsync=False)")
     parser.add_argument("--no-ray", action="store_true", help="accepted for run_all")
     args = parser.parse_args(argv)
     if args.size_mb is not None and args.size_mb <= 0:

@@ -35,3 +35,52 @@ def test_the_calling_thread_and_its_children_get_lower_priority() -> None:
     assert seen["child"] == seen["after"]
     # The caller's own priority is untouched.
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == seen["before"]
+
+
+def _may_lower_niceness() -> bool:
+    allowed: list[bool] = []
+
+    def probe() -> None:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + 1))
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, current)
+            allowed.append(True)
+        except OSError:
+            allowed.append(False)
+
+    started = threading.Thread(target=probe)
+    started.start()
+    started.join()
+    return allowed[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness")
+def test_a_late_snapshot_write_takes_the_train_loops_priority_until_it_ends() -> None:
+    from cairn._src.worker.direct_write import AdaptivePriority
+
+    if not _may_lower_niceness():
+        pytest.skip("this process may not lower a thread's niceness (CAP_SYS_NICE)")
+    seen: dict[str, int] = {}
+
+    def background() -> None:
+        thread = threading.get_native_id()
+        lower_thread_priority()
+        seen["niced"] = os.getpriority(os.PRIO_PROCESS, thread)
+        young = AdaptivePriority(after_s=3600)
+        young.check()
+        seen["young"] = os.getpriority(os.PRIO_PROCESS, thread)
+        late = AdaptivePriority(after_s=0)
+        late.check()
+        seen["late"] = os.getpriority(os.PRIO_PROCESS, thread)
+        late.restore()
+        seen["restored"] = os.getpriority(os.PRIO_PROCESS, thread)
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    thread.join()
+    loop = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert seen["niced"] == seen["young"] == min(19, loop + BACKGROUND_NICENESS)
+    assert seen["late"] == loop
+    assert seen["restored"] == seen["niced"]

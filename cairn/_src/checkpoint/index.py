@@ -259,8 +259,10 @@ def read_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex | None:
     return RunIndex.from_json(data, where=location.display())
 
 
-def write_index(run: StorageLocation, index: RunIndex, retry: RetryPolicy) -> None:
-    write_bytes_atomic(run.join(INDEX_NAME), index.to_json(), retry)
+def write_index(run: StorageLocation, index: RunIndex, retry: RetryPolicy, *,
+                durable: bool = True) -> None:
+    """Replace the run's index atomically; ``durable`` as :func:`.manifest.write_manifest`."""
+    write_bytes_atomic(run.join(INDEX_NAME), index.to_json(), retry, durable=durable)
 
 
 def adoption_record(dir_name: str, manifest: Manifest) -> CheckpointRecord:

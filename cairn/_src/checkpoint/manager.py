@@ -158,6 +158,7 @@ class CheckpointManager:
         registered: Mapping[str, Target] | None = None,
         policy: RetentionPolicy | None = None,
         transfer: TransferConfig | None = None,
+        fsync: bool = True,
     ) -> None:
         self.run = run
         self.config = config
@@ -180,6 +181,9 @@ class CheckpointManager:
         )
         # The run's transfer settings (RunConfig.storage_transfer), for the full checks.
         self.transfer = transfer
+        # RunConfig.storage_fsync: manifests and the index are written durably (data files
+        # are fsynced by the workers that wrote them, before they announce them).
+        self.fsync = fsync
         # Commits whose manifest was written but whose index write failed: the store may
         # have lost its answer. Settled by settle_uncertain() before the next attempt.
         self._uncertain: list[CheckpointRecord] = []
@@ -208,7 +212,7 @@ class CheckpointManager:
     def _write_index(self, index: RunIndex) -> None:
         if self.fence is not None:
             self.fence()
-        write_index(self.run, index, self.retry)
+        write_index(self.run, index, self.retry, durable=self.fsync)
 
     def commit(self, ready: ReadyCheckpoint, *, attempt: int) -> CommitOutcome:
         """Commit ``ready``; :class:`RunLeaseError` before anything is written when this
@@ -254,7 +258,7 @@ class CheckpointManager:
         if ready.reference is None:
             # Uploaded by the workers: the store must hold it all before it commits.
             check_stored(manifest_at, entries, self.retry)
-        write_manifest(manifest_at, manifest, self.retry)
+        write_manifest(manifest_at, manifest, self.retry, durable=self.fsync)
         self.history.flush()
         record = CheckpointRecord(
             dir_name=ready.dir_name,
@@ -412,7 +416,7 @@ class CheckpointManager:
         manifest = read_manifest(manifest_at, self.retry)
         if manifest is not None and metrics:
             write_manifest(manifest_at, dataclasses.replace(manifest, metrics=merged),
-                           self.retry)
+                           self.retry, durable=self.fsync)
         updated = dataclasses.replace(record, metrics=merged)
         records = [updated if r is record else r for r in self.index.checkpoints]
         kept, dropped = split_by_retention(self.policy, records,

@@ -349,13 +349,18 @@ def read_manifest(
 
 
 def write_manifest(
-    checkpoint_dir: StorageLocation, manifest: Manifest, retry: RetryPolicy = DEFAULT_RETRY
+    checkpoint_dir: StorageLocation, manifest: Manifest, retry: RetryPolicy = DEFAULT_RETRY,
+    *, durable: bool = True,
 ) -> None:
     """Write ``manifest`` atomically into ``checkpoint_dir``: this commits the checkpoint.
 
-    Call it only after every file the manifest lists is on storage.
+    Call it only after every file the manifest lists is on storage (and, with
+    ``durable``, fsynced: :func:`~cairn._src.storage.durability.sync_uploaded`).
+    ``durable`` (``RunConfig.storage_fsync``): on storage with an OS path the manifest is
+    fsynced under a temporary name, renamed, and its directory fsynced.
     """
-    write_bytes_atomic(checkpoint_dir.join(MANIFEST_NAME), manifest.to_json(), retry)
+    write_bytes_atomic(checkpoint_dir.join(MANIFEST_NAME), manifest.to_json(), retry,
+                       durable=durable)
     logger.debug(
         "Wrote manifest of %s (%s, %d bytes)",
         checkpoint_dir.display(), plural(len(manifest.files), "file"), manifest.total_bytes,

@@ -390,7 +390,12 @@ class RunConfig:
     settings, the defaults unless ``cairn.storage.set_transfer_config()`` changed them).
     It travels with the run in one ``StorageOptions`` (:meth:`storage_options`), never
     through a process-wide setting, so two ``fit()`` calls in one process never see each
-    other's, and the driver's own setting never changes.
+    other's, and the driver's own setting never changes. ``storage_fsync`` (on by
+    default) makes a commit durable on local and POSIX-mounted storage: every data file
+    and its directories are fsynced before the manifest is written, and the manifest and
+    the run index are fsynced before and after their rename, so a committed checkpoint
+    survives a power loss. ``False`` skips the fsyncs, for tmpfs or scratch disks: a
+    commit then survives a killed process but not a crashed machine (``docs/storage.md``).
     """
 
     name: str | None = None
@@ -401,6 +406,7 @@ class RunConfig:
     callbacks: Sequence[Any] = ()
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     storage_transfer: TransferConfig | None = None
+    storage_fsync: bool = True
     worker_env: dict[str, str] | None = None
     # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
     # the driver's Python environment, so pip/conda/working_dir are refused.
@@ -488,13 +494,20 @@ class RunConfig:
                 f"RunConfig.storage_transfer={self.storage_transfer!r} must be a "
                 "cairn.storage.TransferConfig or None (None: the process's settings)."
             )
+        if not isinstance(self.storage_fsync, bool):
+            raise ConfigError(
+                f"RunConfig.storage_fsync={self.storage_fsync!r} must be True (the default: "
+                "commits are durable, data and manifests fsynced) or False (tmpfs or scratch "
+                "storage: no fsync)."
+            )
         check_field_types(self)
         self._merge_worker_runtime_env()
 
     def storage_options(self) -> StorageOptions:
         """This run's transfer settings and retry budget, as the one object the driver
         passes to what transfers (each worker builds the same from its ``SetupMessage``)."""
-        return StorageOptions(transfer=self.storage_transfer, retry=self.storage_retry)
+        return StorageOptions(transfer=self.storage_transfer, retry=self.storage_retry,
+                              fsync=self.storage_fsync)
 
     def _merge_worker_runtime_env(self) -> None:
         runtime_env = self.worker_runtime_env

@@ -77,7 +77,8 @@ def build_manager(run: StorageLocation, run_config: RunConfig, opened: OpenedRun
                                         config.checkpoint_score_order), pending.protected)
     return CheckpointManager(run, config, run_config.storage_retry, opened.index, history,
                              fence=fence, events=stream, registered=opened.registered,
-                             policy=policy, transfer=run_config.storage_transfer)
+                             policy=policy, transfer=run_config.storage_transfer,
+                             fsync=run_config.storage_fsync)
 
 
 def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,

@@ -112,6 +112,7 @@ class SetupFactory:
             upload_failure_policy=checkpoint_config.upload_failure_policy,
             retry=payload.retry,
             transfer=self.run_config.storage_transfer,
+            fsync=self.run_config.storage_fsync,
             setup_hooks=payload.setup_hooks,
             teardown_hooks=payload.teardown_hooks,
             validation=self.spec.validation_config is not None,

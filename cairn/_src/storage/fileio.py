@@ -18,8 +18,9 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError, CheckpointNotFoundError, StorageError
+from cairn._src.storage.durability import write_durably
 from cairn._src.storage.location import StorageLocation, local_root, supports_atomic_rename
-from cairn._src.storage.reader import read_small_file
+from cairn._src.storage.reader import local_os_path, read_small_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -87,14 +88,22 @@ def read_bytes(
 
 
 def write_bytes_atomic(
-    loc: StorageLocation, data: bytes, retry: RetryPolicy = DEFAULT_RETRY
+    loc: StorageLocation, data: bytes, retry: RetryPolicy = DEFAULT_RETRY, *,
+    durable: bool = False,
 ) -> None:
     """Replace the file at ``loc`` with ``data`` so that readers never see a partial file.
 
     On file systems that rename atomically: write a temporary sibling, then rename it over
     ``loc``. Elsewhere: one single object write, which object stores make atomic.
+    ``durable``: on storage with an OS path the temporary is also fsynced before the
+    rename and the directory after it (:func:`~.durability.write_durably`), so the new
+    content survives a crash of the machine once this returns.
     """
     fs = loc.filesystem
+    os_path = local_os_path(loc) if durable else None
+    if os_path is not None:
+        storage_call(lambda: write_durably(os_path, data), loc, retry, "write")
+        return
     atomic_rename = supports_atomic_rename(fs)
 
     def write() -> None:

@@ -47,11 +47,17 @@ class StorageOptions:
     ``transfer``: ``None`` uses the settings of :func:`cairn.storage.set_transfer_config`
     (the defaults unless a user changed them); a run's ``RunConfig.storage_transfer``
     otherwise. ``local_tier``: only a worker of a run with a local tier has one.
+    ``fsync`` (``RunConfig.storage_fsync``): on storage with an OS path, every uploaded
+    file and its directories are fsynced before they are announced for a commit, and
+    manifests and the run index are fsynced before and after their rename
+    (:mod:`.durability`); False for scratch storage (tmpfs) whose commits need survive
+    a killed process only.
     """
 
     transfer: TransferConfig | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     local_tier: LocalCopies | None = None
+    fsync: bool = True
 
     def __post_init__(self) -> None:
         if self.transfer is not None and not isinstance(self.transfer, TransferConfig):
@@ -64,10 +70,16 @@ class StorageOptions:
                 f"StorageOptions.retry={self.retry!r} must be a cairn.storage.RetryPolicy; "
                 "pass RetryPolicy() for the defaults."
             )
+        if not isinstance(self.fsync, bool):
+            raise ConfigError(
+                f"StorageOptions.fsync={self.fsync!r} must be True (commits are durable: "
+                "data, manifests and the index fsynced) or False (scratch storage)."
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # A local tier is one node's: a checkpoint pickled elsewhere restores from storage.
-        return {"transfer": self.transfer, "retry": self.retry, "local_tier": None}
+        return {"transfer": self.transfer, "retry": self.retry, "local_tier": None,
+                "fsync": self.fsync}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():

@@ -165,6 +165,8 @@ class SetupMessage:
     # FailureConfig.keep_survivors: after its train function ends by an error or a stop,
     # the worker waits for a RejoinMessage instead of exiting.
     keep_survivors: bool = False
+    # RunConfig.storage_fsync: uploaded files are fsynced before they are announced.
+    fsync: bool = True
 
 
 @dataclass(frozen=True)

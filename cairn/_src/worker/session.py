@@ -56,6 +56,7 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import RunStorage, TrainContext
+from cairn._src.worker.direct_write import direct_writer, write_direct
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
@@ -69,6 +70,7 @@ from cairn._src.worker.upload_job import (
     resolve_after_commit,
     unchanged_files,
     upload_files,
+    upload_with_function,
     validation_task,
 )
 
@@ -105,7 +107,7 @@ class WorkerSession:
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # What this worker's transfers and the checkpoints it hands out use.
         self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
-                                              local_tier=self._tier)
+                                              local_tier=self._tier, fsync=setup.fsync)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -375,17 +377,13 @@ class WorkerSession:
         started = time.perf_counter()
         try:
             if job.upload_fn is not None:
-                uploaded = job.upload_fn(job.checkpoint, job.dir_name)
-                if not isinstance(uploaded, Checkpoint):
-                    raise ReportError(
-                        f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
-                        "cairn.Checkpoint it uploaded."
-                    )
-                message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
-                                          time.perf_counter() - started)
+                message = upload_with_function(job, self.rank, started)
             elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
                 # Another rank reported this same directory and uploads it whole.
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
+            elif (writer := direct_writer(job, self._tier)) is not None:
+                message = write_direct(job, writer, answer, destination, self.rank, started,
+                                       options=self.storage_options)
             else:
                 if job.write is not None:
                     self._write_deferred(job)

@@ -22,10 +22,12 @@ import pyarrow.fs as pafs
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.config.validation import task_for_report
 from cairn._src.errors import CairnError, ReportError
+from cairn._src.storage.durability import sync_uploaded
 from cairn._src.storage.fileio import delete_file
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.paths import list_local_files
+from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
@@ -93,6 +95,19 @@ def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, Fi
     return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
 
 
+def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedMessage:
+    """Run the report's ``checkpoint_upload_fn``; the checkpoint it returns is the upload."""
+    assert job.upload_fn is not None
+    uploaded = job.upload_fn(job.checkpoint, job.dir_name)
+    if not isinstance(uploaded, Checkpoint):
+        raise ReportError(
+            f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
+            "cairn.Checkpoint it uploaded."
+        )
+    return UploadedMessage(rank, job.index, {}, uploaded.location, 0,
+                           time.perf_counter() - started)
+
+
 def upload_files(job: UploadJob, answer: object, destination: StorageLocation, rank: int,
                  started: float, *, options: StorageOptions,
                  list_files: Callable[[], dict[str, int]]) -> UploadedMessage:
@@ -117,6 +132,7 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                                retry=retry, background=job.background,
                                transfer=options.transfer)
     entries = dict(sorted({**written, **unchanged}.items()))
+    sync_written(destination, written, options)
     if isinstance(answer, ProceedMessage) and answer.stale:
         # Written by the first upload of this directory and gone since (a temporary file
         # renamed): not part of the checkpoint.
@@ -129,6 +145,16 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
                            time.perf_counter() - started, duplicates=duplicates)
+
+
+def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
+                 options: StorageOptions) -> None:
+    """With ``options.fsync``, make the files just ``written`` under a local
+    ``destination`` durable before they are announced (:mod:`.durability`): the manifest
+    that the commit writes next may name only data that is on the disk."""
+    root = local_os_path(destination)
+    if options.fsync and root is not None and written:
+        sync_uploaded(root, written)
 
 
 def resolve_after_commit(job: UploadJob) -> None:

@@ -1,0 +1,100 @@
+"""A snapshot is serialized once, straight into its destination, hashed as it is written:
+local files (fsynced unless turned off) and remote streams alike; a path another rank
+writes is hashed only."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.storage.checksum import new_hasher
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.options import StorageOptions
+from cairn._src.torch.snapshot import _buffers, _Writer
+from cairn._src.torch.snapshot_buffers import copy_state
+from cairn._src.wire.messages import ProceedMessage
+from cairn._src.worker.direct_write import direct_writer, write_direct
+from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.upload_job import UploadJob
+
+FILES = {"state.pt": {"w": torch.arange(1000.0), "step": 4},
+         "rank_0/rank_state.pt": {"rng": torch.ones(3)}}
+
+
+def job_for(files: dict[str, object], tmp_path: Path) -> tuple[UploadJob, _Writer]:
+    buffer_set = _buffers.acquire()
+    copied = copy_state(files, buffer_set)
+    writer = _Writer(copied, buffer_set)
+    job = UploadJob(index=1, dir_name="checkpoint_000001",
+                    checkpoint=Checkpoint.from_directory(str(tmp_path)),
+                    files=dict.fromkeys(files, 0), upload_fn=None, delete_local=True,
+                    handle=ReportHandle(1, has_checkpoint=True), metadata={}, write=writer)
+    return job, writer
+
+
+def read(destination: StorageLocation, rel: str) -> bytes:
+    with destination.filesystem.open_input_stream(destination.join(rel).path) as stream:
+        return bytes(stream.read())
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    calls: list[str] = []
+    original = os.fsync
+
+    def recording(fd: int) -> None:
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        original(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    yield calls
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_snapshot_files_are_serialized_into_the_destination_with_their_checksums(
+    where: str, tmp_path: Path, fsyncs: list[str]
+) -> None:
+    destination = (resolve(str(tmp_path / "run" / "checkpoint_000001")) if where == "local"
+                   else resolve(f"memory://direct-{time.time_ns()}/run/checkpoint_000001"))
+    job, writer = job_for(FILES, tmp_path / "private")
+    assert direct_writer(job, local_tier=None) is writer
+    assert direct_writer(job, local_tier=object()) is None  # a local tier keeps a copy
+    message = write_direct(job, writer, ProceedMessage(1), destination, 0, time.perf_counter(),
+                           options=StorageOptions())
+    assert sorted(message.entries) == sorted(FILES)
+    for rel, entry in message.entries.items():
+        data = read(destination, rel)
+        hasher = new_hasher()
+        hasher.update(data)
+        assert (entry.size, entry.checksum) == (len(data), hasher.hexdigest())
+        loaded = torch.load(destination.join(rel).path if where == "local" else
+                            io.BytesIO(data))
+        assert str(loaded) == str(FILES[rel])
+    assert message.bytes_written == sum(e.size for e in message.entries.values())
+    if where == "local":
+        root = str(tmp_path / "run" / "checkpoint_000001")
+        assert fsyncs == [f"{root}/rank_0/rank_state.pt", f"{root}/state.pt",
+                          f"{root}/rank_0", root, str(tmp_path / "run")]
+    else:
+        assert fsyncs == []
+
+
+def test_a_path_another_rank_writes_is_hashed_not_written_and_fsync_can_be_off(
+    tmp_path: Path, fsyncs: list[str]
+) -> None:
+    destination = resolve(str(tmp_path / "checkpoint_000001"))
+    job, writer = job_for(FILES, tmp_path / "private")
+    message = write_direct(job, writer, ProceedMessage(1, duplicates=("state.pt",)),
+                           destination, 0, time.perf_counter(),
+                           options=StorageOptions(fsync=False))
+    assert sorted(message.entries) == ["rank_0/rank_state.pt"]
+    assert sorted(message.duplicates) == ["state.pt"]
+    assert not (tmp_path / "checkpoint_000001" / "state.pt").exists()
+    assert fsyncs == []
