@@ -16,6 +16,8 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any
 
@@ -49,22 +51,53 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def run_worker(connection: Connection, rank: int, attempt: int) -> int:
+@dataclass(frozen=True)
+class InDriver:
+    """A worker that runs in the driver's own process (local mode, ``num_workers=0``).
+
+    The train function, its config and the hooks are the driver's own objects, not copies
+    unpickled from the setup message, so the function sees and changes the driver's state
+    as a direct call would. ``on_controller_lost`` replaces the worker's exit when the
+    controller's connection drops. A ``KeyboardInterrupt`` in the train function is raised
+    to the caller instead of reported as the rank's failure: it ends the run, not the
+    attempt.
+    """
+
+    train_fn: Callable[..., Any]
+    config: Any
+    on_controller_lost: Callable[[], None]
+    setup_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    # Given rank 0's return value itself (Result.return_value is then that object).
+    on_return: Callable[[Any], None] | None = None
+
+
+def run_worker(connection: Connection, rank: int, attempt: int,
+               in_driver: InDriver | None = None) -> int:
     connection.send(("hello", rank, os.getpid(), attempt))
     kind, registrations = connection.recv()
     assert kind == "registrations"
     import_registrations(cloudpickle.loads(registrations))
     setup = connection.recv()
     assert isinstance(setup, SetupMessage)
-    session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
+    session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry),
+                            on_controller_lost=(in_driver.on_controller_lost
+                                                if in_driver is not None else None))
     set_session(session)
+    teardown: list[Callable[[Any], None]] = []
     try:
         if setup.storage_token is not None:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
         try:
-            hooks = cloudpickle.loads(setup.setup_hooks)
-            train_fn = loads_located(setup.train_fn)
-            config = cloudpickle.loads(setup.config)
+            if in_driver is not None:
+                hooks, train_fn, config = (in_driver.setup_hooks, in_driver.train_fn,
+                                           in_driver.config)
+                teardown = in_driver.teardown_hooks
+            else:
+                hooks = cloudpickle.loads(setup.setup_hooks)
+                train_fn = loads_located(setup.train_fn)
+                config = cloudpickle.loads(setup.config)
+                teardown = cloudpickle.loads(setup.teardown_hooks)
         except Exception as exc:
             # The same in every attempt: a module the worker cannot import, say.
             raise ConfigError(
@@ -78,9 +111,12 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
         session.send(TimingMessage(rank, "train_start", 0.0, time.time()))
         value = train_fn(config) if setup.pass_config else train_fn()
         session.finish()
-        for hook in cloudpickle.loads(setup.teardown_hooks):
+        for hook in teardown:
             hook(session.context)
     except BaseException as exc:
+        if in_driver is not None and isinstance(exc, KeyboardInterrupt):
+            session.close()
+            raise
         fatal = isinstance(exc, FATAL_ERRORS)
         message = ErrorMessage(
             rank=rank,
@@ -95,7 +131,9 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
         session.send(message)
         return 1
     returned: bytes | None = None
-    if rank == 0:
+    if in_driver is not None and in_driver.on_return is not None:
+        in_driver.on_return(value)
+    elif rank == 0:
         try:
             returned = cloudpickle.dumps(value)
         except Exception:
@@ -131,11 +169,11 @@ def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
     return connection, tunnel
 
 
-def run_from_bootstrap(boot: dict[str, Any]) -> int:
+def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None) -> int:
     """Connect to the controller named by ``boot`` and run this worker's share."""
     connection, tunnel = _connect(boot)
     try:
-        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
+        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]), in_driver)
     finally:
         if tunnel is not None:
             # The last messages (Done, an error) may still be in the tunnel: ending our
@@ -143,6 +181,10 @@ def run_from_bootstrap(boot: dict[str, Any]) -> int:
             abort_connection(connection)
             connection.close()
             tunnel.wait_closed(_FLUSH_TIMEOUT_S)
+        elif in_driver is not None:
+            # No process exit closes it: the controller reads the end of the connection
+            # as a worker process's last bytes.
+            connection.close()
 
 
 def _preload() -> None:

@@ -81,8 +81,11 @@ _STOP = object()
 class WorkerSession:
     """State of one worker process for one attempt. Created by ``worker.main``."""
 
-    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy) -> None:
+    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy, *,
+                 on_controller_lost: Callable[[], None] | None = None) -> None:
         self._connection = connection
+        # Called when the controller's connection drops mid-run; None: exit the process.
+        self._on_controller_lost = on_controller_lost
         self._setup = setup
         self._retry = retry
         self.retry = retry
@@ -516,6 +519,9 @@ class WorkerSession:
                 message = self._connection.recv()
             except (EOFError, OSError):
                 if not self._stopping:
+                    if self._on_controller_lost is not None:
+                        self._on_controller_lost()
+                        return
                     # The controller is gone (driver killed): nobody will commit or answer;
                     # leave now rather than train on unobserved.
                     os._exit(70)
