@@ -234,7 +234,8 @@ class InProcessBackend:
                              on_controller_lost=worker.stop,
                              setup_hooks=self.setup_hooks, teardown_hooks=self.teardown_hooks,
                              on_return=self.on_return)
-        code, error = 1, None
+        code: int = 1
+        error: BaseException | None = None
         try:
             try:
                 code = run_from_bootstrap(worker.bootstrap.body(0), in_driver)

@@ -42,12 +42,12 @@ from cairn._src.storage.location import (
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
-from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.local_mode import (
     in_process_backend,
     local_run_config,
     run_in_driver,
 )
+from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
 from cairn._src.wire.datasets import check_datasets
 

@@ -578,6 +578,7 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
+        self._uploads.put(_STOP)  # after a failure too: local mode's process goes on
 
 
 _session: WorkerSession | None = None
