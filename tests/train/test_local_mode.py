@@ -322,7 +322,7 @@ def test_torch_trainer_in_local_mode_under_torchrun_is_refused(
                        match=r"ScalingConfig\(num_workers=0\) under torchrun \(WORLD_SIZE=2, "
                              r"RANK=1\): Cairn's local mode runs one process, the driver, "
                              r"which owns the run; .* Launch the script once with plain "
-                             r"`python` and ScalingConfig\(num_workers=2\)"):
+                             r"python \(not torchrun\) and ScalingConfig\(num_workers=2\)"):
         TorchTrainer(counting, train_loop_config={"steps": 1}, scaling_config=LOCAL,
                      run_config=config).fit()
     assert not Path(config.storage_path, "run").exists()

@@ -60,7 +60,7 @@ def check_not_under_torchrun(environ: dict[str, str] | None = None) -> None:
         f"ScalingConfig(num_workers=0) under torchrun (WORLD_SIZE={world}, RANK="
         f"{env['RANK']}): Cairn's local mode runs one process, the driver, which owns the "
         "run; it does not join the processes torchrun started into one world as Ray Train "
-        "does. Launch the script once with plain `python` and ScalingConfig("
+        "does. Launch the script once with plain python (not torchrun) and ScalingConfig("
         f"num_workers={world}) (Cairn starts the {world} workers and their process group), "
         "or run each process without TorchTrainer."
     )
