@@ -159,7 +159,7 @@ def test_prepare_trainer_without_a_process_group_says_to_use_torch_trainer(
     trainer = cairn.Trainer(
         hf_workloads.prepare_without_process_group,
         train_loop_config={"output_dir": str(tmp_path / "out")},
-        scaling_config=ScalingConfig(num_workers=num_workers),
+        scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="plain", storage_path=str(tmp_path / "runs")),
     )
     with pytest.raises(cairn.TrainingFailedError) as failure:
