@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,10 +27,12 @@ from cairn import (
     Trainer,
     TrainingFailedError,
 )
-from cairn._src.backends.in_process import InProcessWorker, TrainFunctionStopped
+from cairn._src.backends.in_process import STOP_SIGNAL, InProcessWorker, TrainFunctionStopped
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.cli.main import main as cli_main
+from cairn._src.errors import RunLeaseError
 from cairn._src.run.events import read_events
+from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.status import run_history
 from cairn._src.storage.location import resolve
 from cairn._src.wire.bootstrap import Bootstrap
@@ -136,6 +139,7 @@ def test_a_failure_restarts_in_the_driver_and_resumes_from_the_committed_checkpo
                      run_config=run_config(failure_config=FailureConfig(max_failures=1))).fit()
     assert attempts == [(0, 0), (1, 2)]
     assert result.metrics == {"step": 3}
+    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
 
 
 def test_a_failure_beyond_the_budget_raises_the_train_functions_error(
@@ -167,7 +171,9 @@ def test_ctrl_c_in_the_train_function_ends_the_run_without_a_restart(
     assert calls == [1]
     events = read_events(resolve(str(Path(config.storage_path, "run", "events"))),
                          RetryPolicy())
-    assert run_history(events).status == "interrupted"
+    history = run_history(events)
+    # Ended as Ctrl-C ends a run with workers: interrupted, and no failure counted.
+    assert (history.status, history.attempts, history.failures) == ("interrupted", 1, ())
     assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
     # The run continues from its committed checkpoint, as after Ctrl-C with workers.
     assert Trainer(counting, train_loop_config={"steps": 1}, scaling_config=LOCAL,
@@ -255,6 +261,47 @@ def test_a_breakpoint_in_the_train_function_stops_in_the_driver(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert "(Pdb) 84" in done.stdout
     assert "metrics {'secret': 42}" in done.stdout
+
+
+def test_a_controller_that_ends_the_run_stops_a_train_function_waiting_on_it(
+        run_config: RunConfigFactory) -> None:
+    # The lease is removed by hand: the controller refuses to commit and ends the run while
+    # the train function waits for its SYNC report's commit. A worker process would be
+    # killed; in local mode the wait is interrupted, and fit() raises the controller's error.
+    seen: list[BaseException] = []
+    config = run_config()
+
+    def train() -> None:
+        Path(config.storage_path, "run", LEASE_NAME).unlink()
+        try:
+            save_step(0)
+        except BaseException as exc:
+            seen.append(exc)
+            raise
+
+    with pytest.raises(RunLeaseError, match=r"lease of the run at .* was removed"):
+        Trainer(train, scaling_config=LOCAL, run_config=config).fit()
+    assert [type(e) for e in seen] == [TrainFunctionStopped]
+    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
+
+
+def test_a_stop_interrupts_a_wait_of_the_main_thread() -> None:
+    # What the controller's kill does to a local-mode train function blocked in a wait (a
+    # SYNC report whose commit will not come): the stop signal's handler raises.
+    assert STOP_SIGNAL is not None and threading.current_thread() is threading.main_thread()
+    worker = InProcessWorker(Bootstrap(("127.0.0.1", 1), b"k", 0))
+    previous = signal.signal(STOP_SIGNAL, lambda signum, frame: worker.raise_if_stopped())
+    try:
+        assert worker.begin(STOP_SIGNAL)
+        threading.Timer(0.2, worker.stop).start()
+        with pytest.raises(TrainFunctionStopped):
+            threading.Event().wait()
+        worker.end(1)
+        # After the end, nothing is raised any more.
+        signal.pthread_kill(threading.get_ident(), STOP_SIGNAL)
+    finally:
+        signal.signal(STOP_SIGNAL, previous)
+    worker.close()
 
 
 def test_a_stopped_attempt_raises_in_the_thread_running_it() -> None:

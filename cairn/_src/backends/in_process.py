@@ -15,7 +15,10 @@ as it waits on a process's pidfd. The backend owns nothing else; each object kee
 owner: the controller thread its controller, the calling thread the worker session.
 
 What a process backend does by killing the process, this one does by raising
-:class:`TrainFunctionStopped` in the calling thread, at its next Python line.
+:class:`TrainFunctionStopped` in the calling thread: from the handler of a real-time signal
+sent to that thread (:data:`STOP_SIGNAL`), which also interrupts a wait on a lock (a SYNC
+report waiting for a commit that will not come), or, where the thread is not the main one
+or the platform has no such signal, as an asynchronous exception at its next Python line.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import ctypes
 import logging
 import os
 import queue
+import signal
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cairn._src.errors import ReportError
 from cairn._src.worker.main import InDriver, run_from_bootstrap
-from cairn._src.worker.session import set_session
+from cairn._src.worker.session import get_session, set_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,6 +43,10 @@ if TYPE_CHECKING:
     from cairn._src.wire.bootstrap import Bootstrap
 
 logger = logging.getLogger(__name__)
+
+# A real-time signal, which no library claims (SIGUSR1 is SLURM's requeue notice in
+# Lightning, say); None where the platform has none.
+STOP_SIGNAL: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
 
 
 class TrainFunctionStopped(BaseException):
@@ -69,6 +78,7 @@ class InProcessWorker:
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self._running_in: int | None = None
+        self._signal: int | None = None
         self.stop_requested = False
         self.exit_code: int | None = None
         self.error: BaseException | None = None
@@ -80,13 +90,25 @@ class InProcessWorker:
     def fileno(self) -> int:
         return self._read_fd
 
-    def begin(self) -> bool:
-        """The calling thread takes the attempt; False when it was stopped before."""
+    def begin(self, stop_signal: int | None = None) -> bool:
+        """The calling thread takes the attempt; False when it was stopped before.
+
+        With ``stop_signal``, a stop is that signal sent to this thread, whose handler
+        (installed by the caller) calls :meth:`raise_if_stopped`.
+        """
         with self._lock:
             if self.stop_requested:
                 return False
             self._running_in = threading.get_ident()
+            self._signal = stop_signal
             return True
+
+    def raise_if_stopped(self) -> None:
+        """In the stop signal's handler: raise :class:`TrainFunctionStopped` while the
+        calling thread still runs the stopped attempt. No lock: the handler runs on that
+        thread, which may hold it."""
+        if self.stop_requested and self._running_in == threading.get_ident():
+            raise TrainFunctionStopped
 
     def end(self, code: int, error: BaseException | None = None) -> None:
         """The train function returned (or raised): the controller sees an exit."""
@@ -107,7 +129,8 @@ class InProcessWorker:
     def _detach(self) -> None:
         # Under the lock, so no stop() raises after this; one raised but not yet seen by
         # the thread is withdrawn (a NULL exception clears it).
-        if self._running_in is not None and self.stop_requested:
+        # (A stop signal not yet handled finds the attempt over: raise_if_stopped.)
+        if self._running_in is not None and self.stop_requested and self._signal is None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._running_in), None)
         self._running_in = None
 
@@ -118,7 +141,11 @@ class InProcessWorker:
             if self.stop_requested:
                 return
             self.stop_requested = True
-            if self._running_in is not None:
+            if self._running_in is None:
+                return
+            if self._signal is not None:
+                signal.pthread_kill(self._running_in, self._signal)
+            else:
                 raise_in_thread(self._running_in, TrainFunctionStopped)
 
     def describe_exit(self) -> str:
@@ -144,13 +171,25 @@ class InProcessWorker:
 _END = object()
 
 
+def _end_session() -> None:
+    """Forget this thread's worker session once its connection is closed, and wait for its
+    threads (the receiver sees the end of the connection; the uploader its last job)."""
+    try:
+        session = get_session("local mode")
+    except ReportError:
+        return
+    set_session(None)
+    session.close()
+    session.join()
+
+
 @dataclass
 class InProcessBackend:
     """Runs rank 0 of every attempt on the thread that calls :meth:`serve`.
 
     ``train_fn``, ``config`` and the hooks are the driver's own objects (see
     :class:`~cairn._src.worker.main.InDriver`); ``on_return`` receives the function's
-    return value.
+    return value; ``on_interrupt`` ends the run on Ctrl-C in the function.
     """
 
     train_fn: Callable[..., Any]
@@ -158,6 +197,7 @@ class InProcessBackend:
     setup_hooks: list[Callable[[Any], None]] = field(default_factory=list)
     teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
     on_return: Callable[[Any], None] | None = None
+    on_interrupt: Callable[[], None] | None = None
     name: str = "in_process"
     bind_host: str = "127.0.0.1"
 
@@ -227,20 +267,38 @@ class InProcessBackend:
             self._run(request)
 
     def _run(self, worker: InProcessWorker) -> None:
-        if not worker.begin():
+        previous: Any = None
+        stop_signal = (STOP_SIGNAL if threading.current_thread() is threading.main_thread()
+                       else None)
+        if stop_signal is not None:
+            previous = signal.signal(stop_signal,
+                                     lambda signum, frame: worker.raise_if_stopped())
+        try:
+            self._run_attempt(worker, stop_signal)
+        finally:
+            if stop_signal is not None:
+                signal.signal(stop_signal, signal.SIG_DFL if previous is None else previous)
+
+    def _run_attempt(self, worker: InProcessWorker, stop_signal: int | None) -> None:
+        if not worker.begin(stop_signal):
             worker.end(1)
             return
+        def interrupt() -> None:
+            worker.detach()  # the controller's kill as it ends must not reach this thread
+            if self.on_interrupt is not None:
+                self.on_interrupt()
+
         in_driver = InDriver(train_fn=self.train_fn, config=self.config,
                              on_controller_lost=worker.stop,
                              setup_hooks=self.setup_hooks, teardown_hooks=self.teardown_hooks,
-                             on_return=self.on_return)
+                             on_return=self.on_return, on_interrupt=interrupt)
         code: int = 1
         error: BaseException | None = None
         try:
             try:
                 code = run_from_bootstrap(worker.bootstrap.body(0), in_driver)
             finally:
-                set_session(None)
+                _end_session()
         except TrainFunctionStopped as exc:
             logger.info("The train function was stopped: the controller ended attempt %d",
                         worker.bootstrap.attempt)

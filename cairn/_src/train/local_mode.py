@@ -66,7 +66,8 @@ def check_not_under_torchrun(environ: dict[str, str] | None = None) -> None:
     )
 
 
-def in_process_backend(spec: TrainSpec, returned: list[Any]) -> InProcessBackend:
+def in_process_backend(spec: TrainSpec, returned: list[Any],
+                       driver: DriverRun) -> InProcessBackend:
     """The backend that runs ``spec``'s function on the thread calling ``fit()``; its
     return value is appended to ``returned`` (the object itself, not a copy)."""
     # Imported here: `python -m cairn._src.worker.main` imports cairn first, which must
@@ -74,43 +75,59 @@ def in_process_backend(spec: TrainSpec, returned: list[Any]) -> InProcessBackend
     from cairn._src.backends.in_process import InProcessBackend
 
     return InProcessBackend(spec.train_fn, spec.config, list(spec.setup_hooks),
-                            list(spec.teardown_hooks), on_return=returned.append)
+                            list(spec.teardown_hooks), on_return=returned.append,
+                            on_interrupt=driver.interrupt)
 
 
-def run_in_driver(controller: Controller, backend: InProcessBackend) -> RunOutcome:
-    """Run ``controller`` on a ``cairn-controller`` thread and each attempt's train function
-    on this one; the run's outcome, or the controller's own exception.
+class DriverRun:
+    """A local-mode run: the controller on a ``cairn-controller`` thread, each attempt's
+    train function on the calling thread (:meth:`run`). Built before the backend, which
+    calls :meth:`interrupt` on Ctrl-C in the train function."""
 
-    On ``KeyboardInterrupt`` here (in the train function or between attempts), the
-    controller is interrupted as Ctrl-C interrupts it when it runs on the calling thread
-    (the session ends "interrupted"), then the interrupt is raised.
-    """
-    from cairn._src.backends.in_process import raise_in_thread
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._outcome: list[RunOutcome] = []
+        self._failure: list[BaseException] = []
 
-    outcome: list[RunOutcome] = []
-    failure: list[BaseException] = []
+    def run(self, controller: Controller, backend: InProcessBackend) -> RunOutcome:
+        """The run's outcome, or the controller's own exception.
 
-    def run_controller() -> None:
+        On ``KeyboardInterrupt`` here (in the train function or between attempts), the
+        controller is interrupted as Ctrl-C interrupts it when it runs on the calling
+        thread (the session ends "interrupted"), then the interrupt is raised.
+        """
+
+        def run_controller() -> None:
+            try:
+                self._outcome.append(controller.run())
+            except BaseException as exc:
+                self._failure.append(exc)
+            finally:
+                backend.end_serving()
+
+        self._thread = threading.Thread(target=run_controller, name="cairn-controller",
+                                        daemon=True)
+        self._thread.start()
         try:
-            outcome.append(controller.run())
-        except BaseException as exc:
-            failure.append(exc)
+            backend.serve()
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
         finally:
-            backend.end_serving()
+            self._thread.join()
+            backend.close()
+        if self._failure:
+            raise self._failure[0]
+        return self._outcome[0]
 
-    thread = threading.Thread(target=run_controller, name="cairn-controller", daemon=True)
-    thread.start()
-    try:
-        backend.serve()
-    except KeyboardInterrupt:
-        logger.info("Interrupted: stopping the run's controller")
+    def interrupt(self) -> None:
+        """Stop the controller as Ctrl-C would and wait for it (the calling thread)."""
+        from cairn._src.backends.in_process import raise_in_thread
+
+        thread = self._thread
+        if thread is None:
+            return
         if thread.ident is not None and thread.is_alive():
+            logger.info("Interrupted: stopping the run's controller")
             raise_in_thread(thread.ident, KeyboardInterrupt)
         thread.join()
-        backend.close()
-        raise
-    thread.join()
-    backend.close()
-    if failure:
-        raise failure[0]
-    return outcome[0]

@@ -42,11 +42,7 @@ from cairn._src.storage.location import (
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
-from cairn._src.train.local_mode import (
-    in_process_backend,
-    local_run_config,
-    run_in_driver,
-)
+from cairn._src.train.local_mode import DriverRun, in_process_backend, local_run_config
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
 from cairn._src.wire.datasets import check_datasets
@@ -221,15 +217,15 @@ class Trainer:
                              _next_from_history(run.join(METRICS_DIR), retry))
             # Local mode: the train function runs on this thread, the controller on another.
             returned: list[Any] = []
-            backend = in_process_backend(spec, returned) if local else None
+            driver = DriverRun()
+            backend = in_process_backend(spec, returned, driver) if local else None
             controller = build_controller(spec, self.scaling_config, run_config, manager,
                                           observers, pending, history, events,
                                           experiment_name=self._run_name,
                                           next_report_index=next_index,
                                           options=self.run_config.storage_options(),
                                           backend=backend)
-            outcome = (controller.run() if backend is None
-                       else run_in_driver(controller, backend))
+            outcome = controller.run() if backend is None else driver.run(controller, backend)
         finally:
             lease.release()
         result = build_result(run, manager.index, self.run_config.checkpoint_config,

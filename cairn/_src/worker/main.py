@@ -70,6 +70,9 @@ class InDriver:
     teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
     # Given rank 0's return value itself (Result.return_value is then that object).
     on_return: Callable[[Any], None] | None = None
+    # Called on Ctrl-C in the train function before the connection closes: it ends the
+    # run (interrupted), so that the controller does not take the closing for a failure.
+    on_interrupt: Callable[[], None] | None = None
 
 
 def run_worker(connection: Connection, rank: int, attempt: int,
@@ -116,6 +119,8 @@ def run_worker(connection: Connection, rank: int, attempt: int,
     except BaseException as exc:
         if in_driver is not None and isinstance(exc, KeyboardInterrupt):
             session.close()
+            if in_driver.on_interrupt is not None:
+                in_driver.on_interrupt()
             raise
         fatal = isinstance(exc, FATAL_ERRORS)
         message = ErrorMessage(
@@ -183,7 +188,8 @@ def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None) 
             tunnel.wait_closed(_FLUSH_TIMEOUT_S)
         elif in_driver is not None:
             # No process exit closes it: the controller reads the end of the connection
-            # as a worker process's last bytes.
+            # as a worker process's last bytes, and the session's receiver wakes.
+            abort_connection(connection)
             connection.close()
 
 

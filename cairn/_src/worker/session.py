@@ -519,12 +519,9 @@ class WorkerSession:
                 message = self._connection.recv()
             except (EOFError, OSError):
                 if not self._stopping:
-                    if self._on_controller_lost is not None:
-                        self._on_controller_lost()
-                        return
                     # The controller is gone (driver killed): nobody will commit or answer;
-                    # leave now rather than train on unobserved.
-                    os._exit(70)
+                    # leave now rather than train on unobserved (local mode: stop the function).
+                    (self._on_controller_lost or (lambda: os._exit(70)))()
                 return
             if isinstance(message, ProceedMessage | RejectMessage):
                 with self._state_lock:
@@ -579,6 +576,11 @@ class WorkerSession:
     def close(self) -> None:
         self._stopping = True
         self._uploads.put(_STOP)  # after a failure too: local mode's process goes on
+
+    def join(self) -> None:
+        """Wait for the receiver and the uploader, once the connection is closed."""
+        self._receiver.join()
+        self._uploader.join()
 
 
 _session: WorkerSession | None = None
