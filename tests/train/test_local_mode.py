@@ -357,6 +357,29 @@ def test_torch_trainer_in_local_mode_has_no_process_group(run_config: RunConfigF
                                    "env": dict.fromkeys(TORCHRUN_ENV)}
 
 
+def test_torch_trainer_in_local_mode_ends_a_process_group_a_failed_attempt_left(
+        run_config: RunConfigFactory) -> None:
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from cairn.torch import TorchTrainer
+
+    seen: list[bool] = []
+
+    def train() -> None:
+        # What Lightning's DDP strategy does in local mode: a process group of its own.
+        seen.append(dist.is_initialized())
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0,
+                                world_size=1)
+        if len(seen) == 1:
+            raise RuntimeError("first attempt fails")
+
+    TorchTrainer(train, scaling_config=LOCAL,
+                 run_config=run_config(failure_config=FailureConfig(max_failures=1))).fit()
+    assert seen == [False, False]
+    assert not dist.is_initialized()
+
+
 def test_torch_trainer_in_local_mode_under_torchrun_is_refused(
         run_config: RunConfigFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")

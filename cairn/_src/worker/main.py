@@ -87,7 +87,7 @@ def run_worker(connection: Connection, rank: int, attempt: int,
                             on_controller_lost=(in_driver.on_controller_lost
                                                 if in_driver is not None else None))
     set_session(session)
-    teardown: list[Callable[[Any], None]] = []
+    teardown = in_driver.teardown_hooks if in_driver is not None else []
     try:
         if setup.storage_token is not None:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
@@ -95,7 +95,6 @@ def run_worker(connection: Connection, rank: int, attempt: int,
             if in_driver is not None:
                 hooks, train_fn, config = (in_driver.setup_hooks, in_driver.train_fn,
                                            in_driver.config)
-                teardown = in_driver.teardown_hooks
             else:
                 hooks = cloudpickle.loads(setup.setup_hooks)
                 train_fn = loads_located(setup.train_fn)
@@ -117,6 +116,8 @@ def run_worker(connection: Connection, rank: int, attempt: int,
         for hook in teardown:
             hook(session.context)
     except BaseException as exc:
+        if in_driver is not None:
+            _tear_down_after_failure(teardown, session.context)
         if in_driver is not None and isinstance(exc, KeyboardInterrupt):
             session.close()
             if in_driver.on_interrupt is not None:
@@ -149,6 +150,17 @@ def run_worker(connection: Connection, rank: int, attempt: int,
     # briefly for it), so the Done message is seen even if the exit is noticed first.
     session.send(DoneMessage(rank, session.report_count, returned))
     return 0
+
+
+def _tear_down_after_failure(hooks: list[Callable[[Any], None]], context: Any) -> None:
+    """In the driver's process (local mode) the teardown hooks run after a failure too:
+    the process goes on, and what they end (a process group) would outlive the attempt."""
+    for hook in hooks:
+        try:
+            hook(context)
+        except Exception:
+            logger.warning("A teardown hook failed after the train function failed",
+                           exc_info=True)
 
 
 def connect(boot: dict[str, Any]) -> Connection:
