@@ -357,6 +357,21 @@ def test_torch_trainer_in_local_mode_has_no_process_group(run_config: RunConfigF
                                    "env": dict.fromkeys(TORCHRUN_ENV)}
 
 
+def test_torch_trainer_in_local_mode_with_use_gpu_and_no_gpu_says_so(
+        run_config: RunConfigFactory) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    from cairn.torch import TorchTrainer
+
+    with pytest.raises(TrainingFailedError,
+                       match=r"ConfigError: ScalingConfig\(num_workers=0, use_gpu=True\), but "
+                             r"this process sees no CUDA device"):
+        TorchTrainer(counting, train_loop_config={"steps": 1},
+                     scaling_config=ScalingConfig(num_workers=0, use_gpu=True),
+                     run_config=run_config(failure_config=FailureConfig(max_failures=2))).fit()
+
+
 def test_torch_trainer_in_local_mode_ends_a_process_group_a_failed_attempt_left(
         run_config: RunConfigFactory) -> None:
     pytest.importorskip("torch")
