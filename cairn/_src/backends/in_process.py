@@ -74,6 +74,10 @@ class InProcessWorker:
     def __init__(self, bootstrap: Bootstrap) -> None:
         self.bootstrap = bootstrap
         self.pid = os.getpid()
+        # The read end is the controller thread's (it waits on it), the write end the
+        # calling thread's (it marks the end): each closes its own.
+        self._read_fd: int | None
+        self._write_fd: int | None
         self._read_fd, self._write_fd = os.pipe()
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -88,6 +92,7 @@ class InProcessWorker:
         return self
 
     def fileno(self) -> int:
+        assert self._read_fd is not None
         return self._read_fd
 
     def begin(self, stop_signal: int | None = None) -> bool:
@@ -118,7 +123,10 @@ class InProcessWorker:
                 return
             self.exit_code, self.error = code, error
             self._ended.set()
-            os.write(self._write_fd, b"x")
+            if self._write_fd is not None:
+                os.write(self._write_fd, b"x")
+                os.close(self._write_fd)
+                self._write_fd = None
 
     def detach(self) -> None:
         """The calling thread leaves the attempt without ending it (Ctrl-C: the caller
@@ -160,12 +168,19 @@ class InProcessWorker:
     def wait_exit(self, timeout: float) -> bool:
         return self._ended.wait(timeout)
 
+    def close_watcher(self) -> None:
+        """The controller is done with this attempt: its end of the pipe is closed."""
+        if self._read_fd is not None:
+            os.close(self._read_fd)
+            self._read_fd = None
+
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """After the run (every thread is done with it): both ends."""
+        self.close_watcher()
+        with self._lock:
+            if self._write_fd is not None:
+                os.close(self._write_fd)
+                self._write_fd = None
 
 
 _END = object()
@@ -216,7 +231,7 @@ class InProcessBackend:
         (0 in local mode). ``env`` is not applied: the driver's environment is the one the
         function runs in."""
         for worker in self.workers:
-            worker.close()
+            worker.close_watcher()
         worker = InProcessWorker(bootstrap)
         self.workers = [worker]
         self._requests.put(worker)
@@ -283,6 +298,7 @@ class InProcessBackend:
         if not worker.begin(stop_signal):
             worker.end(1)
             return
+
         def interrupt() -> None:
             worker.detach()  # the controller's kill as it ends must not reach this thread
             if self.on_interrupt is not None:
