@@ -50,7 +50,7 @@ Row = _harness.Row
 
 MODULES = ("transfer", "report", "recovery", "goodput", "snapshot", "as_directory",
            "resume_check", "small_files", "s3_transfer", "s3_resume", "local_tier",
-           "torch_recovery", "train_step", "dcp", "many_ranks", "ray_cluster")
+           "torch_recovery", "train_step", "dcp", "many_ranks", "ray_cluster", "local_mode")
 """Benchmark modules, in the order they run and appear in the table."""
 
 RAY_REFERENCE = "ray-reference"

@@ -13,9 +13,30 @@ from cairn import (
 )
 
 
-def test_num_workers_zero() -> None:
-    with pytest.raises(ConfigError, match=r"ScalingConfig.num_workers=0 must be an integer >= 1"):
-        ScalingConfig(num_workers=0)
+def test_num_workers_zero_is_local_mode() -> None:
+    assert ScalingConfig(num_workers=0).local_mode
+    assert not ScalingConfig(num_workers=1).local_mode
+
+
+def test_num_workers_negative() -> None:
+    # Ray's words, then Cairn's: the argument, the value and what is accepted.
+    with pytest.raises(ConfigError, match=r"Invalid ScalingConfig\(num_workers=-1\): Number "
+                       r"of workers cannot be negative\. ScalingConfig.num_workers=-1 must be "
+                       r"an integer >= 1, 0 \(local mode"):
+        ScalingConfig(num_workers=-1)
+
+
+def test_num_workers_zero_in_an_elastic_range() -> None:
+    with pytest.raises(ConfigError, match=r"ScalingConfig.num_workers=\(0, 2\): min_workers=0 "
+                       r"must be >= 1; num_workers must be an integer >= 1, 0 \(local mode"):
+        ScalingConfig(num_workers=(0, 2))
+
+
+def test_num_workers_zero_on_the_ray_backend() -> None:
+    with pytest.raises(ConfigError, match=r"ScalingConfig\(num_workers=0, backend='ray'\): "
+                       r"num_workers=0 is local mode, which runs the train function in this "
+                       r"process"):
+        ScalingConfig(num_workers=0, backend="ray")
 
 
 def test_num_to_keep_zero() -> None:

@@ -11,7 +11,8 @@ from cairn import ConfigError, ScalingConfig, Trainer
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 
-ACCEPTED = (r"an integer >= 1, or a \(min_workers, max_workers\) tuple of integers with "
+ACCEPTED = (r"an integer >= 1, 0 \(local mode: the train function runs in this process\), "
+            r"or a \(min_workers, max_workers\) tuple of integers with "
             r"1 <= min_workers <= max_workers, such as \(2, 4\)")
 
 
@@ -29,7 +30,7 @@ def test_a_range_whose_minimum_is_above_its_maximum_is_refused() -> None:
     (("1", 2), r"\('1', 2\) must be ", ""),
     ((True, 2), r"\(True, 2\) must be ", ""),
     (2.0, r"2.0 must be ", ""),
-    (0, r"0 must be ", ""),
+    (-1, r"-1 must be ", ""),
 ])
 def test_other_bad_values_are_refused_naming_what_is_accepted(
     value: object, shown: str, hint: str

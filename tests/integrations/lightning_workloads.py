@@ -87,7 +87,9 @@ def train_lightning(config: dict[str, Any]) -> None:
     context = cairn.get_context()
     with open(os.path.join(config["scratch"], f"world_{context.get_world_rank()}.txt"),
               "w") as f:
-        f.write(f"{torch.distributed.get_backend()} {torch.distributed.get_world_size()}\n")
+        # Local mode (num_workers=0) forms no process group before Lightning does.
+        f.write(f"{torch.distributed.get_backend()} {torch.distributed.get_world_size()}\n"
+                if torch.distributed.is_initialized() else "none 1\n")
     trainer = pl.Trainer(
         max_epochs=config["max_epochs"],
         accelerator="cpu",

@@ -21,7 +21,7 @@ from cairn.huggingface import CairnReportCallback, RayTrainReportCallback, prepa
 from cairn.torch import TorchTrainer
 
 
-def _fit(tmp_path: Path, **config: object) -> cairn.Result:
+def _fit(tmp_path: Path, num_workers: int = 2, **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     # The workers' temporary directory, where the callback stages each checkpoint.
@@ -30,7 +30,7 @@ def _fit(tmp_path: Path, **config: object) -> cairn.Result:
         hf_workloads.train_transformers,
         train_loop_config={"output_dir": str(tmp_path / "hf_output"), "scratch": str(scratch),
                            **config},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=num_workers),
         run_config=RunConfig(name="hf", storage_path=str(tmp_path / "runs"),
                              failure_config=FailureConfig(max_failures=1),
                              worker_env={"TMPDIR": str(tmp_path / "worker_tmp")}),
@@ -87,6 +87,23 @@ def test_a_killed_worker_resumes_the_trainer_from_the_committed_step(tmp_path: P
     assert result.error is None
     assert _trainer_state(result.checkpoint)["global_step"] == 6
     assert result.metrics["step"] == 6 and "loss" in result.metrics
+
+
+@pytest.mark.slow
+def test_local_mode_reports_every_save_in_the_driver_and_workers_resume_from_it(
+        tmp_path: Path) -> None:
+    result = _fit(tmp_path, num_workers=0, max_steps=4, save_steps=2)
+
+    assert result.error is None
+    assert _steps(tmp_path / "scratch", 0, 0) == [1, 2, 3, 4]
+    state = _trainer_state(result.checkpoint)
+    assert state["global_step"] == 4
+    assert {"model.safetensors", "trainer_state.json", "rng_state.pth"} <= state["_files"]
+    # Two worker processes continue the run from the local-mode run's step 4.
+    resumed = _fit(tmp_path, max_steps=6, save_steps=2)
+    for rank in (0, 1):
+        assert _steps(tmp_path / "scratch", 1, rank) == [5, 6]
+    assert _trainer_state(resumed.checkpoint)["global_step"] == 6
 
 
 def test_the_ray_name_is_the_same_class() -> None:

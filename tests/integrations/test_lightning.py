@@ -35,7 +35,7 @@ from cairn.torch import TorchTrainer
 
 
 def _fit(tmp_path: Path, validation_config: cairn.ValidationConfig | None = None,
-         **config: object) -> cairn.Result:
+         num_workers: int = 2, **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     # The workers' temporary directory, where the callback stages each checkpoint.
@@ -44,7 +44,7 @@ def _fit(tmp_path: Path, validation_config: cairn.ValidationConfig | None = None
         lightning_workloads.train_lightning,
         train_loop_config={"root_dir": str(tmp_path / "lightning_root"),
                            "scratch": str(scratch), **config},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=num_workers),
         validation_config=validation_config,
         run_config=RunConfig(name="lightning", storage_path=str(tmp_path / "runs"),
                              failure_config=FailureConfig(max_failures=1),
@@ -110,6 +110,25 @@ def test_validation_true_validates_every_epoch_checkpoint_in_the_driver(tmp_path
     reported = [(metrics["epoch"], metrics.get("validated_epoch"))
                 for _, metrics in result.best_checkpoints]
     assert reported == [(0, 0), (1, 1)]
+
+
+@pytest.mark.slow
+def test_local_mode_reports_and_validates_in_the_driver_and_workers_resume_from_it(
+        tmp_path: Path) -> None:
+    result = _fit(tmp_path, num_workers=0, max_epochs=2, validation=True,
+                  validation_config=cairn.ValidationConfig(lightning_workloads.validate_checkpoint))
+
+    assert result.error is None
+    scratch = tmp_path / "scratch"
+    assert (scratch / "world_0.txt").read_text() == "none 1\n"
+    assert _epochs(scratch, 0, 0) == [0, 1]
+    assert [(metrics["epoch"], metrics.get("validated_epoch"))
+            for _, metrics in result.best_checkpoints] == [(0, 0), (1, 1)]
+    # Two worker processes continue the run from the local-mode run's last checkpoint.
+    resumed = _fit(tmp_path, max_epochs=3)
+    for rank in (0, 1):
+        assert _epochs(scratch, 1, rank) == [2]
+    assert resumed.metrics["epoch"] == 2 and _saved(resumed.checkpoint)["epoch"] == 2
 
 
 def test_the_ray_names_are_the_cairn_classes() -> None:

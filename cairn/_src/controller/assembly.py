@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cairn._src.backends.factory import make_backend
+from cairn._src.backends.protocol import WorkerBackend
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.opening import OpenedRun
 from cairn._src.checkpoint.retention import make_policy
@@ -55,10 +56,10 @@ def build_observers(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConf
         run_config.callbacks,
         TrainRunContext(run_config=run_config, train_loop_config=spec.config,
                         scaling_config=scaling),
-        scaling.max_workers,
+        max(1, scaling.max_workers),  # local mode (num_workers=0) runs one worker
     )
     # The driver's live view (RunConfig.progress); its hooks never block the loop.
-    view = LiveView.for_run(run_config, scaling.max_workers)
+    view = LiveView.for_run(run_config, max(1, scaling.max_workers))
     # Every event is emitted once, to these observers in this order: the log first, so
     # that a callback that raises still leaves the record.
     stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks],
@@ -85,9 +86,12 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
                      manager: CheckpointManager, observers: Observers,
                      pending: PendingValidations, history: SegmentLog, events: SegmentLog, *,
                      experiment_name: str, next_report_index: int,
-                     options: StorageOptions) -> Controller:
+                     options: StorageOptions,
+                     backend: WorkerBackend | None = None) -> Controller:
+    """The controller of a run; ``backend`` (default: the one ``scaling`` names) is given
+    by local mode, whose caller serves it."""
     payload = WorkerPayload.pickle(spec, run_config)
-    backend = make_backend(scaling, run_config)
+    backend = backend if backend is not None else make_backend(scaling, run_config)
     inbox = Inbox()
     # The driver node's address, never every interface (loopback for local workers).
     channels = WorkerChannels(backend.advertise_host(), inbox=inbox,

@@ -130,6 +130,31 @@ class ProcessGroupSetup:
                      world_size, device)
 
 
+@dataclass(frozen=True)
+class LocalDeviceSetup:
+    """``TorchTrainer``'s set-up hook in local mode (``num_workers=0``): the device only.
+
+    As in Ray Train's local mode, no process group is formed and the driver's environment
+    is left alone (no ``RANK``/``MASTER_ADDR``): ``cuda:0`` with
+    ``ScalingConfig(use_gpu=True)`` (or the device ``torch.cuda`` already had selected),
+    the CPU otherwise.
+    """
+
+    use_gpu: bool
+
+    def __call__(self, context: Any) -> None:
+        device = torch.device("cpu")
+        if self.use_gpu:
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    "ScalingConfig(num_workers=0, use_gpu=True), but this process sees no "
+                    "CUDA device (torch.cuda.is_available() is False). Set use_gpu=False to "
+                    "train on the CPU, or install a CUDA build of torch."
+                )
+            device = torch.device("cuda", torch.cuda.current_device())
+        set_worker_device(device)
+
+
 def destroy_process_group(context: Any) -> None:
     """The teardown hook: ends the default process group after the train function returned.
 

@@ -10,9 +10,11 @@ from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.process_group import (
     AttemptEnvironment,
+    LocalDeviceSetup,
     ProcessGroupSetup,
     destroy_process_group,
 )
+from cairn._src.train.local_mode import check_not_under_torchrun
 from cairn._src.train.trainer import TRAINER_OPTIONS, Trainer
 
 if TYPE_CHECKING:
@@ -37,6 +39,11 @@ class TorchTrainer(Trainer):
     the next attempt rendezvouses on a fresh port. After the train function returns (and
     its pending uploads commit) the process group is destroyed.
 
+    With ``ScalingConfig(num_workers=0)`` (local mode) the train function runs in the
+    driver's process without a process group, on ``cuda:0`` with ``use_gpu=True``, else on
+    the CPU; a launch under ``torchrun`` with more than one process is refused at ``fit()``
+    (see ``docs/local-mode.md``).
+
     Everything else is :class:`cairn.Trainer`: ``fit()``, checkpoints, restarts, resume.
     """
 
@@ -59,9 +66,16 @@ class TorchTrainer(Trainer):
                 f"torch_config={torch_config!r} must be a cairn.torch.TorchConfig or None."
             )
         self.torch_config = torch_config or TorchConfig()
-        self._setup_hooks.append(ProcessGroupSetup(self.torch_config, self.scaling_config.use_gpu))
+        if self.scaling_config.local_mode:
+            self._setup_hooks.append(LocalDeviceSetup(self.scaling_config.use_gpu))
+        else:
+            self._setup_hooks.append(ProcessGroupSetup(self.torch_config,
+                                                       self.scaling_config.use_gpu))
+            self._attempt_env = AttemptEnvironment(self._threads_per_worker())
         self._teardown_hooks.append(destroy_process_group)
-        self._attempt_env = AttemptEnvironment(self._threads_per_worker())
+
+    def _check_local_mode(self) -> None:
+        check_not_under_torchrun()
 
     def _threads_per_worker(self) -> int | None:
         if "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in (

@@ -42,6 +42,7 @@ from cairn._src.storage.location import (
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
+from cairn._src.train.local_mode import DriverRun, in_process_backend, local_run_config
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
 from cairn._src.wire.datasets import check_datasets
@@ -171,7 +172,15 @@ class Trainer:
             )
         return base.join(self._run_name)
 
+    def _check_local_mode(self) -> None:
+        """Checks of ``ScalingConfig(num_workers=0)`` made when ``fit()`` starts
+        (``TorchTrainer`` refuses a torchrun launch here)."""
+
     def fit(self) -> Result:
+        local = self.scaling_config.local_mode
+        if local:
+            self._check_local_mode()
+        run_config = local_run_config(self.run_config) if local else self.run_config
         run = self._run_location()
         _create_local_run_directory(run, self._storage_path)
         retry = self.run_config.storage_retry
@@ -197,7 +206,7 @@ class Trainer:
                              datasets=self.datasets)
             # The event stream first: the manager is built once, with every collaborator
             # (every index write first checks that this driver still holds the run).
-            observers = build_observers(spec, self.scaling_config, self.run_config, history,
+            observers = build_observers(spec, self.scaling_config, run_config, history,
                                         events)
             pending = PendingValidations()
             manager = build_manager(run, self.run_config, opened, history,
@@ -206,17 +215,23 @@ class Trainer:
             _log_run_start(self._run_name, run, manager)
             next_index = max(manager.index.next_report_index,
                              _next_from_history(run.join(METRICS_DIR), retry))
-            controller = build_controller(spec, self.scaling_config, self.run_config, manager,
+            # Local mode: the train function runs on this thread, the controller on another.
+            returned: list[Any] = []
+            driver = DriverRun()
+            backend = in_process_backend(spec, returned, driver) if local else None
+            controller = build_controller(spec, self.scaling_config, run_config, manager,
                                           observers, pending, history, events,
                                           experiment_name=self._run_name,
                                           next_report_index=next_index,
-                                          options=self.run_config.storage_options())
-            outcome = controller.run()
+                                          options=self.run_config.storage_options(),
+                                          backend=backend)
+            outcome = controller.run() if backend is None else driver.run(controller, backend)
         finally:
             lease.release()
         result = build_result(run, manager.index, self.run_config.checkpoint_config,
                               metrics=outcome.last_metrics or None, error=outcome.error,
-                              return_value=outcome.return_value, retry=retry)
+                              return_value=returned[-1] if returned else outcome.return_value,
+                              retry=retry)
         call_hooks(self.run_config.callbacks, "on_run_end", result)
         if outcome.error is not None:
             # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's

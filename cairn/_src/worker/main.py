@@ -17,6 +17,8 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any
 
@@ -56,7 +58,32 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def run_worker(connection: Connection, rank: int, attempt: int) -> int | RejoinMessage:
+@dataclass(frozen=True)
+class InDriver:
+    """A worker that runs in the driver's own process (local mode, ``num_workers=0``).
+
+    The train function, its config and the hooks are the driver's own objects, not copies
+    unpickled from the setup message, so the function sees and changes the driver's state
+    as a direct call would. ``on_controller_lost`` replaces the worker's exit when the
+    controller's connection drops. A ``KeyboardInterrupt`` in the train function is raised
+    to the caller instead of reported as the rank's failure: it ends the run, not the
+    attempt.
+    """
+
+    train_fn: Callable[..., Any]
+    config: Any
+    on_controller_lost: Callable[[], None]
+    setup_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    # Given rank 0's return value itself (Result.return_value is then that object).
+    on_return: Callable[[Any], None] | None = None
+    # Called on Ctrl-C in the train function before the connection closes: it ends the
+    # run (interrupted), so that the controller does not take the closing for a failure.
+    on_interrupt: Callable[[], None] | None = None
+
+
+def run_worker(connection: Connection, rank: int, attempt: int,
+               in_driver: InDriver | None = None) -> int | RejoinMessage:
     """Run this rank's share of ``attempt``: the exit code, or, for a rank the controller
     keeps after another rank failed (``FailureConfig(keep_survivors=True)``), the
     :class:`RejoinMessage` of the attempt it is to run next in this same process."""
@@ -66,15 +93,23 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int | RejoinM
     import_registrations(cloudpickle.loads(registrations))
     setup = connection.recv()
     assert isinstance(setup, SetupMessage)
-    session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
+    session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry),
+                            on_controller_lost=(in_driver.on_controller_lost
+                                                if in_driver is not None else None))
     set_session(session)
+    teardown = in_driver.teardown_hooks if in_driver is not None else []
     try:
         if setup.storage_token is not None:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
         try:
-            hooks = cloudpickle.loads(setup.setup_hooks)
-            train_fn = loads_located(setup.train_fn)
-            config = cloudpickle.loads(setup.config)
+            if in_driver is not None:
+                hooks, train_fn, config = (in_driver.setup_hooks, in_driver.train_fn,
+                                           in_driver.config)
+            else:
+                hooks = cloudpickle.loads(setup.setup_hooks)
+                train_fn = loads_located(setup.train_fn)
+                config = cloudpickle.loads(setup.config)
+                teardown = cloudpickle.loads(setup.teardown_hooks)
         except Exception as exc:
             # The same in every attempt: a module the worker cannot import, say.
             raise ConfigError(
@@ -88,18 +123,28 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int | RejoinM
         session.send(TimingMessage(rank, "train_start", 0.0, time.time()))
         value = train_fn(config) if setup.pass_config else train_fn()
         session.finish()
-        for hook in cloudpickle.loads(setup.teardown_hooks):
+        for hook in teardown:
             hook(session.context)
     except BaseException as exc:
+        if in_driver is not None:
+            _tear_down_after_failure(teardown, session.context)
+        if in_driver is not None and isinstance(exc, KeyboardInterrupt):
+            session.close()
+            if in_driver.on_interrupt is not None:
+                in_driver.on_interrupt()
+            raise
         fatal = isinstance(exc, FATAL_ERRORS)
-        if setup.keep_survivors and not fatal and isinstance(exc, Exception | AttemptStopped):
+        if (in_driver is None and setup.keep_survivors and not fatal
+                and isinstance(exc, Exception | AttemptStopped)):
             return _stop_for_rejoin(session, setup, exc)
         message = _error_message(rank, exc, fatal=fatal)
         session.close()
         session.send(message)
         return 1
     returned: bytes | None = None
-    if rank == 0:
+    if in_driver is not None and in_driver.on_return is not None:
+        in_driver.on_return(value)
+    elif rank == 0:
         try:
             returned = cloudpickle.dumps(value)
         except Exception:
@@ -153,6 +198,17 @@ def _clear_frames(exc: BaseException) -> None:
         error = error.__cause__ or error.__context__
 
 
+def _tear_down_after_failure(hooks: list[Callable[[Any], None]], context: Any) -> None:
+    """In the driver's process (local mode) the teardown hooks run after a failure too:
+    the process goes on, and what they end (a process group) would outlive the attempt."""
+    for hook in hooks:
+        try:
+            hook(context)
+        except Exception:
+            logger.warning("A teardown hook failed after the train function failed",
+                           exc_info=True)
+
+
 def connect(boot: dict[str, Any]) -> Connection:
     """An authenticated connection to the controller that ``boot`` names: plain TCP, or
     a TLS tunnel that trusts only the run's certificate when ``boot`` carries one."""
@@ -176,14 +232,15 @@ def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
     return connection, tunnel
 
 
-def run_from_bootstrap(boot: dict[str, Any]) -> int:
+def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None) -> int:
     """Connect to the controller named by ``boot`` and run this worker's share; a rank
     kept after another rank failed connects again and runs each next attempt it is
     given, in this same process."""
     while True:
         connection, tunnel = _connect(boot)
         try:
-            outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
+            outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]),
+                                 in_driver)
         finally:
             if tunnel is not None:
                 # The last messages (Done, an error) may still be in the tunnel: ending our
@@ -192,6 +249,11 @@ def run_from_bootstrap(boot: dict[str, Any]) -> int:
                 connection.close()
                 tunnel.wait_closed(_FLUSH_TIMEOUT_S)
             else:
+                if in_driver is not None:
+                    # No process exit closes it: the controller reads the end of the
+                    # connection as a worker process's last bytes, and the session's
+                    # receiver wakes.
+                    abort_connection(connection)
                 connection.close()
         if not isinstance(outcome, RejoinMessage):
             return outcome

@@ -35,7 +35,7 @@ from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.options import StorageOptions
-from cairn._src.storage.paths import check_relative_path, list_local_files, local_dir_identity
+from cairn._src.storage.paths import check_relative_path, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.wire.datasets import DatasetShards
 from cairn._src.wire.messages import (
@@ -72,6 +72,7 @@ from cairn._src.worker.upload_job import (
     upload_files,
     upload_with_function,
     validation_task,
+    write_deferred,
 )
 
 __all__ = ["BACKGROUND_NICENESS", "UploadFn", "WorkerSession", "get_session",
@@ -85,8 +86,11 @@ _STOP = object()
 class WorkerSession:
     """State of one worker process for one attempt. Created by ``worker.main``."""
 
-    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy) -> None:
+    def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy, *,
+                 on_controller_lost: Callable[[], None] | None = None) -> None:
         self._connection = connection
+        # Called when the controller's connection drops mid-run; None: exit the process.
+        self._on_controller_lost = on_controller_lost
         self._setup = setup
         self._retry = retry
         self.retry = retry
@@ -306,18 +310,6 @@ class WorkerSession:
         )
         return self._enqueue(job, clean)
 
-    def _write_deferred(self, job: UploadJob) -> None:
-        assert job.write is not None
-        job.write(job.checkpoint.path)
-        written = set(list_local_files(job.checkpoint.path))
-        if written != set(job.files):
-            missing = sorted(set(job.files) - written)
-            extra = sorted(written - set(job.files))
-            raise ReportError(
-                f"The deferred checkpoint of report {job.index} did not write the files it "
-                f"declared: missing {missing}, undeclared {extra}."
-            )
-
     def _register_reference(
         self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
         validation: dict[str, Any] | None = None,
@@ -386,7 +378,7 @@ class WorkerSession:
                                        options=self.storage_options)
             else:
                 if job.write is not None:
-                    self._write_deferred(job)
+                    write_deferred(job)
                 message = upload_files(job, answer, destination, self.rank, started,
                                        options=self.storage_options,
                                        list_files=lambda: checkpoint_files(job.checkpoint)[0])
@@ -485,8 +477,8 @@ class WorkerSession:
                     return
                 if not self._stopping:
                     # The controller is gone (driver killed): nobody will commit or answer;
-                    # leave now rather than train on unobserved.
-                    os._exit(70)
+                    # leave now rather than train on unobserved (local mode: stop the function).
+                    (self._on_controller_lost or (lambda: os._exit(70)))()
                 return
             if isinstance(message, ProceedMessage | RejectMessage):
                 with self._state_lock:
@@ -546,6 +538,12 @@ class WorkerSession:
 
     def close(self) -> None:
         self._stopping = True
+        self._uploads.put(_STOP)  # after a failure too: local mode's process goes on
+
+    def join(self) -> None:
+        """Wait for the receiver and the uploader, once the connection is closed."""
+        self._receiver.join()
+        self._uploader.join()
 
     # --- a survivor (FailureConfig(keep_survivors=True)) ---------------------------------
 

@@ -95,6 +95,20 @@ def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, Fi
     return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
 
 
+def write_deferred(job: UploadJob) -> None:
+    """Run a deferred report's ``write`` into its directory; it must write what it declared."""
+    assert job.write is not None
+    job.write(job.checkpoint.path)
+    written = set(list_local_files(job.checkpoint.path))
+    if written != set(job.files):
+        missing = sorted(set(job.files) - written)
+        extra = sorted(written - set(job.files))
+        raise ReportError(
+            f"The deferred checkpoint of report {job.index} did not write the files it "
+            f"declared: missing {missing}, undeclared {extra}."
+        )
+
+
 def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedMessage:
     """Run the report's ``checkpoint_upload_fn``; the checkpoint it returns is the upload."""
     assert job.upload_fn is not None

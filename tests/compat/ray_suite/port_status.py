@@ -67,6 +67,24 @@ SKIP: dict[str, str] = {
     "test_async_checkpointing_validation.py::test_get_all_reported_checkpoints_all_consistency_modes":
         RAY_ACTOR,
     "test_torch_transformers_train.py::test_e2e_hf_data": HF_HUB_MODEL,
+    "test_local_mode.py::test_jax_trainer_local_mode":
+        "Ray's JaxTrainer on a mock TPU Ray cluster (ray.tests.conftest._ray_start_cluster); "
+        "Cairn has no JAX trainer",
+    "test_local_mode.py::test_lightgbm_trainer_local_mode":
+        "Ray's LightGBMTrainer and ray.train.lightgbm (Cairn has neither), with Ray Data "
+        "datasets (needs datasets= on the local backend) and lightgbm/scikit-learn, which are "
+        "not installed",
+    "test_local_mode.py::test_xgboost_trainer_local_mode":
+        "Ray's XGBoostTrainer and ray.train.xgboost (Cairn has neither), with Ray Data "
+        "datasets (needs datasets= on the local backend) and xgboost/scikit-learn, which are "
+        "not installed",
+    "test_local_mode.py::test_tensorflow_linear_local_mode":
+        "Ray's TensorflowTrainer and its TensorFlow example (Cairn has neither), with a Ray "
+        "Data dataset read from s3://anonymous@air-example-data (no network here)",
+    "test_local_mode.py::test_e2e_hf_local_mode[False]": HF_HUB_MODEL,
+    "test_local_mode.py::test_e2e_hf_local_mode[True]":
+        "needs datasets= on the local backend (ray.data.from_pandas, get_dataset_shard); "
+        + HF_HUB_MODEL,
     "test_torch_transformers_train.py::test_e2e_ray_data": HF_RAY_DATA + HF_HUB_MODEL,
     "test_torch_transformers_train.py::test_e2e_dict_eval_ray_data": HF_RAY_DATA + HF_HUB_MODEL,
 }
@@ -112,12 +130,6 @@ STRICT_XFAIL: dict[str, str] = {
 }
 
 XFAIL: dict[str, str] = {
-    "test_lightning_integration.py::"
-    "test_trainer_with_native_dataloader_for_distributed_and_local_mode[0-*-cpu-ddp]":
-        "needs: Ray's local mode, ScalingConfig(num_workers=0) running the train function in "
-        "the driver's process; Cairn refuses it: 'ConfigError: ScalingConfig.num_workers=0 "
-        "must be an integer >= 1, or a (min_workers, max_workers) tuple ...' (the fsdp cases "
-        "with 0 workers pass: upstream returns before training on CPU)",
     "test_async_checkpointing_validation.py::test_report_validation_fn_resumption_checkpoint_status":
         "needs: Result.metrics of the last report merged with its validation result: the run "
         "ends with report(metrics={}, validation=...) whose validation returns {'score': 3}; Ray "
