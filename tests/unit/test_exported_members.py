@@ -11,7 +11,7 @@ def test_exported_members() -> None:
         "CairnError", "Callback", "Checkpoint", "CheckpointCollisionError", "CheckpointConfig",
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
-        "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError",
+        "ControllerError", "DataConfig", "FailureConfig", "GoodputSummary", "ManifestError",
         "PlacementTimeoutError", "ReportError", "ReportHandle", "ReportedCheckpoint",
         "ReportedCheckpointStatus", "Result", "RetryPolicy", "RunConfig", "RunFailedError",
         "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
