@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+import ray
+
 import cairn
 
 
@@ -18,7 +20,8 @@ def read_shard(config: dict[str, Any]) -> None:
            for row in ({"id": i} for i in batch["id"])]
     path = os.path.join(config["scratch"], f"attempt_{attempt}_rank_{rank}.json")
     with open(path, "w") as f:
-        json.dump({"ids": ids, "world_size": context.get_world_size()}, f)
+        json.dump({"ids": ids, "world_size": context.get_world_size(),
+                   "ray_address": ray.get_runtime_context().gcs_address}, f)
     cairn.report({"rows": len(ids)})
     if rank == 1 and attempt == 0 and config.get("crash"):
         os._exit(1)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +203,41 @@ def test_a_ray_data_config_is_taken_as_it_is(ray_cluster: None) -> None:
                        r"which Trainer\(datasets=...\) does not have; it has 'a'"):
         Trainer(lambda: None, datasets={"a": ray.data.range(2)},
                 dataset_config=ray.train.DataConfig(datasets_to_split=["c"]))
+
+
+STARTS_ITS_OWN_RAY = """
+import json, sys
+import ray
+import dataset_workloads
+from cairn import RunConfig, ScalingConfig, Trainer
+
+# A dataset built by a function: nothing has started Ray in this process before fit().
+result = Trainer(dataset_workloads.read_shard, train_loop_config={"scratch": sys.argv[1]},
+                 datasets={"train": lambda: ray.data.range(10)},
+                 scaling_config=ScalingConfig(num_workers=2),
+                 run_config=RunConfig(name="run", storage_path=sys.argv[2])).fit()
+print(json.dumps({"error": repr(result.error), "ray_after_fit": ray.is_initialized()}))
+"""
+
+
+@pytest.mark.slow
+def test_without_ray_the_driver_starts_one_on_loopback_for_the_data_and_stops_it(
+    tmp_path: Path, scratch: str
+) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(STARTS_ITS_OWN_RAY)
+    env = dict(os.environ)
+    # Not the tests' switch that puts every Ray node on 127.0.0.1: Cairn's own start must.
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(dataset_workloads.__file__).parent),
+                                         env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(script), scratch, str(tmp_path / "storage")],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary == {"error": "None", "ray_after_fit": False}
+    shards = [_read(scratch, 0, rank) for rank in (0, 1)]
+    assert sorted(shards[0]["ids"] + shards[1]["ids"]) == list(range(10))  # type: ignore[operator]
+    # Both local workers streamed from the instance the driver started, on loopback.
+    addresses = {shard["ray_address"] for shard in shards}
+    assert len(addresses) == 1 and str(addresses.pop()).startswith("127.0.0.1:")
