@@ -241,3 +241,17 @@ def test_without_ray_the_driver_starts_one_on_loopback_for_the_data_and_stops_it
     # Both local workers streamed from the instance the driver started, on loopback.
     addresses = {shard["ray_address"] for shard in shards}
     assert len(addresses) == 1 and str(addresses.pop()).startswith("127.0.0.1:")
+
+
+def test_a_worker_on_another_ray_instance_is_told_which_one_to_connect_to(
+    ray_cluster: None
+) -> None:
+    from cairn._src.wire.datasets import _connect_ray
+
+    own = ray.get_runtime_context().gcs_address
+    _connect_ray(own)  # already connected there: nothing to do
+    with pytest.raises(ConfigError, match=r"get_dataset_shard\(\): this worker is connected to "
+                       rf"the Ray instance at {own}, but the datasets run on the driver's, at "
+                       r"127.0.0.1:1\. Call get_dataset_shard\(\) before anything in the train "
+                       r"function starts Ray"):
+        _connect_ray("127.0.0.1:1")

@@ -156,6 +156,15 @@ def _connect_ray(address: str | None) -> None:
     import ray
 
     if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address is not None and current != address:
+            raise ConfigError(
+                f"get_dataset_shard(): this worker is connected to the Ray instance at "
+                f"{current}, but the datasets run on the driver's, at {address}. Call "
+                "get_dataset_shard() before anything in the train function starts Ray "
+                "(building a ray.data dataset there does), or connect to the driver's "
+                f"with ray.init(address={address!r})."
+            )
         return
     if address is None:
         raise ConfigError(
