@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -171,8 +172,10 @@ def _connect_ray(address: str | None) -> None:
             "get_dataset_shard(): this worker is not connected to Ray and the driver sent "
             "no Ray address to connect to."
         )
-    logger.info("Connecting to Ray at %s for the datasets' shards", address)
+    started = time.monotonic()
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    logger.info("Connected to Ray at %s for the datasets' shards in %.2fs", address,
+                time.monotonic() - started)
 
 
 class DatasetShards:
