@@ -11,6 +11,7 @@ from cairn._src.checkpoint.reported import (
     ReportedCheckpoint,
     ReportedCheckpointStatus,
 )
+from cairn._src.config.data import DataConfig
 from cairn._src.config.run import (
     CheckpointConfig,
     CheckpointUploadMode,
@@ -82,6 +83,7 @@ __all__ = [
     "ConfigDeprecationError",
     "ConfigError",
     "ControllerError",
+    "DataConfig",
     "FailureConfig",
     "GoodputSummary",
     "ManifestError",

@@ -12,7 +12,7 @@ def test_exported_members() -> None:
         "CheckpointConfig",
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
-        "ControllerError", "FailureConfig", "GoodputSummary", "ManifestError",
+        "ControllerError", "DataConfig", "FailureConfig", "GoodputSummary", "ManifestError",
         "PlacementTimeoutError", "ReportError", "ReportHandle", "ReportedCheckpoint",
         "ReportedCheckpointStatus", "Result", "RetryPolicy", "RunConfig", "RunFailedError",
         "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",

@@ -254,6 +254,20 @@ def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str,
     return count
 
 
+def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
+    """The resources one worker's placement bundle holds."""
+    if scaling.resources_per_worker:
+        bundle = dict(scaling.resources_per_worker)
+    else:
+        bundle = {"CPU": 1.0}
+        if scaling.use_gpu:
+            bundle["GPU"] = 1.0
+    # accelerator_type travels as Ray Train's custom resource, so the placement group
+    # only lands on nodes that have that accelerator.
+    bundle.update(scaling.additional_resources_per_worker)
+    return bundle
+
+
 class RayBackend:
     """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
 
@@ -284,16 +298,7 @@ class RayBackend:
             ray.init(log_to_driver=True)
 
     def _bundle(self) -> dict[str, float]:
-        if self._scaling.resources_per_worker:
-            bundle = dict(self._scaling.resources_per_worker)
-        else:
-            bundle = {"CPU": 1.0}
-            if self._scaling.use_gpu:
-                bundle["GPU"] = 1.0
-        # accelerator_type travels as Ray Train's custom resource, so the placement group
-        # only lands on nodes that have that accelerator.
-        bundle.update(self._scaling.additional_resources_per_worker)
-        return bundle
+        return worker_bundle(self._scaling)
 
     def _describe_request(self, bundle: dict[str, float], num_workers: int,
                           bounds: tuple[int, int] | None = None) -> str:

@@ -14,12 +14,14 @@ from cairn._src.backends.protocol import WorkerBackend
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.opening import OpenedRun
 from cairn._src.checkpoint.retention import make_policy
+from cairn._src.config.data import DataConfig
 from cairn._src.config.run import RunConfig, ScalingConfig
 from cairn._src.controller.attempt_loop import LoopParts
 from cairn._src.controller.clock import SystemClock
 from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.controller import Controller
+from cairn._src.controller.datasets import DataIngest
 from cairn._src.controller.failure_policy import FailurePolicy
 from cairn._src.controller.inbox import Inbox, ValidationApplied
 from cairn._src.controller.payload import TrainSpec, WorkerPayload
@@ -112,4 +114,19 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
     return Controller(spec, scaling, parts, payload=payload,
                       policy=FailurePolicy(run_config.failure_config.max_failures),
                       experiment_name=experiment_name, next_report_index=next_report_index,
-                      finished_before=run_history(earlier_events).status == "finished")
+                      finished_before=run_history(earlier_events).status == "finished",
+                      data=_data_ingest(spec, scaling))
+
+
+def _data_ingest(spec: TrainSpec, scaling: ScalingConfig) -> DataIngest | None:
+    """What splits ``Trainer(datasets=...)`` for the workers; None without datasets."""
+    if not spec.datasets:
+        return None
+
+    def cpus_per_worker() -> float:
+        from cairn._src.backends.ray import worker_bundle
+
+        return float(worker_bundle(scaling).get("CPU", 0.0))
+
+    return DataIngest(spec.datasets, spec.dataset_config or DataConfig(), spec.data_context,
+                      scaling, cpus_per_worker=cpus_per_worker)

@@ -39,6 +39,7 @@ from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.config.run import ScalingConfig
 from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.attempt_loop import FINISHED, AttemptLoop, LoopParts, RunProgress
+from cairn._src.controller.datasets import DataIngest
 from cairn._src.controller.failure_errors import error_summary, failure_records, worker_group_error
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.payload import SetupFactory, TrainSpec, WorkerPayload
@@ -59,7 +60,6 @@ from cairn._src.run.events import (
 )
 from cairn._src.run.storage_check import remove_storage_marker, write_storage_marker
 from cairn._src.wire.bootstrap import Bootstrap
-from cairn._src.wire.datasets import split_datasets
 from cairn._src.wire.messages import RejoinMessage
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,11 @@ class Controller:
         experiment_name: str,
         next_report_index: int,
         finished_before: bool = False,
+        data: DataIngest | None = None,
     ) -> None:
         self._spec = spec
+        # Trainer(datasets=...): the Ray instance Ray Data runs on, and each attempt's split.
+        self._data = data
         self._scaling = scaling
         self._parts = parts
         self._payload = payload
@@ -270,6 +273,8 @@ class Controller:
                                        replaced=tuple(sorted(kept.replace)) if kept else ()))
         parts.events.flush()
         env = self._spec.attempt_env(number) if self._spec.attempt_env else {}
+        if self._data is not None:
+            env = {**env, **self._data.worker_env()}
         channels = parts.channels
         bootstrap = Bootstrap((parts.backend.advertise_host(), channels.port),
                               channels.authkey, number,
@@ -296,10 +301,9 @@ class Controller:
         parts.events.emit(WorkerGroupStarted(number, world_size))
         logger.info("Attempt %d: %d workers, resuming from %s", number, world_size,
                     resume.dir_name if resume else "scratch")
-        # One shard per worker of this attempt, produced near it (wire/datasets.py).
-        split = split_datasets(
-            self._spec.datasets, [w.node_id for w in attempt.workers]
-        ) if self._spec.datasets else None
+        # One shard per worker of this attempt, produced near it (controller/datasets.py).
+        split = (self._data.split([w.node_id for w in attempt.workers])
+                 if self._data is not None else None)
         setup = SetupFactory(self._spec, self._payload, parts.run_config, manager.run,
                              self._experiment_name, self._storage_token, split,
                              keep_survivors=self._keep_survivors)
@@ -433,6 +437,8 @@ class Controller:
                 parts.backend.kill()
             finally:
                 parts.backend.stop_standby()
+                if self._data is not None:
+                    self._data.close()
         finally:
             parts.events.emit(SessionEnd(t=parts.clock.time(), status=end.get("status"),
                                          error=ErrorInfo.parse(end.get("error"))))

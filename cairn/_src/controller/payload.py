@@ -33,6 +33,9 @@ class TrainSpec:
     validation_config: Any = None
     # Trainer(datasets=...): Ray Data datasets by name, split at each attempt's start.
     datasets: dict[str, Any] = field(default_factory=dict)
+    # Trainer(dataset_config=...), and Ray Data's DataContext as the Trainer was built.
+    dataset_config: Any = None
+    data_context: Any = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypedDict
 from cairn._src import migration
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.opening import open_run
+from cairn._src.config.data import DataConfig
 from cairn._src.config.run import RunConfig, ScalingConfig, default_storage_path
 from cairn._src.config.validation import ValidationConfig
 from cairn._src.controller.assembly import build_controller, build_manager, build_observers
@@ -45,7 +46,11 @@ from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme
 from cairn._src.train.local_mode import DriverRun, in_process_backend, local_run_config
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
-from cairn._src.wire.datasets import check_datasets
+from cairn._src.wire.datasets import (
+    check_dataset_config,
+    check_datasets,
+    current_data_context,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +80,7 @@ class TrainerOptions(TypedDict, total=False):
     run_config: RunConfig | None
     validation_config: ValidationConfig | None
     datasets: dict[str, Any] | None
+    dataset_config: DataConfig | None
     resume_from_checkpoint: object
     metadata: object
 
@@ -101,6 +107,7 @@ class Trainer:
         run_config: RunConfig | None = None,
         validation_config: ValidationConfig | None = None,
         datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
         resume_from_checkpoint: object = None,
         metadata: object = None,
     ) -> None:
@@ -138,8 +145,11 @@ class Trainer:
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
-        # Ray Data datasets, split per attempt into one shard per worker (Ray backend).
-        self.datasets = check_datasets(datasets, backend=self.scaling_config.backend)
+        # Ray Data datasets, split per attempt into one shard per worker (either backend),
+        # as the DataConfig says; Ray Data's settings are those in force now, as in Ray.
+        self.datasets = check_datasets(datasets)
+        self.data_config = check_dataset_config(dataset_config, self.datasets)
+        self._data_context = current_data_context() if self.datasets else None
         # Extension points for framework trainers (cairn.torch.TorchTrainer): run in every
         # worker before / after the train function, and environment per attempt.
         self._setup_hooks: list[Callable[[Any], None]] = []
@@ -203,7 +213,8 @@ class Trainer:
                              self._pass_config, list(self._setup_hooks),
                              list(self._teardown_hooks), self._attempt_env,
                              validation_config=self.validation_config,
-                             datasets=self.datasets)
+                             datasets=self.datasets, dataset_config=self.data_config,
+                             data_context=self._data_context)
             # The event stream first: the manager is built once, with every collaborator
             # (every index write first checks that this driver still holds the run).
             observers = build_observers(spec, self.scaling_config, run_config, history,

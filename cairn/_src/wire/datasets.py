@@ -1,26 +1,52 @@
 """Ray Data datasets for the workers: ``Trainer(datasets=...)``, ``get_dataset_shard()``.
 
-As in Ray Train: at every start of the worker group, the driver splits each dataset into
-one shard per worker with ``Dataset.streaming_split(world_size, equal=True,
-locality_hints=<the workers' node ids>)``, so the shards follow the world size of that
-attempt (an elastic restart with fewer workers gets fewer, larger shards), and every
-worker streams its shard through ``get_dataset_shard(name)``, a ``ray.data.DataIterator``.
-Ray Data runs on the Ray cluster, so datasets need the Ray backend.
+As in Ray Train: at every start of the worker group, the driver has the run's
+``DataConfig`` build each worker's iterators (by default ``Dataset.streaming_split(
+world_size, equal=True, locality_hints=<the workers' Ray nodes>)`` for every dataset), so
+the shards follow the world size of that attempt (an elastic restart with fewer workers
+gets fewer, larger shards), and every worker streams its shard through
+``get_dataset_shard(name)``, a ``ray.data.DataIterator``.
+
+Ray Data runs on a Ray instance the driver is connected to: the Ray backend's cluster, or
+for the local backend the one the driver already has or starts for the data alone
+(``controller/datasets.py``). A worker's shards travel as :class:`ShardPayload`: the Ray
+address and the pickled iterators, which a worker unpickles once it is connected to that
+Ray instance. A Ray actor already is; a local worker process connects to it as a Ray
+driver of its own the first time it asks for a shard.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
+from cairn._src.config.data import DataConfig
 from cairn._src.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 
-def check_datasets(datasets: object, *, backend: str) -> dict[str, Any]:
-    """``Trainer(datasets=...)`` validated: a dict of names to ``ray.data.Dataset``."""
+
+def _dataset_type() -> type:
+    try:
+        from ray.data import Dataset
+    except ImportError as exc:
+        raise ConfigError(
+            "Trainer(datasets=...) needs Ray Data: pip install 'ray[data]' "
+            f"(import failed: {exc})."
+        ) from exc
+    return Dataset
+
+
+def check_datasets(datasets: object) -> dict[str, Any]:
+    """``Trainer(datasets=...)`` validated: a dict of names to ``ray.data.Dataset`` objects,
+    or to functions that return one (called at each start of the worker group)."""
     if datasets is None:
         return {}
     if not isinstance(datasets, Mapping) or not all(
@@ -32,34 +58,80 @@ def check_datasets(datasets: object, *, backend: str) -> dict[str, Any]:
         )
     if not datasets:
         return {}
-    if backend != "ray":
-        raise ConfigError(
-            f"Trainer(datasets={{{', '.join(repr(n) for n in datasets)}: ...}}) needs the Ray "
-            f"backend, and ScalingConfig.backend={backend!r}: Ray Data shards stream from the "
-            "Ray cluster. Pass ScalingConfig(backend='ray'), or read the data in the train "
-            "function (cairn.torch.prepare_data_loader shards a DataLoader)."
-        )
-    try:
-        from ray.data import Dataset
-    except ImportError as exc:
-        raise ConfigError(
-            "Trainer(datasets=...) needs Ray Data: pip install 'ray[data]' "
-            f"(import failed: {exc})."
-        ) from exc
+    dataset_type = _dataset_type()
     for name, dataset in datasets.items():
-        if not isinstance(dataset, Dataset):
+        if not isinstance(dataset, dataset_type) and not callable(dataset):
             raise ConfigError(
                 f"Trainer(datasets={{{name!r}: {type(dataset).__name__}}}): "
-                f"datasets[{name!r}] must be a ray.data.Dataset, not "
-                f"{type(dataset).__name__}; build it with ray.data (ray.data.from_items, "
-                "read_parquet, ...)."
+                f"datasets[{name!r}] must be a ray.data.Dataset (or a function that returns "
+                f"one), not {type(dataset).__name__}; build it with ray.data "
+                "(ray.data.from_items, read_parquet, ...)."
             )
     return dict(datasets)
 
 
+def _is_ray_data_config(config: object) -> bool:
+    ray_train = sys.modules.get("ray.train")
+    ray_config = getattr(ray_train, "DataConfig", None)
+    return isinstance(ray_config, type) and isinstance(config, ray_config)
+
+
+def check_dataset_config(config: object, datasets: Mapping[str, Any]) -> Any:
+    """``Trainer(dataset_config=...)`` validated against the datasets: a
+    :class:`cairn.DataConfig` (or a subclass), or Ray's own ``ray.train.DataConfig``."""
+    if config is None:
+        return DataConfig()
+    if isinstance(config, DataConfig):
+        split = config.datasets_to_split
+    elif _is_ray_data_config(config):
+        split = getattr(config, "_datasets_to_split", "all")
+    else:
+        raise ConfigError(
+            f"Trainer(dataset_config={config!r}) must be a cairn.DataConfig (or "
+            "ray.train.DataConfig), such as DataConfig(datasets_to_split=['train'])."
+        )
+    if datasets and split != "all":
+        missing = [name for name in split if name not in datasets]
+        if missing:
+            raise ConfigError(
+                f"DataConfig(datasets_to_split={list(split)!r}) names "
+                f"{', '.join(map(repr, missing))}, which Trainer(datasets=...) does not "
+                f"have; it has {', '.join(map(repr, datasets))}."
+            )
+    return config
+
+
+def dataset_type_check(name: str, value: Any) -> Any:
+    """``value``, the dataset ``name`` of this attempt: a dataset, or what its function
+    returned, which must be one."""
+    dataset = value() if callable(value) and not isinstance(value, _dataset_type()) else value
+    if not isinstance(dataset, _dataset_type()):
+        raise ConfigError(
+            f"Trainer(datasets={{{name!r}: {getattr(value, '__name__', value)!r}}}): the "
+            f"function returned {type(dataset).__name__}, not a ray.data.Dataset."
+        )
+    return dataset
+
+
+def current_data_context() -> Any:
+    """A copy of the driver's Ray Data ``DataContext``, which the workers then use."""
+    from ray.data import DataContext
+
+    return copy.deepcopy(DataContext.get_current())
+
+
+@dataclass(frozen=True)
+class ShardPayload:
+    """What one worker is sent: where Ray Data runs, and its pickled iterators (with the
+    driver's ``DataContext``), unpickled only once connected there."""
+
+    ray_address: str | None
+    iterators: bytes
+
+
 @dataclass(frozen=True)
 class DatasetSplit:
-    """One attempt's shards: ``payloads[rank]`` is rank's pickled ``{name: DataIterator}``.
+    """One attempt's shards: ``payloads[rank]`` is rank's pickled :class:`ShardPayload`.
 
     The driver must keep this object for as long as the attempt runs: its iterators hold
     the split coordinators (Ray actors owned by the driver), which pickled copies in the
@@ -70,27 +142,44 @@ class DatasetSplit:
     payloads: list[bytes]
 
 
-def split_datasets(datasets: Mapping[str, Any], node_ids: list[str]) -> DatasetSplit:
-    """One shard of every dataset per rank, for ``len(node_ids)`` workers.
+def pack_shards(shards: list[dict[str, Any]], *, ray_address: str | None,
+                data_context: Any) -> DatasetSplit:
+    """Each rank's payload for ``shards[rank]``, the iterators ``DataConfig`` built."""
+    payloads = [
+        bytes(cloudpickle.dumps(ShardPayload(ray_address, cloudpickle.dumps((data_context,
+                                                                            shard)))))
+        for shard in shards
+    ]
+    return DatasetSplit(shards, payloads)
 
-    Runs in the driver at each start of the worker group; ``node_ids[rank]`` is where
-    rank ``rank`` runs, so each shard is produced near its worker, as in Ray Train.
-    """
-    world_size = len(node_ids)
-    shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
-    for name, dataset in datasets.items():
-        if dataset.name is None:
-            dataset.set_name(name)
-        # A copy per attempt: a split consumes the dataset's execution plan.
-        copy = dataset.copy(dataset)
-        splits = copy.streaming_split(world_size, equal=True, locality_hints=list(node_ids))
-        for rank, split in enumerate(splits):
-            shards[rank][name] = split
-    return DatasetSplit(shards, [bytes(cloudpickle.dumps(shard)) for shard in shards])
+
+def _connect_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address is not None and current != address:
+            raise ConfigError(
+                f"get_dataset_shard(): this worker is connected to the Ray instance at "
+                f"{current}, but the datasets run on the driver's, at {address}. Call "
+                "get_dataset_shard() before anything in the train function starts Ray "
+                "(building a ray.data dataset there does), or connect to the driver's "
+                f"with ray.init(address={address!r})."
+            )
+        return
+    if address is None:
+        raise ConfigError(
+            "get_dataset_shard(): this worker is not connected to Ray and the driver sent "
+            "no Ray address to connect to."
+        )
+    started = time.monotonic()
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    logger.info("Connected to Ray at %s for the datasets' shards in %.2fs", address,
+                time.monotonic() - started)
 
 
 class DatasetShards:
-    """A worker's shards, unpickled on first use (that needs Ray, in a Ray worker)."""
+    """A worker's shards, unpickled on first use (that needs Ray, connected first)."""
 
     def __init__(self, names: tuple[str, ...], payload: bytes | None) -> None:
         self._names = names
@@ -119,5 +208,17 @@ class DatasetShards:
             )
         if self._shards is None:
             assert self._payload is not None
-            self._shards = cloudpickle.loads(self._payload)
+            self._shards = self._load(self._payload)
         return self._shards[name]
+
+    @staticmethod
+    def _load(payload: bytes) -> dict[str, Any]:
+        shard_payload: ShardPayload = cloudpickle.loads(payload)
+        _connect_ray(shard_payload.ray_address)
+        data_context, shards = cloudpickle.loads(shard_payload.iterators)
+        if data_context is not None:
+            # The driver's Ray Data settings, as Ray Train propagates them to its workers.
+            from ray.data import DataContext
+
+            DataContext._set_current(data_context)
+        return dict(shards)

@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ EXTRA_IMPORTS = {
     "import ray.train": RAY_NAMESPACE,
     "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer":
         "from cairn import Trainer as DataParallelTrainer",
+    # The data-ingest guide imports only ``ray`` and reaches Ray Train as ``ray.train``
+    # (``ray.train.DataConfig``) next to Ray Data (``ray.data``), which stays Ray's.
+    "import ray": "import ray.data, cairn, types; ray = types.SimpleNamespace(data=ray.data, "
+                  "train=cairn)",
 }
 
 
@@ -77,7 +82,7 @@ def changed_lines(source: str, ported: str) -> list[tuple[str, str]]:
 
 
 def run_ported(script: str, tmp_path: Path, *, source: str | None = None,
-               timeout: float = 600) -> tuple[str, Path]:
+               timeout: float = 600, env: dict[str, str] | None = None) -> tuple[str, Path]:
     """Port ``scripts/<script>`` (or ``source``), run it; (stdout, storage folder)."""
     text = source if source is not None else (DOCS / script).read_text()
     ported = tmp_path / script
@@ -93,6 +98,7 @@ def run_ported(script: str, tmp_path: Path, *, source: str | None = None,
         # key_concepts.py names ~/ray_results; keep it inside the test's folder.
         "HOME": str(home),
         "PYTHONPATH": os.pathsep.join([str(STAND_INS), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
     }
     done = subprocess.run([sys.executable, str(ported)], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=timeout, check=False)
@@ -176,3 +182,67 @@ def test_checkpoints_guide_upload_modes(tmp_path: Path) -> None:
     for name, mode in (("train_fn", "sync"), ("train_fn_async", "async")):
         assert summary[name] == {"metrics": {"epoch": 2, "mode": mode}, "checkpoints": 3,
                                  "state": "2"}
+
+
+def write_ray_example_data(folder: Path) -> None:
+    """Local files of the shape of the three the data-ingest guide reads from Ray's bucket
+    (the copy's header lists them): the iris table, an SMS spam text, daily index prices."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    varieties = ["Setosa", "Versicolor", "Virginica"]
+    pq.write_table(pa.table({
+        "sepal.length": np.round(rng.uniform(4.3, 7.9, 150), 1),
+        "sepal.width": np.round(rng.uniform(2.0, 4.4, 150), 1),
+        "petal.length": np.round(rng.uniform(1.0, 6.9, 150), 1),
+        "petal.width": np.round(rng.uniform(0.1, 2.5, 150), 1),
+        "variety": [varieties[i // 50] for i in range(150)],
+    }), folder / "iris.parquet")
+    (folder / "sms_spam_collection_subset.txt").write_text("".join(
+        f"{'spam' if i % 7 == 0 else 'ham'}\tmessage number {i}\n" for i in range(40)))
+    (folder / "dow_jones.csv").write_text("Date,Open,High,Low,Close,Volume\n" + "".join(
+        f"2020-01-{day:02d},{28000 + day},{28100 + day},{27900 + day},{28050 + day},"
+        f"{300000 + day}\n" for day in range(1, 21)))
+
+
+# The guide's __options__ section sets a field of Ray Data's ExecutionResources, which Ray
+# 2.60 made read-only: the line fails on Ray itself, so it cannot run on Cairn either.
+OPTIONS_LINE = "options.resource_limits.object_store_memory = 10e9"
+
+
+def test_data_ingest_guide_options_line_fails_on_ray_2_60_itself() -> None:
+    ray_train = pytest.importorskip("ray.train")
+    for config in (ray_train.DataConfig, cairn.DataConfig):
+        options = config.default_ingest_options()
+        with pytest.raises(AttributeError, match="property 'object_store_memory' of "
+                           "'ExecutionResources' object has no setter"):
+            exec(OPTIONS_LINE, {"options": options})
+
+
+@pytest.mark.slow
+def test_data_ingest_guide_streams_a_shard_to_each_worker(tmp_path: Path) -> None:
+    write_ray_example_data(tmp_path)
+    source = (DOCS / "data_ingest_torch_new.py").read_text()
+    # Without the __options__ section's statements (its import stays: __custom__ uses it),
+    # which stop the guide on Ray 2.60 (the test above).
+    options = source[source.index("options = DataConfig"):source.index("# __options_end__")]
+    assert OPTIONS_LINE in options
+    # Ray Data starts Ray on first use; left alone, that ray.init() joins the cluster of
+    # the machine's last `ray start` (Ray's /tmp/ray/ray_current_cluster), another test's.
+    # A Ray folder of its own (short: Ray's socket paths are limited) starts a fresh one.
+    ray_dir = tempfile.mkdtemp(prefix="cairn-ray-")
+    stdout, storage = run_ported("data_ingest_torch_new.py", tmp_path,
+                                 source=source.replace(options, ""),
+                                 env={"RAY_TMPDIR": ray_dir})
+    # Two fit() calls (the basic one and the custom DataConfig's), 2 workers, 10 epochs
+    # of one batch each: a worker's shard is 75 of the 150 rows (batch_size=128).
+    batches = [line for line in stdout.splitlines() if "Do some training on batch" in line]
+    assert len(batches) == 2 * 2 * 10, stdout[-3000:]
+    # normalize_length ran on every batch (a batch's print spans several lines).
+    assert stdout.count("'normalized.sepal.length'") == len(batches)
+    assert "'sepal.length'" not in stdout
+    assert sum(line.startswith("(rank 1)") for line in batches) == 2 * 10
+    runs = [path for path in storage.iterdir() if path.is_dir()]
+    assert len(runs) == 2, runs

@@ -29,9 +29,8 @@ HF_HUB_MODEL = (
     "'evaluation_strategy''), and Hugging Face Datasets, which is not installed"
 )
 HF_RAY_DATA = (
-    "Ray Data datasets (ray.data.from_pandas, get_dataset_shard) on a Ray cluster (its "
-    "fixture calls ray.init(num_cpus=6, num_gpus=2)); Cairn takes Ray Data with "
-    "ScalingConfig(backend='ray') only. "
+    "Ray Data datasets (ray.data.from_pandas, get_dataset_shard), which Cairn takes on "
+    "either backend, but: "
 )
 
 SKIP: dict[str, str] = {
@@ -72,19 +71,15 @@ SKIP: dict[str, str] = {
         "Cairn has no JAX trainer",
     "test_local_mode.py::test_lightgbm_trainer_local_mode":
         "Ray's LightGBMTrainer and ray.train.lightgbm (Cairn has neither), with Ray Data "
-        "datasets (needs datasets= on the local backend) and lightgbm/scikit-learn, which are "
-        "not installed",
+        "datasets and lightgbm/scikit-learn, which are not installed",
     "test_local_mode.py::test_xgboost_trainer_local_mode":
         "Ray's XGBoostTrainer and ray.train.xgboost (Cairn has neither), with Ray Data "
-        "datasets (needs datasets= on the local backend) and xgboost/scikit-learn, which are "
-        "not installed",
+        "datasets and xgboost/scikit-learn, which are not installed",
     "test_local_mode.py::test_tensorflow_linear_local_mode":
         "Ray's TensorflowTrainer and its TensorFlow example (Cairn has neither), with a Ray "
         "Data dataset read from s3://anonymous@air-example-data (no network here)",
     "test_local_mode.py::test_e2e_hf_local_mode[False]": HF_HUB_MODEL,
-    "test_local_mode.py::test_e2e_hf_local_mode[True]":
-        "needs datasets= on the local backend (ray.data.from_pandas, get_dataset_shard); "
-        + HF_HUB_MODEL,
+    "test_local_mode.py::test_e2e_hf_local_mode[True]": HF_RAY_DATA + HF_HUB_MODEL,
     "test_torch_transformers_train.py::test_e2e_ray_data": HF_RAY_DATA + HF_HUB_MODEL,
     "test_torch_transformers_train.py::test_e2e_dict_eval_ray_data": HF_RAY_DATA + HF_HUB_MODEL,
 }
