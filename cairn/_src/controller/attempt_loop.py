@@ -29,6 +29,7 @@ from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
+from cairn._src.controller.preemption import AttemptPreemption
 from cairn._src.controller.progress import check_progress
 from cairn._src.controller.reports import Verdict, describe_ranks
 from cairn._src.controller.services import AttemptServices
@@ -38,7 +39,14 @@ from cairn._src.errors import ReportError
 from cairn._src.observe.driver_events import CheckpointSkipped, Reported, Uploaded, UploadFailed
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventStream
-from cairn._src.run.events import Blocked, CheckpointStarted, FirstReport, TrainStart, WorkersReady
+from cairn._src.run.events import (
+    Blocked,
+    CheckpointStarted,
+    FirstReport,
+    PreemptionNotice,
+    TrainStart,
+    WorkersReady,
+)
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.wire.messages import (
     CommittedMessage,
@@ -52,6 +60,7 @@ from cairn._src.wire.messages import (
     UploadedMessage,
     UploadFailedMessage,
 )
+from cairn._src.wire.preemption import PreemptionMessage, PreemptionNoticeMessage
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +134,9 @@ class AttemptLoop:
         self._failure_deadline: float | None = None
         self._report_deadline: float | None = None
         self._next_flush = self._clock.monotonic() + HISTORY_FLUSH_S
+        # Notices of nodes about to be reclaimed, and the deadline they set (preemption.py).
+        self.preemption = AttemptPreemption([(w.rank, w.node_id) for w in attempt.workers],
+                                            parts.run_config.failure_config, parts.clock)
 
     @property
     def all_connected(self) -> bool:
@@ -187,16 +199,24 @@ class AttemptLoop:
                 return
             if (clock.monotonic() >= self._failure_deadline
                     or len(self.exited) == len(attempt.workers)):
+                preempted = self.preemption.caused(attempt.failures, self.exited)
                 self.ended = AttemptFailure(
                     # The rank that caused the failure first (a killed rank before the
                     # ranks whose collective then lost it).
                     ranks=tuple(ordered_ranks(attempt.failures)),
                     reason=group_failures(attempt.failures),
                     fatal=attempt.fatal,
+                    preemption=self.preemption.info if preempted else None,
                 )
             return
         if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
             self.ended = FINISHED
+        elif self.preemption.info is not None and self.preemption.deadline_passed():
+            info = self.preemption.info
+            self.ended = AttemptFailure(
+                ranks=tuple(info.preempted_ranks), preemption=info, drain_timed_out=True,
+                reason=f"the reclaim deadline of the preempted nodes {info.preempted_node_ids} "
+                "passed with workers still running; Cairn stopped them")
 
     def _reports_still_coming(self) -> bool:
         """Whether surviving ranks may still complete reports the failed ranks reached.
@@ -313,6 +333,8 @@ class AttemptLoop:
             self._on_upload_failed(message)
         elif isinstance(message, DoneMessage):
             attempt.done[message.rank] = message
+        elif isinstance(message, PreemptionNoticeMessage):
+            self._on_preemption_notice(message)
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):
@@ -322,6 +344,18 @@ class AttemptLoop:
                 traceback=message.traceback, exception=message.exception,
                 frame=message.frame,
             ))
+
+    def _on_preemption_notice(self, message: PreemptionNoticeMessage) -> None:
+        info = self.preemption.on_notice(message)
+        if info is None:
+            return
+        # Every rank learns it, so that get_preemption_info() agrees on every rank.
+        self._parts.channels.broadcast(self.attempt, PreemptionMessage(info))
+        self._parts.events.emit(PreemptionNotice(
+            t=self._clock.time(), attempt=self.attempt.number,
+            ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids),
+            deadline_t=self.preemption.deadline_t(), source=message.source))
+        self.flush_logs()
 
     def _send(self, rank: int, message: object) -> None:
         self._parts.channels.send(self.attempt, rank, message)

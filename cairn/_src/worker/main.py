@@ -28,6 +28,7 @@ from cairn._src.wire.code_locations import failing_frame, loads_located
 from cairn._src.wire.messages import DoneMessage, ErrorMessage, SetupMessage, TimingMessage
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
+from cairn._src.worker.preemption import NoticeSource, SigtermNotice
 from cairn._src.worker.session import WorkerSession, set_session
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ def _pickle_exception(exc: BaseException) -> bytes | None:
         return None
 
 
-def run_worker(connection: Connection, rank: int, attempt: int) -> int:
+def run_worker(connection: Connection, rank: int, attempt: int,
+               notices: NoticeSource | None = None) -> int:
     connection.send(("hello", rank, os.getpid(), attempt))
     kind, registrations = connection.recv()
     assert kind == "registrations"
@@ -58,6 +60,8 @@ def run_worker(connection: Connection, rank: int, attempt: int) -> int:
     assert isinstance(setup, SetupMessage)
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry))
     set_session(session)
+    if notices is not None:  # the node is about to be reclaimed: tell the controller
+        notices.attach(rank, session.send)
     try:
         if setup.storage_token is not None:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
@@ -131,12 +135,15 @@ def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
     return connection, tunnel
 
 
-def run_from_bootstrap(boot: dict[str, Any]) -> int:
-    """Connect to the controller named by ``boot`` and run this worker's share."""
+def run_from_bootstrap(boot: dict[str, Any], notices: NoticeSource | None = None) -> int:
+    """Connect to the controller named by ``boot`` and run this worker's share;
+    ``notices`` tells the controller when this worker's node is about to be reclaimed."""
     connection, tunnel = _connect(boot)
     try:
-        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]))
+        return run_worker(connection, int(boot["rank"]), int(boot["attempt"]), notices)
     finally:
+        if notices is not None:
+            notices.close()
         if tunnel is not None:
             # The last messages (Done, an error) may still be in the tunnel: ending our
             # side lets its pump deliver them, then close; the process may exit after.
@@ -156,6 +163,8 @@ def _preload() -> None:
 
 
 def main() -> None:
+    # SIGTERM is the local backend's preemption notice (worker/preemption.py).
+    notices = SigtermNotice()
     _preload()
     line = sys.stdin.buffer.readline()
     if not line:
@@ -164,7 +173,7 @@ def main() -> None:
     boot = json.loads(line)
     # The attempt's own variables (the torch rendezvous port), for a process started early.
     os.environ.update({str(k): str(v) for k, v in boot.get("env", {}).items()})
-    code = run_from_bootstrap(boot)
+    code = run_from_bootstrap(boot, notices)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.

@@ -54,8 +54,10 @@ from cairn._src.wire.messages import (
     UploadedMessage,
     UploadFailedMessage,
 )
+from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import RunStorage, TrainContext
+from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
@@ -115,6 +117,7 @@ class WorkerSession:
         self._slots = threading.Semaphore(setup.max_pending_uploads)
         self._stopping = False
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
+        self.preemption = WorkerPreemption()  # what get_preemption_info() hands out
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
                                                    lambda: self._next_index - 1,
                                                    self.storage_options)
@@ -539,6 +542,8 @@ class WorkerSession:
                 self.collectives.on_release(message)
             elif isinstance(message, ReportedCheckpointsReply):
                 self._reported.on_reply(message)
+            elif isinstance(message, PreemptionMessage):
+                self.preemption.on_message(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
         if self._tier is not None and message.checkpoint is not None:
