@@ -7,6 +7,7 @@ with the checkpoint, as Ray's fault-tolerance guide does; once it returned each 
 ``jit_<attempt>_<rank>`` (the step and what the info said). ``hold`` (a set of attempts)
 makes that attempt wait after its just-in-time checkpoint, or after the notice when
 ``jit`` is False, for the node to go: the test kills it, or the deadline passes.
+``ray``: each rank also writes ``node_<attempt>_<rank>``, its Ray node's id.
 ``self_notice`` (a set of attempts): rank 0 sends itself SIGTERM at the attempt's second
 step.
 """
@@ -46,6 +47,10 @@ def just_in_time(config: dict[str, Any]) -> None:
         with resumed.as_directory() as d, open(os.path.join(d, "state.json")) as f:
             start = json.load(f)["step"] + 1
     _note(config, f"resumed_{attempt}_{rank}", start)
+    if config.get("ray"):  # which Ray node the rank runs on, for the drain tests
+        import ray
+
+        _note(config, f"node_{attempt}_{rank}", ray.get_runtime_context().get_node_id())
     _note(config, f"pid_{attempt}_{rank}", os.getpid())
     saved = False
     for step in range(start, config["steps"]):

@@ -84,10 +84,14 @@ class _WorkerActor:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
+        from cairn._src.backends.ray_drain import DrainNotice
         from cairn._src.worker.main import run_from_bootstrap
 
         os.environ.update(env)
-        return run_from_bootstrap(boot)
+        # A drain of this node is the preemption notice; one worker per node watches.
+        notices = (DrainNotice(ray.get_runtime_context().get_node_id())
+                   if env.get("CAIRN_LOCAL_RANK") == "0" else None)
+        return run_from_bootstrap(boot, notices)
 
 
 def _node_is_alive(node_id: str) -> bool | None:
