@@ -7,6 +7,10 @@ with the checkpoint, as Ray's fault-tolerance guide does; once it returned each 
 ``jit_<attempt>_<rank>`` (the step and what the info said). ``hold`` (a set of attempts)
 makes that attempt wait after its just-in-time checkpoint, or after the notice when
 ``jit`` is False, for the node to go: the test kills it, or the deadline passes.
+``hold_without_notice`` (a set of attempts): the attempt waits at its third step, after
+its second step's report, with or without a notice (``holding_<attempt>_<rank>``).
+``await_notice`` (a set of attempts): from its second step on, the attempt waits for the
+notice (calling ``get_preemption_info()`` on every rank until it comes).
 ``ray``: each rank also writes ``node_<attempt>_<rank>``, its Ray node's id.
 ``self_notice`` (a set of attempts): rank 0 sends itself SIGTERM at the attempt's second
 step.
@@ -57,7 +61,14 @@ def just_in_time(config: dict[str, Any]) -> None:
         time.sleep(config.get("step_s", 0.02))
         if rank == 0 and step == start + 1 and attempt in config.get("self_notice", ()):
             os.kill(os.getpid(), signal.SIGTERM)
+        if attempt in config.get("hold_without_notice", ()) and step == start + 2:
+            _note(config, f"holding_{attempt}_{rank}", step)
+            while True:  # after step start + 1's checkpoint, until the node goes
+                time.sleep(0.05)
         info = cairn.get_preemption_info()
+        while info is None and attempt in config.get("await_notice", ()) and step > start:
+            time.sleep(0.05)  # this attempt trains on only once the notice came
+            info = cairn.get_preemption_info()
         if info is not None and not saved:
             saved = True
             if config.get("jit", True):

@@ -81,7 +81,7 @@ def test_sigterm_notice_jit_checkpoint_is_the_resume_point(
         # max_failures=0: the preemption restart does not draw on it.
         result, directory = _fit(run_config, scratch,
                                  FailureConfig(max_failures=0, max_preemption_failures=1),
-                                 hold=[0], steps=30)
+                                 hold=[0], await_notice=[0], steps=30)
     finally:
         stop.set()
         reclaimer.join()
@@ -120,7 +120,7 @@ def test_deadline_tears_down_workers_that_keep_running(
     result, directory = _fit(
         run_config, scratch,
         FailureConfig(max_failures=0, preemption_deadline_s=1.0),
-        self_notice=[0], hold=[0], steps=12)
+        self_notice=[0], hold=[0], await_notice=[0], steps=12)
     resumed = resumed_steps(scratch)
     jit_step = _read(scratch, "jit_0_0")["step"]
     assert resumed[(1, 0)] == jit_step + 1
@@ -137,7 +137,7 @@ def test_spent_preemption_budget_fails_the_run_with_preemption_error(
                              r"drain_timed_out=True\)") as raised:
         _fit(run_config, scratch,
              FailureConfig(max_failures=5, max_preemption_failures=1, preemption_deadline_s=1.0),
-             self_notice=[0, 1], hold=[0, 1], steps=12)
+             self_notice=[0, 1], hold=[0, 1], await_notice=[0, 1], steps=12)
     assert raised.value.drain_timed_out
     assert raised.value.preemption_info.preempted_ranks == [0, 1]
     directory = os.path.join(os.path.dirname(scratch), "storage", "run")
@@ -154,7 +154,7 @@ def test_a_finished_train_function_finishes_the_run_despite_a_notice(
         run_config: RunConfigFactory, scratch: str) -> None:
     # Ray's rule: a run whose train function returns finishes, notice or not.
     result, directory = _fit(run_config, scratch, FailureConfig(preemption_deadline_s=60.0),
-                             self_notice=[0], steps=4)
+                             self_notice=[0], await_notice=[0], steps=4)
     assert result.metrics is not None and result.metrics["step"] == 4
     assert not [e for e in _events(directory) if isinstance(e, Failure)]
     assert [e.source for e in _events(directory) if isinstance(e, PreemptionNotice)] == [

@@ -6,12 +6,14 @@ reclaim deadline when there is one; a spot or preemptible instance's reclaim is 
 Ray Train 2.60 polls the same state (``ray._private.state.state.get_draining_nodes()``,
 ``{node_id: deadline_ms}``, ``0``: no deadline) from one watcher actor; here the worker
 with local rank 0 of each node polls for its own node, every :data:`DRAIN_POLL_S`
-seconds, and sends the controller one notice (``worker/preemption.py``).
+seconds (``CAIRN_DRAIN_POLL_S`` in ``RunConfig(worker_env=...)`` changes it), and sends
+the controller one notice (``worker/preemption.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import ray
@@ -22,6 +24,22 @@ from cairn._src.worker.preemption import NoticeSource
 logger = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 1.0
+# Seconds between polls, from the worker's environment (RunConfig(worker_env=...)).
+DRAIN_POLL_ENV = "CAIRN_DRAIN_POLL_S"
+
+
+def drain_poll_s(env: dict[str, str]) -> float:
+    """The poll interval ``env`` sets (:data:`DRAIN_POLL_ENV`), else :data:`DRAIN_POLL_S`."""
+    raw = env.get(DRAIN_POLL_ENV, "")
+    try:
+        value = float(raw) if raw.strip() else DRAIN_POLL_S
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        logger.warning("%s=%r is not a number of seconds > 0; polling every %gs",
+                       DRAIN_POLL_ENV, raw, DRAIN_POLL_S)
+        return DRAIN_POLL_S
+    return value
 
 
 class DrainNotice(NoticeSource):

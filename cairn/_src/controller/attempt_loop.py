@@ -60,7 +60,11 @@ from cairn._src.wire.messages import (
     UploadedMessage,
     UploadFailedMessage,
 )
-from cairn._src.wire.preemption import PreemptionMessage, PreemptionNoticeMessage
+from cairn._src.wire.preemption import (
+    PREEMPTED_SOURCE,
+    PreemptionMessage,
+    PreemptionNoticeMessage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +180,9 @@ class AttemptLoop:
                 # (Ray reports a finished actor task through its own channel).
                 connection.poll(LAST_MESSAGE_GRACE_S)
                 self._read_connection(worker.rank, connection, everything=True)
+            if getattr(worker, "preempted", False):  # Ray: lost with a preempted node
+                self._on_preemption_notice(PreemptionNoticeMessage(
+                    worker.rank, None, PREEMPTED_SOURCE))
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
                 attempt.failures.append(WorkerFailure(
                     rank=worker.rank,

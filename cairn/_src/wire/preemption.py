@@ -15,6 +15,9 @@ from dataclasses import dataclass
 # How a notice was noticed (PreemptionNoticeMessage.source).
 SIGTERM_SOURCE = "SIGTERM"
 DRAIN_SOURCE = "drain"
+# No notice came, but the backend says the worker was lost with a preempted node (Ray's
+# RayActorError.preempted).
+PREEMPTED_SOURCE = "node preempted"
 
 
 @dataclass(frozen=True)
