@@ -36,7 +36,13 @@ from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.validations import ValidationRunner
 from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.errors import ReportError
-from cairn._src.observe.driver_events import CheckpointSkipped, Reported, Uploaded, UploadFailed
+from cairn._src.observe.driver_events import (
+    CheckpointSkipped,
+    Notice,
+    Reported,
+    Uploaded,
+    UploadFailed,
+)
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventStream
 from cairn._src.run.events import (
@@ -362,6 +368,13 @@ class AttemptLoop:
             t=self._clock.time(), attempt=self.attempt.number,
             ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids),
             deadline_t=self.preemption.deadline_t(), source=message.source))
+        self._parts.events.emit(Notice(
+            f"preemption notice ({message.source}): ranks "
+            f"{', '.join(map(str, info.preempted_ranks))} on nodes "
+            f"{', '.join(n[:12] for n in info.preempted_node_ids)} are about to go; once a "
+            f"worker goes, or at the deadline ({self.preemption.describe_deadline()}), the "
+            "run restarts from its latest checkpoint, counted against "
+            "max_preemption_failures"))
         self.flush_logs()
 
     def _send(self, rank: int, message: object) -> None:
