@@ -292,6 +292,8 @@ class AttemptLoop:
                 # the worker knows the run's custom schemes.
                 self._send(item.rank, ("registrations", self._registrations))
                 self._send(item.rank, self._setup_message(attempt, item.rank))
+                if self.preemption.info is not None:  # a notice came before it connected
+                    self._send(item.rank, PreemptionMessage(self.preemption.info))
                 if self.all_connected:
                     self._parts.events.emit(WorkersReady(t=self._clock.time(),
                                                          attempt=attempt.number))
