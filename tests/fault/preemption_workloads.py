@@ -85,3 +85,16 @@ def just_in_time(config: dict[str, Any]) -> None:
             cairn.report({"step": step, "jit": 0},
                          checkpoint=_checkpoint(step) if rank == 0 else None)
     cairn.report({"step": config["steps"], "jit": 0})
+
+
+def sigterm_a_forked_child(config: dict[str, Any]) -> None:
+    """A process the worker forks (as a data loader does) is not the worker: SIGTERM ends
+    it, and the run hears of no preemption."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    child.start()
+    os.kill(child.pid, signal.SIGTERM)
+    child.join(60)
+    _note(config, f"child_exit_{cairn.get_context().get_world_rank()}", child.exitcode)
+    cairn.report({"done": 1})

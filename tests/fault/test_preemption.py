@@ -159,3 +159,12 @@ def test_a_finished_train_function_finishes_the_run_despite_a_notice(
     assert not [e for e in _events(directory) if isinstance(e, Failure)]
     assert [e.source for e in _events(directory) if isinstance(e, PreemptionNotice)] == [
         "SIGTERM"]
+
+
+def test_a_forked_child_of_a_worker_still_dies_of_sigterm(
+        run_config: RunConfigFactory, scratch: str) -> None:
+    config = run_config()
+    Trainer(preemption_workloads.sigterm_a_forked_child, train_loop_config={"scratch": scratch},
+            scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert [_read(scratch, f"child_exit_{rank}") for rank in (0, 1)] == [-signal.SIGTERM] * 2
+    assert not [e for e in _events(run_dir(config)) if isinstance(e, PreemptionNotice)]

@@ -91,9 +91,13 @@ class SigtermNotice(NoticeSource):
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         self._closed = False
+        self._masks = threading.local()  # each forking thread's signal mask before the fork
         self._previous: Any = signal.signal(signal.SIGTERM, self._on_signal)
-        # A forked child (a data loader worker) is not the worker: SIGTERM ends it.
-        os.register_at_fork(after_in_child=self._in_child)
+        # A forked child (a data loader worker) is not the worker: SIGTERM ends it. The
+        # signal stays blocked across the fork, so one sent to the child before it restored
+        # the default action is not lost (Python drops the signals it caught before).
+        os.register_at_fork(before=self._block, after_in_parent=self._unblock,
+                            after_in_child=self._in_child)
         threading.Thread(target=self._wait, name="cairn-preemption", daemon=True).start()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -106,9 +110,21 @@ class SigtermNotice(NoticeSource):
         except OSError:
             pass  # the pipe is full: a notice is already on its way
 
+    def _block(self) -> None:
+        self._masks.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def _unblock(self) -> None:
+        # The forking thread's own mask again (it may have blocked SIGTERM itself).
+        previous = getattr(self._masks, "previous", None)
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        else:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
     def _in_child(self) -> None:
         if not self._closed and os.getpid() != self._pid:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._unblock()
 
     def _wait(self) -> None:
         try:
