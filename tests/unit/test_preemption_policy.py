@@ -132,3 +132,12 @@ def test_get_preemption_info_outside_a_worker_says_where_to_call_it() -> None:
     with pytest.raises(cairn.ReportError, match=r"cairn.get_preemption_info\(\) was called "
                                                 r"outside a Cairn worker"):
         cairn.get_preemption_info()
+
+
+def test_relaxed_collectives_are_accepted_and_the_notice_says_they_do_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    preemption = AttemptPreemption([(0, "a")], FailureConfig(
+        relax_collectives_on_preemption=True), FakeClock())
+    with caplog.at_level("WARNING", logger="cairn._src.controller.preemption"):
+        preemption.on_notice(PreemptionNoticeMessage(0, None, "SIGTERM"))
+    assert "relax_collectives_on_preemption=True) has no effect in Cairn" in caplog.text

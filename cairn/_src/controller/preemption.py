@@ -47,6 +47,7 @@ class AttemptPreemption:
         self._nodes_by_rank = list(nodes_by_rank)
         self._deadline_s = float(config.preemption_deadline_s)
         self._grace_s = float(config.preemption_grace_s)
+        self._relax = config.relax_collectives_on_preemption
         self._clock = clock
         self.info: PreemptionInfo | None = None
         self._noticed_at: float | None = None
@@ -68,6 +69,10 @@ class AttemptPreemption:
                        "to be reclaimed, deadline %s", message.source, message.rank,
                        merged.preempted_node_ids, merged.preempted_ranks,
                        self.describe_deadline())
+        if self._relax:
+            logger.warning("FailureConfig(relax_collectives_on_preemption=True) has no effect "
+                           "in Cairn: a checkpoint commits only with every rank's report, so "
+                           "make the just-in-time report while every rank still runs")
         return merged
 
     def deadline_t(self) -> float | None:
