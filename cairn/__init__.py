@@ -32,6 +32,7 @@ from cairn._src.errors import (
     ControllerError,
     ManifestError,
     PlacementTimeoutError,
+    PreemptionError,
     ReportError,
     RunFailedError,
     RunLeaseError,
@@ -48,10 +49,12 @@ from cairn._src.observe.callbacks import Callback, UserCallback
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
 from cairn._src.train.api import get_checkpoint, get_context, get_dataset_shard, report
+from cairn._src.train.preemption_api import get_preemption_info
 from cairn._src.train.reported_api import get_all_reported_checkpoints
 from cairn._src.train.result import Result
 from cairn._src.train.trainer import Trainer
 from cairn._src.version import __version__ as __version__
+from cairn._src.wire.preemption import PreemptionInfo
 from cairn._src.worker.context import TrainContext
 from cairn._src.worker.report_handle import ReportHandle
 
@@ -88,6 +91,8 @@ __all__ = [
     "GoodputSummary",
     "ManifestError",
     "PlacementTimeoutError",
+    "PreemptionError",
+    "PreemptionInfo",
     "ReportError",
     "ReportHandle",
     "ReportedCheckpoint",
@@ -116,5 +121,6 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_preemption_info",
     "report",
 ]

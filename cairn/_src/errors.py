@@ -210,6 +210,39 @@ class WorkerGroupError(TrainingFailedError):
         return (self.__class__, (self.error_message, self.worker_failures, self.run_path))
 
 
+class PreemptionError(TrainingFailedError):
+    """Training was interrupted by node preemption more often than
+    ``FailureConfig.max_preemption_failures`` allows (Ray Train's name).
+
+    ``preemption_info`` is the last preemption's :class:`cairn.PreemptionInfo` (its nodes,
+    ranks and deadline); ``drain_timed_out`` is True when Cairn tore the workers down at the
+    deadline, False when they had already gone. ``detail`` says how the workers went;
+    ``worker_failures`` maps each rank that failed to its error, as in
+    :class:`WorkerGroupError`.
+    """
+
+    def __init__(self, preemption_info: Any, drain_timed_out: bool = False,
+                 detail: str = "", run_path: str | None = None,
+                 worker_failures: dict[int, BaseException] | None = None) -> None:
+        ranks = getattr(preemption_info, "preempted_ranks", [])
+        text = ("Training was interrupted by node preemption "
+                f"(preempted_ranks={ranks}, drain_timed_out={drain_timed_out})")
+        text += f": {detail}" if detail else "."
+        if run_path:
+            text += (f"\nThe run's committed checkpoints and metrics stay at {run_path} "
+                     "(Result.from_path).")
+        super().__init__(text)
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+        self.detail = detail
+        self.run_path = run_path
+        self.worker_failures: dict[int, BaseException] = dict(worker_failures or {})
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return (self.__class__, (self.preemption_info, self.drain_timed_out, self.detail,
+                                 self.run_path, self.worker_failures))
+
+
 class ControllerError(TrainingFailedError):
     """The driver's side of the run failed, for example a callback raised.
 

@@ -78,7 +78,7 @@ def test_an_interrupted_run_with_failures_that_do_not_count() -> None:
     assert [f["counted"] for f in doc["failures"]] == [False, True]
     # The malformed failure is kept, with what could be read of it.
     assert doc["failures"][1] == {"attempt": None, "t": None, "ranks": [], "reason": "",
-                                  "errors": [], "counted": True}
+                                  "errors": [], "counted": True, "preemption": False}
     text = "\n".join(format_show(doc))
     assert ("attempt 0  ranks 0, 2: [ranks 0, 2] CheckpointDamagedError: bad bytes "
             "(not counted: the checkpoint it resumed from was damaged)") in text

@@ -206,13 +206,16 @@ class Harness:
 
 
 def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
-                 observers: Sequence[Observer] = (), keep_survivors: bool = False) -> Harness:
+                 observers: Sequence[Observer] = (), keep_survivors: bool = False,
+                 failure_config: FailureConfig | None = None) -> Harness:
     """A controller over fakes, opened; ``observers`` follow its events after the real
-    ones (the event log, the metrics history, the live view, the callbacks)."""
+    ones (the event log, the metrics history, the live view, the callbacks).
+    ``failure_config`` replaces ``FailureConfig(max_failures=max_failures)``."""
     run = resolve(str(tmp_path)).join("run")
     retry = RetryPolicy()
-    run_config = RunConfig(progress=0, failure_config=FailureConfig(
-        max_failures=max_failures, keep_survivors=keep_survivors))
+    failure = failure_config or FailureConfig(max_failures=max_failures,
+                                              keep_survivors=keep_survivors)
+    run_config = RunConfig(progress=0, failure_config=failure)
     scaling = ScalingConfig(num_workers=workers)
     history = SegmentLog(run.join(METRICS_DIR), retry)
     events = SegmentLog(run.join(EVENTS_DIR), retry)
@@ -241,7 +244,9 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
                       run_config=run_config)
     spec = TrainSpec(_train, {}, True)
     controller = Controller(spec, scaling, parts, payload=WorkerPayload.pickle(spec, run_config),
-                            policy=FailurePolicy(max_failures), experiment_name="steps",
+                            policy=FailurePolicy(failure.max_failures,
+                                                 failure.max_preemption_failures),
+                            experiment_name="steps",
                             next_report_index=1)
     controller.open()
     return Harness(controller, backend, clock, inbox, events, history, manager)

@@ -13,14 +13,15 @@ def test_exported_members() -> None:
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
         "ControllerError", "DataConfig", "FailureConfig", "GoodputSummary", "ManifestError",
-        "PlacementTimeoutError", "ReportError", "ReportHandle", "ReportedCheckpoint",
+        "PlacementTimeoutError", "PreemptionError", "PreemptionInfo", "ReportError",
+        "ReportHandle", "ReportedCheckpoint",
         "ReportedCheckpointStatus", "Result", "RetryPolicy", "RunConfig", "RunFailedError",
         "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
         "TrainContext", "Trainer", "TrainingFailedError", "TransferConfig", "UnknownSchemeError",
         "UnsafePathError",
         "UserCallback", "ValidationConfig", "ValidationFn", "ValidationTaskConfig",
         "WorkerGroupError", "WorkerProcessError", "get_all_reported_checkpoints", "get_checkpoint",
-        "get_context", "get_dataset_shard", "report",
+        "get_context", "get_dataset_shard", "get_preemption_info", "report",
     ]
     for name in cairn.__all__:
         assert getattr(cairn, name).__module__.startswith("cairn")
@@ -41,6 +42,8 @@ def test_errors_share_one_root_and_builtins() -> None:
     # As Ray Train raises them: code written for Ray catches Cairn's errors.
     assert issubclass(cairn.WorkerGroupError, cairn.TrainingFailedError)
     assert issubclass(cairn.ControllerError, cairn.TrainingFailedError)
+    assert issubclass(cairn.PreemptionError, cairn.TrainingFailedError)
+    assert not issubclass(cairn.PreemptionError, cairn.WorkerGroupError)
     assert issubclass(cairn.ConfigDeprecationError, DeprecationWarning)
     assert issubclass(cairn.RunNotFoundError, RuntimeError)
     assert issubclass(cairn.RunNotFoundError, FileNotFoundError)

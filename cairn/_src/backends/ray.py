@@ -84,10 +84,15 @@ class _WorkerActor:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
+        from cairn._src.backends.ray_drain import DrainNotice, drain_poll_s
         from cairn._src.worker.main import run_from_bootstrap
 
         os.environ.update(env)
-        return run_from_bootstrap(boot)
+        # A drain of this node is the preemption notice; one worker per node watches.
+        notices = (DrainNotice(ray.get_runtime_context().get_node_id(),
+                               drain_poll_s(dict(os.environ)))
+                   if env.get("CAIRN_LOCAL_RANK") == "0" else None)
+        return run_from_bootstrap(boot, notices=notices)
 
 
 def _node_is_alive(node_id: str) -> bool | None:
@@ -119,6 +124,9 @@ class _RefWatcher:
     def __init__(self, ref: Any, name: str, node_id: str) -> None:
         self._read_fd, self._write_fd = os.pipe()
         self.outcome: str | None = None
+        # Ray says the actor died because its node was preempted (RayActorError.preempted:
+        # a node drained for preemption, then lost): a preemption, noticed or not.
+        self.preempted = False
         self._node_id = node_id
         self._done = threading.Event()
         threading.Thread(target=self._wait, args=(ref,), name=name, daemon=True).start()
@@ -128,7 +136,11 @@ class _RefWatcher:
             code = ray.get(ref)
             self.outcome = f"exited with code {code}"
         except ray.exceptions.RayActorError as exc:
-            if self._node_id and _node_is_alive(self._node_id) is False:
+            self.preempted = bool(getattr(exc, "preempted", False))
+            if self.preempted:
+                self.outcome = (f"was lost with its Ray node {self._node_id[:12]}, which was "
+                                "preempted")
+            elif self._node_id and _node_is_alive(self._node_id) is False:
                 self.outcome = (f"was lost with its Ray node {self._node_id[:12]} "
                                 "(the cluster no longer counts that node alive)")
             else:
@@ -169,6 +181,11 @@ class RayWorker:
 
     def describe_exit(self) -> str:
         return self.exit_watcher.outcome or "is still running"
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the worker was lost with a node Ray says was preempted."""
+        return self.exit_watcher.preempted
 
     def wait_exit(self, timeout: float) -> bool:
         return self.exit_watcher.wait(timeout)

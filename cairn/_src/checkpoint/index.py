@@ -127,6 +127,7 @@ INDEX_SCHEMA = schema.Document(
                                                  maximum=schema.MAX_REPORT_INDEX + 1),
             "attempts": schema.COUNT,
             "failures": schema.COUNT,
+            "preemptions": schema.COUNT,
             "resumed_from": schema.Nullable(schema.DIR_NAME),
             "created_at": schema.TIME,
             "updated_at": schema.TIME,
@@ -162,6 +163,8 @@ class RunIndex:
     next_report_index: int = 1
     attempts: int = 0
     failures: int = 0
+    # Restarts after a preemption notice: FailureConfig.max_preemption_failures's count.
+    preemptions: int = 0
     resumed_from: str | None = None
     retention: Retention | None = None
     created_at: float = field(default_factory=time.time)
@@ -199,6 +202,8 @@ class RunIndex:
         }
         if self.retention is not None:
             body["retention"] = self.retention.to_json()
+        if self.preemptions:
+            body["preemptions"] = self.preemptions
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -234,6 +239,7 @@ class RunIndex:
             next_report_index=body.get("next_report_index", 1),
             attempts=body.get("attempts", 0),
             failures=body.get("failures", 0),
+            preemptions=body.get("preemptions", 0),
             resumed_from=body.get("resumed_from"),
             retention=_retention(body.get("retention")),
             created_at=float(body.get("created_at", now)),

@@ -55,6 +55,8 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy)
                          sum(isinstance(e, AttemptStart) for e in logged)),
             failures=max(index.failures, sum(isinstance(e, Failure) and e.counted
                                              for e in logged)),
+            preemptions=max(index.preemptions, sum(isinstance(e, Failure) and e.preemption
+                                                   for e in logged)),
         )
     if index is not None:
         logger.info("Continuing run %s: %s committed, %s so far", run.display(),

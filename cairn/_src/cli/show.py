@@ -104,12 +104,13 @@ def _driver(lease: LeaseInfo | None) -> dict[str, Any] | None:
     return {"host": lease.host, "pid": int(lease.pid), "heartbeat_at": float(lease.heartbeat_at)}
 
 
-def _failure(failure: FailureInfo, counted: bool,
+def _failure(failure: FailureInfo, event: Failure,
              frames: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
     errors = [{**e.as_dict(), "frame": frames.get(e.ranks[0]) if e.ranks else None}
               for e in failure.errors]
     return {"attempt": failure.attempt, "t": failure.t, "ranks": list(failure.ranks),
-            "reason": failure.reason, "errors": errors, "counted": counted}
+            "reason": failure.reason, "errors": errors, "counted": event.counted,
+            "preemption": event.preemption}
 
 
 def _frames(event: Failure) -> dict[int, dict[str, Any]]:
@@ -155,7 +156,7 @@ def show_document(run: StorageLocation, index: RunIndex, events: Iterable[object
         "retention": None if index.retention is None else {
             "num_to_keep": retention.num_to_keep, "score_attribute": retention.score_attribute,
             "score_order": retention.score_order},
-        "failures": [_failure(f, event.counted, _frames(event)) for f, event in
+        "failures": [_failure(f, event, _frames(event)) for f, event in
                      zip(history.failures, failures, strict=True)],
         "checkpoints": [_checkpoint(r, retention, statuses.get(r.dir_name, "COMMITTED"), why)
                         for r, why in zip(records, reasons, strict=True)],
@@ -240,7 +241,8 @@ def format_show(doc: dict[str, Any]) -> list[str]:
         reason = printable(failure["reason"])
         out.append(f"  {_when(failure['t'])}  attempt {attempt}  {_ranks(failure['ranks'])}: "
                    f"{_shorten(reason or '(no reason recorded)')}"
-                   + ("" if failure["counted"] else
+                   + (" (preemption: counted against max_preemption_failures)"
+                      if failure["preemption"] else "" if failure["counted"] else
                       " (not counted: the checkpoint it resumed from was damaged)"))
         for rank_error in failure["errors"]:
             # Each rank's error, unless the reason (the grouped first lines) says it all,

@@ -358,6 +358,16 @@ class FailureConfig:
       within ``stop_timeout_s``, or the backend cannot replace one rank (Ray).
     * ``stop_timeout_s``: with ``keep_survivors``, how long a surviving rank may take to
       stop its train function before the whole group is killed and restarted.
+    * ``max_preemption_failures``: how many restarts after a preemption notice (a node
+      being reclaimed) are allowed, counted apart from ``max_failures`` as in Ray Train
+      (``-1``, the default: no limit; ``0``: fail on the first preemption).
+    * ``preemption_grace_s``: how long the workers may keep running past the reclaim
+      deadline before the restart (Ray's name; default 0).
+    * ``preemption_deadline_s`` (Cairn): the reclaim deadline, in seconds after the notice,
+      of a notice that carries none (a SIGTERM on the local backend, a drain without a
+      deadline); Ray Train assumes 120 s too.
+    * ``relax_collectives_on_preemption``: accepted for Ray scripts; Cairn commits a
+      checkpoint only with every rank, so it has no effect (see docs/fault-tolerance.md).
     """
 
     max_failures: int = 0
@@ -365,6 +375,10 @@ class FailureConfig:
     warm_standby: bool = False
     keep_survivors: bool = False
     stop_timeout_s: float = 30.0
+    max_preemption_failures: int = -1
+    preemption_grace_s: float = 0.0
+    preemption_deadline_s: float = 120.0
+    relax_collectives_on_preemption: bool = False
     fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -372,6 +386,19 @@ class FailureConfig:
             raise ConfigDeprecationError(migration.FAIL_FAST)
         _check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
         _check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)
+        _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures,
+                   minimum=0, allow=(-1,))
+        grace = self.preemption_grace_s
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
+                0 <= grace < float("inf")):
+            raise ConfigError(f"FailureConfig.preemption_grace_s={grace!r} must be a number "
+                              ">= 0 (seconds past the reclaim deadline).")
+        _check_positive_float("FailureConfig.preemption_deadline_s", self.preemption_deadline_s)
+        if not isinstance(self.relax_collectives_on_preemption, bool):
+            raise ConfigError(
+                "FailureConfig.relax_collectives_on_preemption="
+                f"{self.relax_collectives_on_preemption!r} must be True or False."
+            )
         if not isinstance(self.warm_standby, bool):
             raise ConfigError(
                 f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."

@@ -112,7 +112,9 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
                       clock=SystemClock(), manager=manager, history=history, event_log=events,
                       run_config=run_config)
     return Controller(spec, scaling, parts, payload=payload,
-                      policy=FailurePolicy(run_config.failure_config.max_failures),
+                      policy=FailurePolicy(
+                          run_config.failure_config.max_failures,
+                          run_config.failure_config.max_preemption_failures),
                       experiment_name=experiment_name, next_report_index=next_report_index,
                       finished_before=run_history(earlier_events).status == "finished",
                       data=_data_ingest(spec, scaling))

@@ -29,16 +29,30 @@ from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
+from cairn._src.controller.preemption import AttemptPreemption
 from cairn._src.controller.progress import check_progress
 from cairn._src.controller.reports import Verdict, describe_ranks
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.validations import ValidationRunner
 from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
 from cairn._src.errors import ReportError
-from cairn._src.observe.driver_events import CheckpointSkipped, Reported, Uploaded, UploadFailed
+from cairn._src.observe.driver_events import (
+    CheckpointSkipped,
+    Notice,
+    Reported,
+    Uploaded,
+    UploadFailed,
+)
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventStream
-from cairn._src.run.events import Blocked, CheckpointStarted, FirstReport, TrainStart, WorkersReady
+from cairn._src.run.events import (
+    Blocked,
+    CheckpointStarted,
+    FirstReport,
+    PreemptionNotice,
+    TrainStart,
+    WorkersReady,
+)
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.wire.messages import (
     CommittedMessage,
@@ -53,6 +67,11 @@ from cairn._src.wire.messages import (
     TimingMessage,
     UploadedMessage,
     UploadFailedMessage,
+)
+from cairn._src.wire.preemption import (
+    PREEMPTED_SOURCE,
+    PreemptionMessage,
+    PreemptionNoticeMessage,
 )
 
 logger = logging.getLogger(__name__)
@@ -129,6 +148,9 @@ class AttemptLoop:
         self._failure_deadline: float | None = None
         self._report_deadline: float | None = None
         self._next_flush = self._clock.monotonic() + HISTORY_FLUSH_S
+        # Notices of nodes about to be reclaimed, and the deadline they set (preemption.py).
+        self.preemption = AttemptPreemption([(w.rank, w.node_id) for w in attempt.workers],
+                                            parts.run_config.failure_config, parts.clock)
 
     @property
     def all_connected(self) -> bool:
@@ -168,6 +190,9 @@ class AttemptLoop:
                 # (Ray reports a finished actor task through its own channel).
                 connection.poll(LAST_MESSAGE_GRACE_S)
                 self._read_connection(worker.rank, connection, everything=True)
+            if getattr(worker, "preempted", False):  # Ray: lost with a preempted node
+                self._on_preemption_notice(PreemptionNoticeMessage(
+                    worker.rank, None, PREEMPTED_SOURCE))
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
                 attempt.failures.append(WorkerFailure(
                     rank=worker.rank,
@@ -191,16 +216,24 @@ class AttemptLoop:
                 return
             if (clock.monotonic() >= self._failure_deadline
                     or len(self.exited) == len(attempt.workers)):
+                preempted = self.preemption.caused(attempt.failures, self.exited)
                 self.ended = AttemptFailure(
                     # The rank that caused the failure first (a killed rank before the
                     # ranks whose collective then lost it).
                     ranks=tuple(ordered_ranks(attempt.failures)),
                     reason=group_failures(attempt.failures),
                     fatal=attempt.fatal,
+                    preemption=self.preemption.info if preempted else None,
                 )
             return
         if len(attempt.done) == len(attempt.workers) and attempt.commits_in_flight == 0:
             self.ended = FINISHED
+        elif self.preemption.info is not None and self.preemption.deadline_passed():
+            info = self.preemption.info
+            self.ended = AttemptFailure(
+                ranks=tuple(info.preempted_ranks), preemption=info, drain_timed_out=True,
+                reason=f"the reclaim deadline of the preempted nodes {info.preempted_node_ids} "
+                "passed with workers still running; Cairn stopped them")
 
     def _reports_still_coming(self) -> bool:
         """Whether surviving ranks may still complete reports the failed ranks reached.
@@ -263,6 +296,8 @@ class AttemptLoop:
                 # the worker knows the run's custom schemes.
                 self._send(item.rank, ("registrations", self._registrations))
                 self._send(item.rank, self._setup_message(attempt, item.rank))
+                if self.preemption.info is not None:  # a notice came before it connected
+                    self._send(item.rank, PreemptionMessage(self.preemption.info))
                 if self.all_connected:
                     self._parts.events.emit(WorkersReady(t=self._clock.time(),
                                                          attempt=attempt.number))
@@ -353,6 +388,8 @@ class AttemptLoop:
         elif isinstance(message, StoppedMessage):
             if message.attempt == attempt.number:
                 self.stopped.add(message.rank)
+        elif isinstance(message, PreemptionNoticeMessage):
+            self._on_preemption_notice(message)
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):
@@ -362,6 +399,25 @@ class AttemptLoop:
                 traceback=message.traceback, exception=message.exception,
                 frame=message.frame,
             ))
+
+    def _on_preemption_notice(self, message: PreemptionNoticeMessage) -> None:
+        info = self.preemption.on_notice(message)
+        if info is None:
+            return
+        # Every rank learns it, so that get_preemption_info() agrees on every rank.
+        self._parts.channels.broadcast(self.attempt, PreemptionMessage(info))
+        self._parts.events.emit(PreemptionNotice(
+            t=self._clock.time(), attempt=self.attempt.number,
+            ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids),
+            deadline_t=self.preemption.deadline_t(), source=message.source))
+        self._parts.events.emit(Notice(
+            f"preemption notice ({message.source}): ranks "
+            f"{', '.join(map(str, info.preempted_ranks))} on nodes "
+            f"{', '.join(n[:12] for n in info.preempted_node_ids)} are about to go; once a "
+            f"worker goes, or at the deadline ({self.preemption.describe_deadline()}), the "
+            "run restarts from its latest checkpoint, counted against "
+            "max_preemption_failures"))
+        self.flush_logs()
 
     def _send(self, rank: int, message: object) -> None:
         self._parts.channels.send(self.attempt, rank, message)

@@ -43,6 +43,7 @@ from cairn._src.controller.datasets import DataIngest
 from cairn._src.controller.failure_errors import error_summary, failure_records, worker_group_error
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.payload import SetupFactory, TrainSpec, WorkerPayload
+from cairn._src.controller.preemption import preemption_error
 from cairn._src.controller.reports import ReportTracker
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
@@ -207,18 +208,21 @@ class Controller:
                 failure.reason.splitlines()[0])
             return self._machine.transition(ControllerState.RESTARTING,
                                             "the resume checkpoint is damaged")
-        failures = index.failures
+        preempted = failure.preemption is not None
+        failures = index.preemptions if preempted else index.failures
+        budget = self._policy.budget(failure)
         decision = self._policy.decide(failure, failures - 1)
-        logger.warning("Attempt %d failed (%s); failure %d of %s allowed: %s", attempt.number,
-                       failure.reason.splitlines()[0], failures,
-                       "unlimited" if self._policy.max_failures == -1
-                       else self._policy.max_failures, decision.value)
+        logger.warning("Attempt %d failed (%s); %s %d of %s allowed: %s", attempt.number,
+                       failure.reason.splitlines()[0],
+                       "preemption" if preempted else "failure", failures,
+                       "unlimited" if budget == -1 else budget, decision.value)
         if decision is FailureDecision.RAISE:
             latest = index.latest
             self._parts.events.emit(Notice(give_up_notice(
                 self._experiment_name, attempt=attempt.number,
-                max_failures=self._policy.max_failures, fatal=failure.fatal,
-                latest=latest.dir_name if latest is not None else None)))
+                max_failures=budget, fatal=failure.fatal,
+                latest=latest.dir_name if latest is not None else None,
+                argument="max_preemption_failures" if preempted else "max_failures")))
             self._outcome = RunOutcome(error=error, last_metrics=self._progress.last_metrics)
             return self._machine.transition(ControllerState.ERRORED, "failure budget spent"
                                             if not failure.fatal else "fatal error")
@@ -329,6 +333,7 @@ class Controller:
         # the committed checkpoints stay.
         error = worker_group_error(attempt.failures, failure.reason, manager.run.display())
         suspect = _damaged_resume(attempt, failure, error)
+        preempted = failure.preemption is not None
         next_report_index = self._progress.next_report_index
 
         def record() -> tuple[bool, RunIndex]:
@@ -339,6 +344,10 @@ class Controller:
             damaged = suspect is not None and suspect not in manager.fully_verified
             if damaged and suspect is not None:
                 manager.suspects.add(suspect)
+            if preempted:
+                manager.save_index(preemptions=manager.index.preemptions + 1,
+                                   next_report_index=next_report_index)
+                return False, manager.index
             manager.save_index(failures=manager.index.failures + (0 if damaged else 1),
                                next_report_index=next_report_index)
             return damaged, manager.index
@@ -347,15 +356,20 @@ class Controller:
         now = parts.clock.time()
         errors = failure_records(attempt.failures, error)
         self._last_error = _run_error(errors) or error_summary(error, ranks=failure.ranks)
+        raised: BaseException = error
+        if preempted:
+            raised = preemption_error(failure, error, manager.run.display())
+            self._last_error = error_summary(raised, ranks=failure.ranks)
         logged = Failure(t=now, attempt=attempt.number, ranks=tuple(failure.ranks),
                          reason=failure.reason.splitlines()[0],
                          last_commit_t=attempt.last_commit_t or attempt.started_at,
                          errors=tuple(e for e in map(ErrorInfo.parse, errors) if e is not None),
-                         counted=not attempt.resume_damaged)
+                         counted=not (attempt.resume_damaged or preempted),
+                         preemption=preempted)
         # The event log, the live view and the callbacks (after_exception, on_failure).
         parts.events.emit(AttemptFailed(logged, failure.reason, error))
         loop.flush_logs()
-        return error, index
+        return raised, index
 
     def _keep_or_kill(self, loop: AttemptLoop, failure: AttemptFailure) -> KeptRanks | None:
         """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the

@@ -328,16 +328,17 @@ def start_notice(name: str, where: str, *, attempts: int, checkpoints: int,
 
 
 def give_up_notice(name: str, *, attempt: int, max_failures: int, fatal: bool,
-                   latest: str | None) -> str:
-    """Why a failed attempt ends the run, and what to do next."""
+                   latest: str | None, argument: str = "max_failures") -> str:
+    """Why a failed attempt ends the run, and what to do next (``argument``: the budget
+    that is spent, ``max_failures`` or ``max_preemption_failures``)."""
     rerun = (f"running the script again continues run {name!r} from "
              f"{latest or 'scratch (no committed checkpoint)'}")
     if fatal:
         return (f"attempt {attempt} failed on a mistake a restart would repeat; once it is "
                 f"fixed, {rerun}")
     if max_failures == 0:
-        return (f"attempt {attempt} failed and FailureConfig(max_failures=0) allows no "
-                "restart: RunConfig(failure_config=FailureConfig(max_failures=N)) restarts "
+        return (f"attempt {attempt} failed and FailureConfig({argument}=0) allows no "
+                f"restart: RunConfig(failure_config=FailureConfig({argument}=N)) restarts "
                 f"up to N times from the latest checkpoint (-1: no limit); {rerun}")
     return (f"attempt {attempt} failed and the {plural(max_failures, 'restart')} "
-            f"FailureConfig(max_failures={max_failures}) allows are spent; {rerun}")
+            f"FailureConfig({argument}={max_failures}) allows are spent; {rerun}")

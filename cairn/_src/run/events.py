@@ -275,6 +275,8 @@ class Failure(Event):
     errors: tuple[ErrorInfo, ...] = ()
     counted: bool = True
     attempt_t: float | None = None
+    # A restart after a preemption notice: counted against max_preemption_failures instead.
+    preemption: bool = False
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -286,6 +288,8 @@ class Failure(Event):
         }
         if self.attempt_t is not None:
             record["attempt_t"] = self.attempt_t
+        if self.preemption:
+            record["preemption"] = True
         return record
 
     @classmethod
@@ -295,7 +299,40 @@ class Failure(Event):
                    last_commit_t=record.get("last_commit_t"),
                    errors=_errors(record.get("errors", ())),
                    counted=record.get("counted") is not False,
-                   attempt_t=record.get("attempt_t"))
+                   attempt_t=record.get("attempt_t"),
+                   preemption=record.get("preemption") is True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreemptionNotice(Event):
+    """A node of the attempt is about to be reclaimed: its ``ranks``, the ``nodes``, the
+    reclaim ``deadline_t`` (None: the notice had none) and how it was noticed (``source``:
+    ``"SIGTERM"``, ``"drain"``)."""
+
+    TYPE: ClassVar[str] = "preemption_notice"
+    attempt: int | None = None
+    ranks: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    deadline_t: float | None = None
+    source: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"type": self.type, "t": self.t, "attempt": self.attempt,
+                "ranks": list(self.ranks), "nodes": list(self.nodes),
+                "deadline_t": self.deadline_t, "source": self.source}
+
+    @classmethod
+    def _from_record(cls, record: Mapping[str, Any]) -> Event:
+        nodes = record.get("nodes")
+        deadline = record.get("deadline_t")
+        source = record.get("source")
+        return cls(t=record.get("t"), attempt=record.get("attempt"),
+                   ranks=tuple(record.get("ranks", ())),
+                   nodes=tuple(n for n in nodes if isinstance(n, str))
+                   if isinstance(nodes, (list, tuple)) else (),
+                   deadline_t=float(deadline) if isinstance(deadline, (int, float))
+                   and not isinstance(deadline, bool) else None,
+                   source=source if isinstance(source, str) else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -436,6 +473,7 @@ EVENT_TYPES: dict[str, type[Event]] = {kind.TYPE: kind for kind in (
     SessionStart, SessionEnd, AttemptStart, WorkersReady, TrainStart, FirstReport, Blocked,
     CheckpointStarted, Commit, Failure, DeletionsFailed, ValidationRequested,
     ValidationFinished, CheckpointDropped, ReferenceRegistered, CheckpointDeleting,
+    PreemptionNotice,
 )}
 
 

@@ -37,6 +37,7 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
+from cairn._src.worker.preemption import NoticeSource, SigtermNotice
 from cairn._src.worker.session import WorkerSession, set_session
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ class InDriver:
 
 
 def run_worker(connection: Connection, rank: int, attempt: int,
-               in_driver: InDriver | None = None) -> int | RejoinMessage:
+               in_driver: InDriver | None = None,
+               notices: NoticeSource | None = None) -> int | RejoinMessage:
     """Run this rank's share of ``attempt``: the exit code, or, for a rank the controller
     keeps after another rank failed (``FailureConfig(keep_survivors=True)``), the
     :class:`RejoinMessage` of the attempt it is to run next in this same process."""
@@ -98,6 +100,8 @@ def run_worker(connection: Connection, rank: int, attempt: int,
                                                 if in_driver is not None else None))
     set_session(session)
     teardown = in_driver.teardown_hooks if in_driver is not None else []
+    if notices is not None:  # the node is about to be reclaimed: tell the controller
+        notices.attach(rank, session.send)
     try:
         if setup.storage_token is not None:
             check_storage_marker(setup.run, setup.storage_token, session.retry)
@@ -232,34 +236,41 @@ def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
     return connection, tunnel
 
 
-def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None) -> int:
+def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None,
+                       notices: NoticeSource | None = None) -> int:
     """Connect to the controller named by ``boot`` and run this worker's share; a rank
     kept after another rank failed connects again and runs each next attempt it is
-    given, in this same process."""
-    while True:
-        connection, tunnel = _connect(boot)
-        try:
-            outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]),
-                                 in_driver)
-        finally:
-            if tunnel is not None:
-                # The last messages (Done, an error) may still be in the tunnel: ending our
-                # side lets its pump deliver them, then close; the process may exit after.
-                abort_connection(connection)
-                connection.close()
-                tunnel.wait_closed(_FLUSH_TIMEOUT_S)
-            else:
-                if in_driver is not None:
-                    # No process exit closes it: the controller reads the end of the
-                    # connection as a worker process's last bytes, and the session's
-                    # receiver wakes.
+    given, in this same process. ``notices`` tells the controller when this worker's node
+    is about to be reclaimed."""
+    try:
+        while True:
+            connection, tunnel = _connect(boot)
+            try:
+                outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]),
+                                     in_driver, notices)
+            finally:
+                if tunnel is not None:
+                    # The last messages (Done, an error) may still be in the tunnel: ending
+                    # our side lets its pump deliver them, then close; the process may exit
+                    # after.
                     abort_connection(connection)
-                connection.close()
-        if not isinstance(outcome, RejoinMessage):
-            return outcome
-        # The next attempt's own variables (a fresh torch rendezvous port).
-        os.environ.update(outcome.env)
-        boot = {**boot, "attempt": outcome.attempt}
+                    connection.close()
+                    tunnel.wait_closed(_FLUSH_TIMEOUT_S)
+                else:
+                    if in_driver is not None:
+                        # No process exit closes it: the controller reads the end of the
+                        # connection as a worker process's last bytes, and the session's
+                        # receiver wakes.
+                        abort_connection(connection)
+                    connection.close()
+            if not isinstance(outcome, RejoinMessage):
+                return outcome
+            # The next attempt's own variables (a fresh torch rendezvous port).
+            os.environ.update(outcome.env)
+            boot = {**boot, "attempt": outcome.attempt}
+    finally:
+        if notices is not None:
+            notices.close()
 
 
 def _preload() -> None:
@@ -273,6 +284,8 @@ def _preload() -> None:
 
 
 def main() -> None:
+    # SIGTERM is the local backend's preemption notice (worker/preemption.py).
+    notices = SigtermNotice()
     _preload()
     line = sys.stdin.buffer.readline()
     if not line:
@@ -281,7 +294,7 @@ def main() -> None:
     boot = json.loads(line)
     # The attempt's own variables (the torch rendezvous port), for a process started early.
     os.environ.update({str(k): str(v) for k, v in boot.get("env", {}).items()})
-    code = run_from_bootstrap(boot)
+    code = run_from_bootstrap(boot, notices=notices)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.

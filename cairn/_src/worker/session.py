@@ -54,9 +54,11 @@ from cairn._src.wire.messages import (
     UploadedMessage,
     UploadFailedMessage,
 )
+from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import RunStorage, TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
+from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
@@ -127,6 +129,7 @@ class WorkerSession:
         self._rejoin: RejoinMessage | None = None
         self._stop_event, self._rejoin_event = threading.Event(), threading.Event()
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
+        self.preemption = WorkerPreemption()  # what get_preemption_info() hands out
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
                                                    lambda: self._next_index - 1,
                                                    self.storage_options)
@@ -505,6 +508,8 @@ class WorkerSession:
                 self._rejoin, self._stopping = message, True
                 self._rejoin_event.set()
                 return
+            elif isinstance(message, PreemptionMessage):
+                self.preemption.on_message(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
         if self._tier is not None and message.checkpoint is not None:
@@ -545,11 +550,10 @@ class WorkerSession:
         self._receiver.join()
         self._uploader.join()
 
-    # --- a survivor (FailureConfig(keep_survivors=True)) ---------------------------------
-
     def _on_stop(self, message: StopMessage) -> None:
-        """Another rank failed (the receiver thread): every wait of the train function and
-        the uploader, and its next report() or collective, raise AttemptStopped."""
+        """Another rank failed and this one survives (``keep_survivors``; the receiver
+        thread): every wait of the train function and the uploader, and its next report()
+        or collective, raise AttemptStopped."""
         stop = AttemptStopped(f"attempt {message.attempt} is stopping: {message.reason}")
         with self._state_lock:
             self._stop = self._stop or stop

@@ -1,9 +1,9 @@
 """Ray Train's documentation scripts, ported by rewriting their imports, run on Cairn.
 
 The scripts under ``scripts/`` are copies of Ray Train 2.60's quickstart and of its
-checkpointing and key-concepts guides (each file's header names its source and any
-placeholder the guide leaves that the copy had to fill). :func:`port` rewrites their
-Ray Train import lines and nothing else, then each test runs the result as a script in
+checkpointing, key-concepts, fault-tolerance and data-ingest guides (each file's header
+names its source and any placeholder the guide leaves that the copy had to fill).
+:func:`port` rewrites their Ray Train import lines and nothing else, then each test runs the result as a script in
 a fresh process with 2 worker processes, the way a user runs it, and checks what the
 guide says the run produces.
 
@@ -246,3 +246,19 @@ def test_data_ingest_guide_streams_a_shard_to_each_worker(tmp_path: Path) -> Non
     assert sum(line.startswith("(rank 1)") for line in batches) == 2 * 10
     runs = [path for path in storage.iterdir() if path.is_dir()]
     assert len(runs) == 2, runs
+
+
+def test_fault_tolerance_guide(tmp_path: Path) -> None:
+    # FailureConfig(max_preemption_failures=..., relax_collectives_on_preemption=...,
+    # preemption_grace_s=...) and get_preemption_info() as the guide uses them; no node is
+    # preempted here, so the just-in-time branch is left alone (tests/fault/
+    # test_preemption.py sends the notice).
+    _, storage = run_ported("fault_tolerance.py", tmp_path)
+    runs = sorted(path for path in storage.iterdir() if path.is_dir())
+    assert len(runs) == 2, runs
+    results = [cairn.Result.from_path(str(run)) for run in runs]
+    assert sorted(len(r.best_checkpoints) for r in results) == [0, 1]
+    assert all(r.error is None for r in results)
+    # The worker fault-tolerance example reports once; the preemption one never reports
+    # without a notice.
+    assert sorted(str(r.metrics) for r in results) == ["None", "{'loss': 0.1}"]
