@@ -3,9 +3,9 @@
 The scripts under ``scripts/`` are copies of Ray Train 2.60's quickstart and of its
 checkpointing, key-concepts, fault-tolerance and data-ingest guides (each file's header
 names its source and any placeholder the guide leaves that the copy had to fill).
-:func:`port` rewrites their Ray Train import lines and nothing else, then each test runs the result as a script in
-a fresh process with 2 worker processes, the way a user runs it, and checks what the
-guide says the run produces.
+:func:`port` rewrites their Ray Train import lines and nothing else, then each test runs
+the result as a script in a fresh process with 2 worker processes, the way a user runs
+it, and checks what the guide says the run produces.
 
 Import lines the example porter (``examples/ray_port/port.py``) knows are rewritten by
 it. Scripts that write ``import ray.train`` and then call ``ray.train.report(...)`` get
