@@ -72,6 +72,11 @@ def _is_count(value: object) -> bool:
 def _check_num_workers(value: object) -> None:
     accepted = ("an integer >= 1, or a (min_workers, max_workers) tuple of integers with "
                 "1 <= min_workers <= max_workers, such as (2, 4)")
+    # Each message starts with Ray Train's words for the mistake, then says what is accepted.
+    counts = value if isinstance(value, tuple) else (value,)
+    if counts and all(map(_is_count, counts)) and min(counts) < 0:
+        raise ConfigError(f"Invalid ScalingConfig(num_workers={value!r}): Number of workers "
+                          f"cannot be negative. ScalingConfig.num_workers must be {accepted}.")
     if isinstance(value, int) and _is_count(value):
         if value < 1:
             raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}.")
@@ -79,7 +84,8 @@ def _check_num_workers(value: object) -> None:
     if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
         hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
                 else "")
-        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
+        raise ConfigError("ScalingConfig(num_workers) must be an int or a tuple of two ints: "
+                          f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
     low, high = value
     if low < 1:
         raise ConfigError(
@@ -88,7 +94,7 @@ def _check_num_workers(value: object) -> None:
         )
     if low > high:
         raise ConfigError(
-            f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
+            f"Invalid ScalingConfig(num_workers={value!r}): min_workers={low} must be <= "
             f"max_workers={high}; num_workers must be {accepted}."
         )
 
@@ -279,7 +285,11 @@ class CheckpointConfig:
             if getattr(self, removed) is not migration.DEPRECATED:
                 raise ConfigDeprecationError(migration.checkpoint_config_message(removed))
         if self.num_to_keep is not None:
-            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+            try:
+                _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+            except ConfigError as exc:
+                raise ConfigError(f"Received invalid num_to_keep: {self.num_to_keep}. {exc} "
+                                  "None keeps every checkpoint.") from None
         if self.checkpoint_score_attribute is not None and not (
             isinstance(self.checkpoint_score_attribute, str) and self.checkpoint_score_attribute
         ):
@@ -289,8 +299,9 @@ class CheckpointConfig:
             )
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError(
-                f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} "
-                "is not one of 'max', 'min'."
+                "Received invalid checkpoint_score_order: "
+                f"{self.checkpoint_score_order}. CheckpointConfig.checkpoint_score_order="
+                f"{self.checkpoint_score_order!r} is not one of 'max', 'min'."
             )
         _check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
         if self.verify_on_resume not in ("sizes", "full"):
