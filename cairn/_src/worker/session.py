@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.checkpoint.local_tier import LocalTier
 from cairn._src.checkpoint.references import check_reference, check_upload_source
@@ -64,6 +62,10 @@ from cairn._src.worker.upload_job import (
     UploadFn,
     UploadJob,
     Waiter,
+    delete_after_upload,
+    delete_source,
+    is_local_source,
+    list_stored_source,
     lower_thread_priority,
     resolve_after_commit,
     unchanged_files,
@@ -242,12 +244,13 @@ class WorkerSession:
             checkpoint=checkpoint,
             files=files,
             upload_fn=upload_fn,
-            delete_local=(mode is CheckpointUploadMode.ASYNC) if delete_local is None
-            else delete_local,
+            delete_local=delete_after_upload(delete_local, mode is CheckpointUploadMode.ASYNC,
+                                             checkpoint),
             handle=handle,
             metadata=metadata,
             validation=validation,
-            source=local_dir_identity(checkpoint.path) if upload_fn is None else None,
+            source=local_dir_identity(checkpoint.path)
+            if upload_fn is None and is_local_source(checkpoint) else None,
         )
         if job.delete_local and job.source is not None:
             # Another rank may report this same directory and still be writing into it:
@@ -335,12 +338,9 @@ class WorkerSession:
         return files, files.pop(METADATA_FILE_NAME, None) is not None
 
     def _list_local(self, checkpoint: Checkpoint) -> dict[str, int]:
-        if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-            raise ReportError(
-                f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
-                "ASYNC upload a local directory. For a checkpoint already on storage use "
-                "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
-            )
+        if not is_local_source(checkpoint):  # on a store: copied from there
+            return list_stored_source(checkpoint, self._retry,
+                                      what=f"report(checkpoint={checkpoint!r})")
         try:
             return list_local_files(checkpoint.path)
         except CairnError as exc:
@@ -406,9 +406,8 @@ class WorkerSession:
                 uploaded = job.upload_fn(job.checkpoint, job.dir_name)
                 if not isinstance(uploaded, Checkpoint):
                     raise ReportError(
-                        f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
-                        "cairn.Checkpoint it uploaded."
-                    )
+                        "checkpoint_upload_fn must return a `ray.train.Checkpoint`: in Cairn, "
+                        f"the cairn.Checkpoint it uploaded; it returned {uploaded!r}.")
                 message = UploadedMessage(self.rank, job.index, {}, uploaded.location, 0,
                                           time.perf_counter() - started)
             elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
@@ -435,7 +434,7 @@ class WorkerSession:
             if exc is not caught:
                 raise exc from caught
             raise
-        if self._tier is not None and message.entries:
+        if self._tier is not None and message.entries and is_local_source(job.checkpoint):
             # Before the local copy may go: the files this worker uploaded, as uploaded.
             self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
         if (job.delete_local and job.inner is None
@@ -443,7 +442,7 @@ class WorkerSession:
             # The data is on storage now; the local copy is not needed for the commit. An
             # upload function that registered the directory in place (torch DCP writing
             # straight to its final location) returns that same directory: it stays.
-            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            delete_source(job.checkpoint, self._retry)
         job.sent = True
         self.send(message)
 
@@ -451,7 +450,8 @@ class WorkerSession:
         """The error of an ASYNC upload whose directory the train function removed first;
         under upload_failure_policy="fail" it fails the run at once (a restart would only
         repeat it), not after the attempts of FailureConfig.max_failures."""
-        if not job.background or job.upload_fn is not None or job.write is not None:
+        if (not job.background or job.upload_fn is not None or job.write is not None
+                or not is_local_source(job.checkpoint)):
             return None
         removed = removed_source_error(job.checkpoint.path, error, job.index)
         if removed is not None:
