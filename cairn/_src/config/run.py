@@ -72,11 +72,12 @@ def _is_count(value: object) -> bool:
 def _check_num_workers(value: object) -> None:
     accepted = ("an integer >= 1, or a (min_workers, max_workers) tuple of integers with "
                 "1 <= min_workers <= max_workers, such as (2, 4)")
-    # Each message starts with Ray Train's words for the mistake, then says what is accepted.
+    # Each message ends with Ray Train's words for the mistake, for ported tests' match=.
     counts = value if isinstance(value, tuple) else (value,)
     if counts and all(map(_is_count, counts)) and min(counts) < 0:
-        raise ConfigError(f"Invalid ScalingConfig(num_workers={value!r}): Number of workers "
-                          f"cannot be negative. ScalingConfig.num_workers must be {accepted}.")
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted} (Ray Train: "
+                          f"Invalid ScalingConfig(num_workers={value!r}): Number of workers "
+                          "cannot be negative.)")
     if isinstance(value, int) and _is_count(value):
         if value < 1:
             raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}.")
@@ -84,8 +85,9 @@ def _check_num_workers(value: object) -> None:
     if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
         hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
                 else "")
-        raise ConfigError("ScalingConfig(num_workers) must be an int or a tuple of two ints: "
-                          f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint} (Ray "
+                          "Train: ScalingConfig(num_workers) must be an int or a tuple of two "
+                          "ints.)")
     low, high = value
     if low < 1:
         raise ConfigError(
@@ -94,8 +96,10 @@ def _check_num_workers(value: object) -> None:
         )
     if low > high:
         raise ConfigError(
-            f"Invalid ScalingConfig(num_workers={value!r}): min_workers={low} must be <= "
-            f"max_workers={high}; num_workers must be {accepted}."
+            f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
+            f"max_workers={high}; num_workers must be {accepted} (Ray Train: Invalid "
+            f"ScalingConfig(num_workers={value!r}): min_workers={low} must be <= "
+            f"max_workers={high}.)"
         )
 
 
@@ -288,8 +292,9 @@ class CheckpointConfig:
             try:
                 _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
             except ConfigError as exc:
-                raise ConfigError(f"Received invalid num_to_keep: {self.num_to_keep}. {exc} "
-                                  "None keeps every checkpoint.") from None
+                raise ConfigError(f"{str(exc).rstrip('.')}, or None to keep every checkpoint "
+                                  f"(Ray Train: Received invalid num_to_keep: "
+                                  f"{self.num_to_keep}.)") from None
         if self.checkpoint_score_attribute is not None and not (
             isinstance(self.checkpoint_score_attribute, str) and self.checkpoint_score_attribute
         ):
@@ -299,9 +304,9 @@ class CheckpointConfig:
             )
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError(
-                "Received invalid checkpoint_score_order: "
-                f"{self.checkpoint_score_order}. CheckpointConfig.checkpoint_score_order="
-                f"{self.checkpoint_score_order!r} is not one of 'max', 'min'."
+                f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} "
+                "is not one of 'max', 'min' (Ray Train: Received invalid "
+                f"checkpoint_score_order: {self.checkpoint_score_order}.)"
             )
         _check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
         if self.verify_on_resume not in ("sizes", "full"):
