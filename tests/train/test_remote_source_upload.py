@@ -67,6 +67,11 @@ def report_stored_checkpoints(config: dict[str, Any]) -> None:
     assert handle.wait(timeout=120) is not None or rank != 0
     cairn.report({"step": 2}, checkpoint=Checkpoint(config["deleted"]) if rank == 0 else None,
                  checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                 delete_local_checkpoint_after_upload=True).wait(timeout=120)
+    # A committed checkpoint reported again is copied into a new one and never deleted.
+    committed = cairn.get_checkpoint()
+    assert committed is not None
+    cairn.report({"step": 3}, checkpoint=committed if rank == 0 else None,
                  delete_local_checkpoint_after_upload=True)
 
 
@@ -85,9 +90,9 @@ def test_sync_and_async_copy_a_checkpoint_from_a_store(
         scaling_config=ScalingConfig(num_workers=2),
         run_config=cairn.RunConfig(name="run", storage_path=storage),
     ).fit()
-    assert [metrics["step"] for _, metrics in result.best_checkpoints] == [0, 1, 2]
-    for (checkpoint, _), name in zip(result.best_checkpoints, ("sync", "async", "deleted"),
-                                     strict=True):
+    assert [metrics["step"] for _, metrics in result.best_checkpoints] == [0, 1, 2, 3]
+    for (checkpoint, _), name in zip(result.best_checkpoints,
+                                     ("sync", "async", "deleted", "deleted"), strict=True):
         checkpoint.verify()
         manifest = checkpoint.get_manifest()
         assert manifest is not None

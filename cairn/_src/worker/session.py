@@ -32,7 +32,7 @@ from cairn._src.checkpoint.views import CheckpointView, checkpoint_from_view
 from cairn._src.config.run import CheckpointUploadMode
 from cairn._src.config.validation import task_for_report
 from cairn._src.errors import CairnError, CheckpointSkippedError, ReportError
-from cairn._src.run.layout import default_checkpoint_dir_name
+from cairn._src.run.layout import MANIFEST_NAME, default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
 from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.options import StorageOptions
@@ -267,7 +267,7 @@ class WorkerSession:
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         finally:
-            resolve_after_commit(job)
+            resolve_after_commit(job, self._retry)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
@@ -333,8 +333,10 @@ class WorkerSession:
 
     def _local_files(self, checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
         """The files to upload, and whether the directory holds checkpoint metadata (set
-        before the report, it travels in the manifest, not as a file)."""
+        before the report, it travels in the manifest, not as a file). A committed
+        checkpoint's manifest is not copied: the copy commits with its own."""
         files = self._list_local(checkpoint)
+        files.pop(MANIFEST_NAME, None)
         return files, files.pop(METADATA_FILE_NAME, None) is not None
 
     def _list_local(self, checkpoint: Checkpoint) -> dict[str, int]:
@@ -476,7 +478,7 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
-                resolve_after_commit(job)
+                resolve_after_commit(job, self._retry)
                 self._slots.release()
 
     def _fail_handle(self, index: int, error: BaseException) -> None:

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.errors import CairnError, ReportError
 from cairn._src.run.layout import MANIFEST_NAME
-from cairn._src.storage.fileio import delete_dir, delete_file, is_dir, list_files
+from cairn._src.storage.fileio import delete_dir, delete_file, exists, is_dir, list_files
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
@@ -89,9 +89,7 @@ def is_local_source(checkpoint: Checkpoint) -> bool:
 def list_stored_source(checkpoint: Checkpoint, retry: RetryPolicy, *,
                        what: str) -> dict[str, int]:
     """The files (relative path -> size) to copy of ``checkpoint``, a directory on a store.
-
-    A committed checkpoint's manifest is not one of them: the copy is committed with its
-    own. Raises :class:`ReportError` when the directory does not exist.
+    Raises :class:`ReportError` when the directory does not exist.
     """
     location = checkpoint.location
     try:
@@ -105,7 +103,6 @@ def list_stored_source(checkpoint: Checkpoint, retry: RetryPolicy, *,
         raise
     except CairnError as exc:
         raise ReportError(f"{what}: {exc}") from exc
-    files.pop(MANIFEST_NAME, None)
     return files
 
 
@@ -121,15 +118,21 @@ def delete_after_upload(asked: bool | None, background: bool, checkpoint: Checkp
 
 def delete_source(checkpoint: Checkpoint, retry: RetryPolicy) -> None:
     """Delete the source directory of a finished upload; a failure is logged, not raised
-    (the checkpoint is on storage)."""
-    if is_local_source(checkpoint):
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
-        return
+    (the checkpoint is on storage). A committed checkpoint (one holding a manifest, such
+    as ``get_checkpoint()`` reported again) is never deleted this way: only retention
+    deletes what Cairn committed."""
+    location = checkpoint.location
     try:
-        delete_dir(checkpoint.location, retry)
+        if exists(location.join(MANIFEST_NAME), retry):
+            logger.warning("Not deleting %s after uploading it: it is a committed checkpoint",
+                           location.display())
+            return
+        if is_local_source(checkpoint):
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        else:
+            delete_dir(location, retry)
     except CairnError as exc:
-        logger.warning("Could not delete %s after uploading it: %s",
-                       checkpoint.location.display(), exc)
+        logger.warning("Could not delete %s after uploading it: %s", location.display(), exc)
 
 
 def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
@@ -193,17 +196,18 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                            time.perf_counter() - started, duplicates=duplicates)
 
 
-def resolve_after_commit(job: UploadJob) -> None:
+def resolve_after_commit(job: UploadJob, retry: RetryPolicy) -> None:
     """Delete a directory kept until the report resolved, then resolve ``handle``.
 
     As with a directory deleted right after its upload, one that was never uploaded (the
-    report was refused first) stays.
+    report was refused first) stays, and so does a committed checkpoint
+    (:func:`delete_source`).
     """
     inner = job.inner
     if inner is None or not inner.done():
         return
     if job.sent:
-        shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        delete_source(job.checkpoint, retry)
     job.handle._resolve(inner._checkpoint, inner._error)
 
 
