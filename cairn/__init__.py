@@ -12,10 +12,10 @@ from cairn._src.checkpoint.reported import (
     ReportedCheckpointStatus,
 )
 from cairn._src.config.data import DataConfig
+from cairn._src.config.failure import FailureConfig
 from cairn._src.config.run import (
     CheckpointConfig,
     CheckpointUploadMode,
-    FailureConfig,
     RunConfig,
     ScalingConfig,
 )

@@ -113,9 +113,10 @@ def test_a_checkpoint_holding_the_storage_is_refused_and_nothing_is_deleted(
     storage.mkdir()
     (storage / "mine.txt").write_text("the user's file under the storage path")
     with pytest.raises(cairn.TrainingFailedError,
-                       match=re.escape(f"the experiment directory is contained within the "
-                                       f"checkpoint path ('{storage}' contains the run "
-                                       f"directory '{storage}/run')")):
+                       match=re.escape("Ray Train's experiment directory is contained "
+                                       "within the checkpoint path: ") + ".*" + re.escape(
+                                           f" passes '{storage}', which contains the run "
+                                           f"directory '{storage}/run'.")):
         _fit(str(storage), {"scratch": scratch, "target": str(storage), "mode": mode,
                             "kwargs": kwargs})
     assert (storage / "mine.txt").read_text() == "the user's file under the storage path"
@@ -182,13 +183,23 @@ def test_references_of_the_users_own_data_pass(tmp_path: Path) -> None:
 def test_upload_sources_holding_the_run_are_refused(tmp_path: Path) -> None:
     run = _committed_run(tmp_path)
     for source in (run.path, str(tmp_path / "storage"), str(tmp_path)):
-        with pytest.raises(ReportError, match=r"r: the experiment directory is contained "
-                                              r"within the checkpoint path"):
+        with pytest.raises(ReportError, match=r"^Ray Train's experiment directory is "
+                                              r"contained within the checkpoint path: r "
+                                              r"passes .*, which contains the run directory"):
             check_upload_source(resolve(source), run, what="r")
     check_upload_source(resolve(str(tmp_path / "elsewhere")), run, what="r")
     check_upload_source(resolve(f"{run.path}/fresh"), run, what="r")
     # Remote storage cannot be inside a local directory.
     check_upload_source(resolve("/"), resolve("memory://bucket/run"), what="r")
+    # On any store: a checkpoint on the run's store that holds the run is refused too.
+    remote_run = resolve("memory://bucket/storage/run")
+    for source in ("memory://bucket/storage/run", "memory://bucket/storage", "memory://bucket"):
+        with pytest.raises(ReportError, match=r"^Ray Train's experiment directory is "
+                                              r"contained within the checkpoint path: r "
+                                              r"passes memory://bucket"):
+            check_upload_source(resolve(source), remote_run, what="r")
+    check_upload_source(resolve("memory://bucket/storage/other"), remote_run, what="r")
+    check_upload_source(resolve("memory://elsewhere/storage"), remote_run, what="r")
 
 
 def _report_on_foreign_filesystem(config: dict[str, Any]) -> None:

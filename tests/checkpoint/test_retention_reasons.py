@@ -106,3 +106,29 @@ def test_kept_exactly_when_decide_retention_keeps(seed: int) -> None:
         keep = decide_retention(make_policy(num, attribute, order), records,
                                 protected=[resumed, *pending])
         assert [bool(found) for found in reasons] == keep, (num, attribute, order)
+
+
+def test_the_resumed_checkpoint_is_protected_until_its_attempt_commits_a_newer_one() -> None:
+    from cairn._src.checkpoint.index import RunIndex
+    from cairn._src.checkpoint.retention import resume_protection
+
+    # Attempt 1 (the index's second) resumed from checkpoint 2, committed by attempt 0.
+    earlier = [CheckpointRecord(dir_name=f"checkpoint_{i:06d}", report_index=i, attempt=0)
+               for i in (1, 2)]
+    index = RunIndex(checkpoints=tuple(earlier), attempts=2,
+                     resumed_from="checkpoint_000002")
+    assert resume_protection(earlier, index) == "checkpoint_000002"
+    newer = CheckpointRecord(dir_name="checkpoint_000003", report_index=3, attempt=1)
+    assert resume_protection([*earlier, newer], index) is None
+    # With num_to_keep=1, the newer one alone is kept once it committed.
+    policy = make_policy(1, None, "max")
+    records = [*earlier, newer]
+    assert decide_retention(policy, records,
+                            protected=[resume_protection(records, index)]) == [
+        False, False, True]
+    assert decide_retention(policy, earlier,
+                            protected=[resume_protection(earlier, index)]) == [False, True]
+    # A newer checkpoint of an earlier attempt (one the resume skipped) protects nothing.
+    skipped = CheckpointRecord(dir_name="checkpoint_000004", report_index=4, attempt=0)
+    assert resume_protection([*earlier, skipped], index) == "checkpoint_000002"
+    assert resume_protection(earlier, RunIndex(attempts=2)) is None

@@ -6,6 +6,7 @@ is made once for the module; subcommands that change a run work on a copy. Every
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -24,7 +25,7 @@ import pytest
 from driver_process import wait_for
 
 import cairn
-from cairn._src.checkpoint.index import read_index
+from cairn._src.checkpoint.index import read_index, write_index
 from cairn._src.checkpoint.manager import checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.cli import runs as cli_runs
@@ -186,10 +187,10 @@ def test_show_a_failed_run_gives_the_error_and_every_failure(
         assert isinstance(failure["t"], float) and failure["counted"] is True
     assert doc["failures"][0]["t"] < doc["failures"][1]["t"]
     # Without num_to_keep, every checkpoint is kept; the second attempt resumed from the
-    # first one.
+    # first one, and protects it no longer: it committed the second one.
     assert doc["resumed_from"] == "checkpoint_000001"
     assert [[r["code"] for r in c["kept_because"]] for c in doc["checkpoints"]] == [
-        ["all", "resumed_from"], ["all", "latest"]]
+        ["all"], ["all", "latest"]]
     code, out, _ = cli(capsys, "show", runs["failed"])
     assert code == 0
     assert "status     failed: ValueError on rank 1: rank one gives up" in out
@@ -199,7 +200,7 @@ def test_show_a_failed_run_gives_the_error_and_every_failure(
     assert len(failure_lines) == 2
     for attempt, line in enumerate(failure_lines):
         assert f"attempt {attempt}  rank 1: [rank 1] ValueError: rank one gives up" in line
-    assert "the run's last attempt resumed from it" in out
+    assert "the run's last attempt resumed from it" not in out
 
 
 def test_show_a_run_whose_driver_was_killed(
@@ -288,9 +289,21 @@ def test_prune_dry_run_says_what_is_kept_and_why(
     assert sorted(os.listdir(runs["finished"])) == before
 
 
-def test_prune_keeps_the_checkpoint_the_run_resumed_from(
+def test_prune_keeps_the_checkpoint_the_run_resumed_from_until_a_newer_one_committed(
         runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = copy_of(runs, "failed", tmp_path)
+    # The last attempt resumed from checkpoint_000001 and committed checkpoint_000002.
+    code, out, _ = cli(capsys, "prune", run, "--keep", "1", "--dry-run")
+    assert code == 0
+    assert "would drop checkpoint_000001" in out
+    assert "1 checkpoint to drop, 1 kept" in out
+    # As if checkpoint_000002 had been committed by the attempt before: the last attempt
+    # committed nothing after the one it resumed from, which stays.
+    location = resolve(run)
+    index = read_index(location, RETRY)
+    assert index is not None and index.attempts == 2
+    write_index(location, index.with_changes(checkpoints=tuple(
+        dataclasses.replace(r, attempt=0) for r in index.checkpoints)), RETRY)
     code, out, _ = cli(capsys, "prune", run, "--keep", "1", "--dry-run")
     assert code == 0
     assert "would keep checkpoint_000001: the run's last attempt resumed from it" in out

@@ -19,10 +19,10 @@ def test_num_workers_zero_is_local_mode() -> None:
 
 
 def test_num_workers_negative() -> None:
-    # Ray's words, then Cairn's: the argument, the value and what is accepted.
-    with pytest.raises(ConfigError, match=r"Invalid ScalingConfig\(num_workers=-1\): Number "
-                       r"of workers cannot be negative\. ScalingConfig.num_workers=-1 must be "
-                       r"an integer >= 1, 0 \(local mode"):
+    # Cairn's words (the argument, the value and what is accepted), then Ray's.
+    with pytest.raises(ConfigError, match=r"^ScalingConfig.num_workers=-1 must be an integer "
+                       r">= 1, 0 \(local mode.*\(Ray Train: Invalid ScalingConfig\(num_workers="
+                       r"-1\): Number of workers cannot be negative\.\)$"):
         ScalingConfig(num_workers=-1)
 
 
@@ -157,3 +157,36 @@ def test_worker_runtime_env_env_vars_join_worker_env() -> None:
 def test_worker_runtime_env_refusals(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         RunConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("make", "cairn_words", "ray_words"), [
+    (lambda: ScalingConfig(num_workers=2.0),
+     "ScalingConfig.num_workers=2.0 must be an integer >= 1",
+     "ScalingConfig(num_workers) must be an int or a tuple of two ints."),
+    (lambda: ScalingConfig(num_workers=-1), "ScalingConfig.num_workers=-1 must be an integer >= 1",
+     "Invalid ScalingConfig(num_workers=-1): Number of workers cannot be negative."),
+    (lambda: ScalingConfig(num_workers=(-1, 2)), "ScalingConfig.num_workers=(-1, 2) must be",
+     "Invalid ScalingConfig(num_workers=(-1, 2)): Number of workers cannot be negative."),
+    (lambda: ScalingConfig(num_workers=(4, 2)),
+     "ScalingConfig.num_workers=(4, 2): min_workers=4 is greater than max_workers=2",
+     "Invalid ScalingConfig(num_workers=(4, 2)): min_workers=4 must be <= max_workers=2."),
+    (lambda: CheckpointConfig(num_to_keep=0),
+     "CheckpointConfig.num_to_keep=0 must be an integer >= 1, or None to keep every checkpoint",
+     "Received invalid num_to_keep: 0."),
+    (lambda: CheckpointConfig(checkpoint_score_order="up"),
+     "CheckpointConfig.checkpoint_score_order='up' is not one of 'max', 'min'",
+     "Received invalid checkpoint_score_order: up."),
+])
+def test_config_errors_say_it_in_cairns_words_then_ray_trains(
+    make: object, cairn_words: str, ray_words: str
+) -> None:
+    """Cairn's message names the argument, the value and what is accepted; Ray Train's
+    phrase for the same mistake follows, so a ported test's pytest.raises(match=...)
+    finds it."""
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(ray_words)) as caught:
+        make()  # type: ignore[operator]
+    assert isinstance(caught.value, ConfigError)
+    assert str(caught.value).startswith(cairn_words)
+    assert str(caught.value).endswith(f" (Ray Train: {ray_words})")

@@ -36,7 +36,8 @@ def test_other_bad_values_are_refused_naming_what_is_accepted(
     value: object, shown: str, hint: str
 ) -> None:
     with pytest.raises(ConfigError,
-                       match=r"ScalingConfig.num_workers=" + shown + ACCEPTED + hint + r"\.$"):
+                       match=r"ScalingConfig.num_workers=" + shown + ACCEPTED + hint
+                       + r"(\.| \(Ray Train: .*\))$"):
         ScalingConfig(num_workers=value)  # type: ignore[arg-type]
 
 

@@ -80,8 +80,9 @@ def test_a_forged_local_index_deletes_nothing_outside_the_run(
     # Retention dropped the forged records from the index and deleted nothing they name.
     index = read_index(run, RETRY)
     assert index is not None
-    # The checkpoint the attempt resumed from is kept as well.
-    assert [r.dir_name for r in index.checkpoints] == ["checkpoint_000002", "checkpoint_000004"]
+    # The checkpoint the attempt resumed from (checkpoint_000002) was kept only until the
+    # attempt committed a newer one.
+    assert [r.dir_name for r in index.checkpoints] == ["checkpoint_000004"]
     assert (victim / "precious.txt").read_text() == "the user's data"
     assert (user_dir / "precious.txt").read_text() == "the user's data"
     assert "checkpoint_000000 holds no Cairn manifest" in caplog.text

@@ -21,7 +21,8 @@ import cloudpickle
 from cairn._src.checkpoint.index import RunIndex
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.retention import make_policy
-from cairn._src.config.run import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from cairn._src.config.failure import FailureConfig
+from cairn._src.config.run import CheckpointConfig, RunConfig, ScalingConfig
 from cairn._src.controller.attempt_loop import LoopParts
 from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels

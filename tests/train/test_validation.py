@@ -72,6 +72,11 @@ def test_validation_merges_metrics_reranks_retention_and_protects_pending(
     assert not os.path.exists(os.path.join(run, "checkpoint_000002"))
     assert [e["dir_name"] for e in events(run, "validation_finished")] == [
         "checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+    # Result.metrics, as Ray Train gives them: the last report's metrics with the
+    # validation metrics of its checkpoint, from fit() and read back.
+    assert result.metrics is not None and result.metrics["val_score"] == 1005
+    assert result.metrics == best["checkpoint_000003"]
+    assert cairn.Result.from_path(run).metrics == result.metrics
 
 
 def test_pending_validation_survives_a_driver_kill_and_completes_on_rerun(

@@ -47,12 +47,16 @@ from cairn._src.checkpoint.recheck import (
 from cairn._src.checkpoint.reconcile import (
     adopt,
     committed_in_event_log,
-    entry_holding,
     names_holding_references,
     reconcile,
 )
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
-from cairn._src.checkpoint.retention import RetentionPolicy, make_policy, split_by_retention
+from cairn._src.checkpoint.retention import (
+    RetentionPolicy,
+    make_policy,
+    resume_protection,
+    split_by_retention,
+)
 from cairn._src.checkpoint.views import CheckpointView, ReadyCheckpoint
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
@@ -279,8 +283,9 @@ class CheckpointManager:
             if self.events is not None:
                 self.events.emit(reference_event(record, t=time.time()))
                 self.events.flush()
-        kept, dropped = split_by_retention(self.policy, [*self.index.checkpoints, record],
-                                           protected=[self.index.resumed_from])
+        records = [*self.index.checkpoints, record]
+        kept, dropped = split_by_retention(self.policy, records,
+                                           protected=[resume_protection(records, self.index)])
         index = self.index.with_changes(
             checkpoints=kept,
             next_report_index=max(self.index.next_report_index, ready.index + 1),
@@ -420,7 +425,7 @@ class CheckpointManager:
         updated = dataclasses.replace(record, metrics=merged)
         records = [updated if r is record else r for r in self.index.checkpoints]
         kept, dropped = split_by_retention(self.policy, records,
-                                           protected=[self.index.resumed_from])
+                                           protected=[resume_protection(records, self.index)])
         index = self.index.with_changes(checkpoints=kept)
         self._write_index(index)
         self.index = index
@@ -481,10 +486,6 @@ class CheckpointManager:
     def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""
         return names_holding_references(self.run, self.index)
-
-    def entry_holding(self, location: StorageLocation) -> str | None:
-        """The run-directory entry ``location`` lies in, or None when outside the run."""
-        return entry_holding(self.run, location)
 
     def settle_uncertain(self) -> None:
         """Settle commits whose index write failed after their manifest landed.

@@ -11,10 +11,10 @@ made and before anything is written (contract items 5, 12 and 13):
   anywhere below it. Its location must be one a new process can reach again: a URI, or a
   path on the run's own storage filesystem, which is then recorded as a path on that
   filesystem. A URI it persists may not carry credentials.
-* :func:`check_upload_source` for a SYNC or ASYNC checkpoint: its local directory may not
-  contain the run's storage, or the upload would copy the run into itself and the
-  deletion after upload would remove the run ("the experiment directory is contained
-  within the checkpoint path", as Ray Train says).
+* :func:`check_upload_source` for a SYNC or ASYNC checkpoint: its directory, local or on
+  any store, may not contain the run's storage, or the upload would copy the run into
+  itself and the deletion after upload would remove the run ("Ray Train's experiment
+  directory is contained within the checkpoint path", as Ray Train says).
 * :func:`check_persisted_uri` for any URI Cairn is about to write to storage.
 
 The checks read storage only to look for manifests (one listing of the reference) and
@@ -203,20 +203,23 @@ def _cairn_data_error(what: str, shown: str, why: str) -> ReportError:
 def check_upload_source(checkpoint: StorageLocation, run: StorageLocation, *,
                         what: str) -> None:
     """Raise :class:`ReportError` when the checkpoint directory of a SYNC or ASYNC report
-    contains the run's storage (it is the run directory or an ancestor of it).
-
-    Only a local directory can contain local storage; anything else passes (a checkpoint
-    that is not local is refused by the upload itself, with its own message).
+    contains the run's storage (it is the run directory or an ancestor of it), on any
+    store. The message starts with Ray Train's words for it, "Ray Train's experiment
+    directory ... is contained within the checkpoint path".
     """
-    if local_root(run.filesystem) is None or local_root(checkpoint.filesystem) is None:
+    if not checkpoint.contains(run):
         return
-    source = _path(checkpoint)
-    run_dir = _path(run)
-    if run_dir == source or run_dir.startswith(source.rstrip("/") + "/"):
-        raise ReportError(
-            f"{what}: the experiment directory is contained within the checkpoint path "
-            f"({source!r} contains the run directory {run_dir!r}). Uploading it would copy "
-            "the run into itself, and deleting it after the upload would delete the run. "
-            "Write the checkpoint to its own directory outside the storage path (for "
-            "example tempfile.mkdtemp()) and report that."
-        )
+    source, run_dir = _shown(checkpoint), _shown(run)
+    raise ReportError(
+        f"Ray Train's experiment directory is contained within the checkpoint path: {what} "
+        f"passes {source}, which contains the run directory {run_dir}. Uploading it would "
+        "copy the run into itself, and deleting it after the upload would delete the run. "
+        "Write the checkpoint to its own directory outside the storage path (for example "
+        "tempfile.mkdtemp()) and report that."
+    )
+
+
+def _shown(location: StorageLocation) -> str:
+    if local_root(location.filesystem) is None:
+        return location.display()
+    return repr(_path(location))

@@ -3,7 +3,9 @@
 Policies are pure: they look at the committed records and return one keep/drop decision
 per record. The checkpoint manager acts on the decision (index first, deletion after).
 Whatever a policy says, the latest committed checkpoint and the one the current attempt
-resumed from are kept: :func:`decide_retention` enforces that on top of any policy.
+resumed from are kept: :func:`decide_retention` enforces that on top of any policy. The one
+the attempt resumed from is protected only until a newer checkpoint of that attempt commits
+(:func:`resume_protection`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from cairn._src.checkpoint.index import CheckpointRecord, Retention
+from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
 
 
 class RetentionPolicy(Protocol):
@@ -84,6 +86,28 @@ def make_policy(
     if score_attribute is None:
         return KeepLatest(num_to_keep)
     return KeepBest(num_to_keep, score_attribute, score_order)
+
+
+def resume_protection(records: Sequence[CheckpointRecord], index: RunIndex) -> str | None:
+    """The checkpoint retention protects as the one the run's current attempt resumed from.
+
+    The index's last attempt (numbered ``index.attempts - 1``) resumed from
+    ``index.resumed_from``. That checkpoint is protected until a checkpoint reported after
+    it commits in that attempt (one of ``records``); then this returns None. From then on
+    a restart resumes from the newer one and every rank's ``get_checkpoint()`` answers it,
+    so the older one stays only if the policy keeps it, as in Ray Train (whose
+    persistence test counts the checkpoints during an attempt).
+    """
+    resumed_from = index.resumed_from
+    if resumed_from is None:
+        return None
+    resumed = next((r for r in records if r.dir_name == resumed_from), None)
+    if resumed is None:
+        return resumed_from
+    current = index.attempts - 1
+    if any(r.attempt == current and r.report_index > resumed.report_index for r in records):
+        return None
+    return resumed_from
 
 
 def decide_retention(

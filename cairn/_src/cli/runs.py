@@ -22,7 +22,7 @@ from cairn._src.checkpoint.index import (
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import could_have_created, registered_references
-from cairn._src.checkpoint.retention import retention_reasons
+from cairn._src.checkpoint.retention import resume_protection, retention_reasons
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.cli.common import (
     RETRY,
@@ -260,7 +260,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     pending = {name for name, status in checkpoint_statuses(events).items()
                if status == "PENDING_VALIDATION"}
     reasons = retention_reasons(records, Retention(args.keep, score, order),
-                                resumed_from=index.resumed_from, pending=pending)
+                                resumed_from=resume_protection(records, index), pending=pending)
     kept = [(r, why) for r, why in zip(records, reasons, strict=True) if why]
     dropped = [r for r, why in zip(records, reasons, strict=True) if not why]
     deleted: dict[str, bool] = {}

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
-from cairn._src.checkpoint.retention import retention_reasons, score_of
+from cairn._src.checkpoint.retention import resume_protection, retention_reasons, score_of
 from cairn._src.cli.common import (
     RETRY,
     format_metrics,
@@ -136,7 +136,7 @@ def show_document(run: StorageLocation, index: RunIndex, events: Iterable[object
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
     statuses = checkpoint_statuses(typed)
     pending = {name for name, status in statuses.items() if status == "PENDING_VALIDATION"}
-    reasons = retention_reasons(records, retention, resumed_from=index.resumed_from,
+    reasons = retention_reasons(records, retention, resumed_from=resume_protection(records, index),
                                 pending=pending)
     latest = index.latest
     # In the order run_history lists them.

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cairn._src import migration
+from cairn._src.config.checks import check_int
+from cairn._src.config.failure import FailureConfig
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 from cairn._src.storage.options import StorageOptions
@@ -49,19 +51,6 @@ class CheckpointUploadMode(enum.Enum):
         raise ConfigError(f"{argument}={value!r} is not one of {accepted}.")
 
 
-def _check_int(name: str, value: object, *, minimum: int, allow: Sequence[int] = ()) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}.")
-    if value < minimum and value not in allow:
-        extra = "".join(f" or {a}" for a in allow)
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{extra}.")
-
-
-def _check_positive_float(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{name}={value!r} must be a number > 0 (seconds).")
-
-
 BACKENDS = ("local", "ray")
 
 
@@ -73,17 +62,20 @@ def _check_num_workers(value: object) -> None:
     accepted = ("an integer >= 1, 0 (local mode: the train function runs in this process), "
                 "or a (min_workers, max_workers) tuple of integers with "
                 "1 <= min_workers <= max_workers, such as (2, 4)")
+    # Each message ends with Ray Train's words for the mistake, for ported tests' match=.
+    counts = value if isinstance(value, tuple) else (value,)
+    if counts and all(map(_is_count, counts)) and min(counts) < 0:
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted} (Ray Train: "
+                          f"Invalid ScalingConfig(num_workers={value!r}): Number of workers "
+                          "cannot be negative.)")
     if isinstance(value, int) and _is_count(value):
-        if value < 0:
-            # Ray's words first, so that a ported test's match= finds them.
-            raise ConfigError(f"Invalid ScalingConfig(num_workers={value!r}): Number of "
-                              f"workers cannot be negative. ScalingConfig.num_workers="
-                              f"{value!r} must be {accepted}.")
         return
     if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
         hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
                 else "")
-        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint}.")
+        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint} (Ray "
+                          "Train: ScalingConfig(num_workers) must be an int or a tuple of two "
+                          "ints.)")
     low, high = value
     if low < 1:
         raise ConfigError(
@@ -93,7 +85,9 @@ def _check_num_workers(value: object) -> None:
     if low > high:
         raise ConfigError(
             f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
-            f"max_workers={high}; num_workers must be {accepted}."
+            f"max_workers={high}; num_workers must be {accepted} (Ray Train: Invalid "
+            f"ScalingConfig(num_workers={value!r}): min_workers={low} must be <= "
+            f"max_workers={high}.)"
         )
 
 
@@ -298,7 +292,12 @@ class CheckpointConfig:
             if getattr(self, removed) is not migration.DEPRECATED:
                 raise ConfigDeprecationError(migration.checkpoint_config_message(removed))
         if self.num_to_keep is not None:
-            _check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+            try:
+                check_int("CheckpointConfig.num_to_keep", self.num_to_keep, minimum=1)
+            except ConfigError as exc:
+                raise ConfigError(f"{str(exc).rstrip('.')}, or None to keep every checkpoint "
+                                  f"(Ray Train: Received invalid num_to_keep: "
+                                  f"{self.num_to_keep}.)") from None
         if self.checkpoint_score_attribute is not None and not (
             isinstance(self.checkpoint_score_attribute, str) and self.checkpoint_score_attribute
         ):
@@ -309,9 +308,10 @@ class CheckpointConfig:
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError(
                 f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} "
-                "is not one of 'max', 'min'."
+                "is not one of 'max', 'min' (Ray Train: Received invalid "
+                f"checkpoint_score_order: {self.checkpoint_score_order}.)"
             )
-        _check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
+        check_int("CheckpointConfig.max_pending_uploads", self.max_pending_uploads, minimum=1)
         if self.verify_on_resume not in ("sizes", "full"):
             raise ConfigError(
                 f"CheckpointConfig.verify_on_resume={self.verify_on_resume!r} is not one of "
@@ -323,91 +323,13 @@ class CheckpointConfig:
                 f"CheckpointConfig.upload_failure_policy={self.upload_failure_policy!r} "
                 "is not one of 'fail', 'skip'."
             )
-        _check_int("CheckpointConfig.local_tier_bytes", self.local_tier_bytes, minimum=0)
+        check_int("CheckpointConfig.local_tier_bytes", self.local_tier_bytes, minimum=0)
         if self.local_tier_dir is not None and not (
                 isinstance(self.local_tier_dir, str) and os.path.isabs(self.local_tier_dir)):
             raise ConfigError(
                 f"CheckpointConfig.local_tier_dir={self.local_tier_dir!r} must be an "
                 "absolute path (the same on every node) or None."
             )
-        check_field_types(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FailureConfig:
-    """What to do when a worker fails.
-
-    * ``max_failures``: how many times the worker group is restarted (``-1``: no limit,
-      ``0``: fail on the first failure).
-    * ``collective_timeout_s``: how long the controller waits for every rank to reach a
-      checkpoint report once one rank has, before failing with an error naming the ranks
-      that did not arrive.
-    * ``warm_standby``: the local backend keeps one spare process per rank, started and
-      with its imports done (``torch`` for :class:`cairn.torch.TorchTrainer`) while the
-      attempt trains, and hands the next attempt to them after a failure: a restart skips
-      interpreter start-up and imports. Costs one idle process per rank (no effect with
-      ``max_failures=0`` or the Ray backend).
-    * ``keep_survivors``: when one rank fails (raises, exits, is killed), the local
-      backend keeps the other ranks' processes: their train functions are stopped (at
-      their next ``report()`` or collective, or by the failed collective itself), their
-      ``torch.distributed`` group is ended, and they call the train function again, in
-      the same process, for the next attempt, while only the failed rank is started
-      afresh. Off by default: the train function then runs twice in one process, so
-      module-level state and threads it started outlive an attempt. The whole group
-      restarts as before when more than one rank fails at once, a rank does not stop
-      within ``stop_timeout_s``, or the backend cannot replace one rank (Ray).
-    * ``stop_timeout_s``: with ``keep_survivors``, how long a surviving rank may take to
-      stop its train function before the whole group is killed and restarted.
-    * ``max_preemption_failures``: how many restarts after a preemption notice (a node
-      being reclaimed) are allowed, counted apart from ``max_failures`` as in Ray Train
-      (``-1``, the default: no limit; ``0``: fail on the first preemption).
-    * ``preemption_grace_s``: how long the workers may keep running past the reclaim
-      deadline before the restart (Ray's name; default 0).
-    * ``preemption_deadline_s`` (Cairn): the reclaim deadline, in seconds after the notice,
-      of a notice that carries none (a SIGTERM on the local backend, a drain without a
-      deadline); Ray Train assumes 120 s too.
-    * ``relax_collectives_on_preemption``: accepted for Ray scripts; Cairn commits a
-      checkpoint only with every rank, so it has no effect (see docs/fault-tolerance.md).
-    """
-
-    max_failures: int = 0
-    collective_timeout_s: float = 600.0
-    warm_standby: bool = False
-    keep_survivors: bool = False
-    stop_timeout_s: float = 30.0
-    max_preemption_failures: int = -1
-    preemption_grace_s: float = 0.0
-    preemption_deadline_s: float = 120.0
-    relax_collectives_on_preemption: bool = False
-    fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.fail_fast is not migration.DEPRECATED:
-            raise ConfigDeprecationError(migration.FAIL_FAST)
-        _check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
-        _check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)
-        _check_int("FailureConfig.max_preemption_failures", self.max_preemption_failures,
-                   minimum=0, allow=(-1,))
-        grace = self.preemption_grace_s
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
-                0 <= grace < float("inf")):
-            raise ConfigError(f"FailureConfig.preemption_grace_s={grace!r} must be a number "
-                              ">= 0 (seconds past the reclaim deadline).")
-        _check_positive_float("FailureConfig.preemption_deadline_s", self.preemption_deadline_s)
-        if not isinstance(self.relax_collectives_on_preemption, bool):
-            raise ConfigError(
-                "FailureConfig.relax_collectives_on_preemption="
-                f"{self.relax_collectives_on_preemption!r} must be True or False."
-            )
-        if not isinstance(self.warm_standby, bool):
-            raise ConfigError(
-                f"FailureConfig.warm_standby={self.warm_standby!r} must be True or False."
-            )
-        if not isinstance(self.keep_survivors, bool):
-            raise ConfigError(
-                f"FailureConfig.keep_survivors={self.keep_survivors!r} must be True or False."
-            )
-        _check_positive_float("FailureConfig.stop_timeout_s", self.stop_timeout_s)
         check_field_types(self)
 
 

@@ -103,6 +103,8 @@ class RunProgress:
 
     next_report_index: int
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    # The report index of last_metrics: Result.metrics adds its checkpoint's validation.
+    last_report_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -452,6 +454,7 @@ class AttemptLoop:
             parts.backend.prepare_standby()
         if message.rank == 0:
             self._progress.last_metrics = message.metrics
+            self._progress.last_report_index = message.index
         # The metrics history (rank 0's), the live view and the callbacks follow it.
         parts.events.emit(Reported(attempt.number, message))
         self._send_verdicts(attempt.tracker.on_report(message))

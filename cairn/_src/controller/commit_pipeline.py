@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cairn._src.checkpoint.manager import CheckpointManager
+from cairn._src.checkpoint.reconcile import entry_holding
 from cairn._src.checkpoint.views import ReadyCheckpoint, checkpoint_from_view
 from cairn._src.config.run import RunConfig
 from cairn._src.controller.attempt import Attempt
@@ -117,7 +118,8 @@ class CommitPipeline:
                 self._inbox.post(CommitResult(ready, None, exc))
                 continue
             self._inbox.post(CommitResult(ready, outcome, None,
-                                          holder=self._manager.entry_holding(outcome.view.data)))
+                                          holder=entry_holding(self._manager.run,
+                                                               outcome.view.data)))
             # After the workers hear of the commit: the event log (a driver killed later
             # still leaves the timeline up to its last checkpoint), then the deletions
             # retention decided, which the written index no longer references.

@@ -73,6 +73,7 @@ class RunOutcome:
     return_value: Any = None
     error: BaseException | None = None
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    last_report_index: int | None = None
 
 
 class Controller:
@@ -223,7 +224,8 @@ class Controller:
                 max_failures=budget, fatal=failure.fatal,
                 latest=latest.dir_name if latest is not None else None,
                 argument="max_preemption_failures" if preempted else "max_failures")))
-            self._outcome = RunOutcome(error=error, last_metrics=self._progress.last_metrics)
+            self._outcome = RunOutcome(error=error, last_metrics=self._progress.last_metrics,
+                                       last_report_index=self._progress.last_report_index)
             return self._machine.transition(ControllerState.ERRORED, "failure budget spent"
                                             if not failure.fatal else "fatal error")
         return self._machine.transition(ControllerState.RESTARTING,
@@ -426,7 +428,8 @@ class Controller:
             lambda: manager.save_index(next_report_index=next_report_index))
         rank0 = attempt.done.get(0)
         value = cloudpickle.loads(rank0.return_value) if rank0 and rank0.return_value else None
-        return RunOutcome(return_value=value, last_metrics=self._progress.last_metrics)
+        return RunOutcome(return_value=value, last_metrics=self._progress.last_metrics,
+                          last_report_index=self._progress.last_report_index)
 
     def close(self, end: dict[str, Any]) -> None:
         """End the session: stop the helper threads and the workers, log ``end``."""

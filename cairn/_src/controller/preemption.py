@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from cairn._src.config.run import FailureConfig
+from cairn._src.config.failure import FailureConfig
 from cairn._src.controller.clock import Clock
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.worker_failures import WorkerFailure

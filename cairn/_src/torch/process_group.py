@@ -101,6 +101,12 @@ class ProcessGroupSetup:
             "LOCAL_WORLD_SIZE": str(context.get_local_world_size()),
             "NODE_RANK": str(context.get_node_rank()),
         })
+        if not self.use_gpu:
+            # Hugging Face Accelerate sees a CPU process group only when told the run is on
+            # CPUs: without it, Accelerator() runs each rank as a job of its own (no DDP,
+            # every rank the main process, each saving its own model). A value the user
+            # set wins.
+            os.environ.setdefault("ACCELERATE_USE_CPU", "true")
         if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
             raise ConfigError(
                 "MASTER_ADDR/MASTER_PORT are not set in this worker: the process group set-up "

@@ -46,7 +46,8 @@ _CONFIG_DEPRECATED = (
 class Result:
     """What a run produced, with Ray Train's fields and Cairn's.
 
-    * ``metrics``: the last metrics rank 0 reported;
+    * ``metrics``: the last metrics rank 0 reported, with the validation metrics of that
+      report's checkpoint (``report(validation=...)``) merged in, as Ray Train gives them;
     * ``checkpoint``: the latest committed checkpoint;
     * ``error``: why the run failed (a :class:`~cairn.TrainingFailedError`), or None;
     * ``path``: the run directory as a path inside :attr:`filesystem`, as Ray Train gives
@@ -206,6 +207,7 @@ class Result:
             )
         history = read_log(run.join(METRICS_DIR), retry)
         metrics = history[-1].get("metrics") if history else None
+        report_index = history[-1].get("report_index") if history else None
         if checkpoint_config is None:
             # As fit() ordered them: by the retention settings the run was started with.
             kept = index.retention
@@ -216,7 +218,7 @@ class Result:
         past = run_history(read_events(run.join(EVENTS_DIR), retry))
         error = RunFailedError.from_info(past.error, run.display()) if past.error else None
         return build_result(run, index, checkpoint_config, metrics=metrics, error=error,
-                            retry=retry)
+                            retry=retry, report_index=report_index)
 
 
 def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:
@@ -233,7 +235,14 @@ def build_result(
     error: BaseException | None = None,
     return_value: Any = None,
     retry: RetryPolicy | None = None,
+    report_index: object = None,
 ) -> Result:
+    """The result of the run at ``run``; ``metrics`` are those of report ``report_index``,
+    to which the validation metrics of its checkpoint, when the index keeps it, are added."""
+    checkpoint_of_report = next((r for r in index.checkpoints
+                                 if r.report_index == report_index), None)
+    if checkpoint_of_report is not None:
+        metrics = {**(metrics or {}), **checkpoint_of_report.metrics} or None
     latest = index.latest
     ordered = ray_order(list(index.checkpoints), config.checkpoint_score_attribute,
                         config.checkpoint_score_order)

@@ -242,7 +242,7 @@ class Trainer:
         result = build_result(run, manager.index, self.run_config.checkpoint_config,
                               metrics=outcome.last_metrics or None, error=outcome.error,
                               return_value=returned[-1] if returned else outcome.return_value,
-                              retry=retry)
+                              retry=retry, report_index=outcome.last_report_index)
         call_hooks(self.run_config.callbacks, "on_run_end", result)
         if outcome.error is not None:
             # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's

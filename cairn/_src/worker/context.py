@@ -9,6 +9,7 @@ from cairn._src import migration
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.location import StorageLocation
+from cairn._src.wire.messages import SetupMessage
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,14 @@ class TrainContext:
     experiment_name: str
     attempt: int
     storage: RunStorage
+
+    @classmethod
+    def for_setup(cls, setup: SetupMessage) -> TrainContext:
+        """The context of the rank and attempt a worker's ``SetupMessage`` describes."""
+        return cls(world_rank=setup.rank, world_size=setup.world_size,
+                   local_rank=setup.local_rank, local_world_size=setup.local_world_size,
+                   node_rank=setup.node_rank, experiment_name=setup.experiment_name,
+                   attempt=setup.attempt, storage=RunStorage(setup.run))
 
     def get_world_rank(self) -> int:
         return self.world_rank

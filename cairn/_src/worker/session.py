@@ -56,7 +56,7 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
-from cairn._src.worker.context import RunStorage, TrainContext
+from cairn._src.worker.context import TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
 from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
@@ -68,6 +68,9 @@ from cairn._src.worker.upload_job import (
     UploadJob,
     Waiter,
     checkpoint_files,
+    delete_after_upload,
+    delete_source,
+    is_local_source,
     lower_thread_priority,
     resolve_after_commit,
     unchanged_files,
@@ -97,16 +100,7 @@ class WorkerSession:
         self._retry = retry
         self.retry = retry
         self.rank = setup.rank
-        self.context = TrainContext(
-            world_rank=setup.rank,
-            world_size=setup.world_size,
-            local_rank=setup.local_rank,
-            local_world_size=setup.local_world_size,
-            node_rank=setup.node_rank,
-            experiment_name=setup.experiment_name,
-            attempt=setup.attempt,
-            storage=RunStorage(setup.run),
-        )
+        self.context = TrainContext.for_setup(setup)
         self.datasets = DatasetShards(setup.dataset_names, setup.dataset_shards)
         # This node's copy of the newest committed checkpoint (None: off, or local storage):
         # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
@@ -227,7 +221,7 @@ class WorkerSession:
         files: dict[str, int] = {}
         metadata: dict[str, Any] = {}
         if upload_fn is None:
-            files, has_metadata = checkpoint_files(checkpoint)
+            files, has_metadata = checkpoint_files(checkpoint, self._retry)
             if has_metadata:
                 metadata = checkpoint.get_metadata()
         index = self._take_index()
@@ -239,12 +233,13 @@ class WorkerSession:
             checkpoint=checkpoint,
             files=files,
             upload_fn=upload_fn,
-            delete_local=(mode is CheckpointUploadMode.ASYNC) if delete_local is None
-            else delete_local,
+            delete_local=delete_after_upload(delete_local, mode is CheckpointUploadMode.ASYNC,
+                                             checkpoint),
             handle=handle,
             metadata=metadata,
             validation=validation,
-            source=local_dir_identity(checkpoint.path) if upload_fn is None else None,
+            source=local_dir_identity(checkpoint.path)
+            if upload_fn is None and is_local_source(checkpoint) else None,
         )
         if job.delete_local and job.source is not None:
             # Another rank may report this same directory and still be writing into it:
@@ -261,7 +256,7 @@ class WorkerSession:
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         finally:
-            resolve_after_commit(job)
+            resolve_after_commit(job, self._retry)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
@@ -384,13 +379,14 @@ class WorkerSession:
                     write_deferred(job)
                 message = upload_files(job, answer, destination, self.rank, started,
                                        options=self.storage_options,
-                                       list_files=lambda: checkpoint_files(job.checkpoint)[0])
+                                       list_files=lambda: checkpoint_files(
+                                           job.checkpoint, self._retry)[0])
         except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
             removed = (removed_source_error(job.checkpoint.path, caught, job.index)
                        if job.background and job.upload_fn is None and job.write is None
-                       else None)
+                       and is_local_source(job.checkpoint) else None)
             if removed is not None and self._setup.upload_failure_policy != "skip":
                 self.send(fatal_error_message(self.rank, removed))  # a restart repeats it
             exc = removed or caught
@@ -405,7 +401,7 @@ class WorkerSession:
             if exc is not caught:
                 raise exc from caught
             raise
-        if self._tier is not None and message.entries:
+        if self._tier is not None and message.entries and is_local_source(job.checkpoint):
             # Before the local copy may go: the files this worker uploaded, as uploaded.
             self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
         if (job.delete_local and job.inner is None
@@ -413,7 +409,7 @@ class WorkerSession:
             # The data is on storage now; the local copy is not needed for the commit. An
             # upload function that registered the directory in place (torch DCP writing
             # straight to its final location) returns that same directory: it stays.
-            shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+            delete_source(job.checkpoint, self._retry)
         job.sent = True
         self.send(message)
 
@@ -434,7 +430,7 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
-                resolve_after_commit(job)
+                resolve_after_commit(job, self._retry)
                 self._slots.release()
 
     def _fail_handle(self, index: int, error: BaseException) -> None:

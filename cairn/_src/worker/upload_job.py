@@ -3,6 +3,11 @@ for, and the upload of its files (:func:`upload_files`), shared directories incl
 
 The session (:mod:`.session`) runs a job on the calling thread (SYNC) or on its
 ``cairn-uploader`` thread (ASYNC), which :func:`lower_thread_priority` lowers.
+
+A checkpoint already on a store (S3, a registered scheme: any filesystem but the local
+disk) is copied store to store (:func:`~cairn._src.storage.store_copy.copy_directory`),
+checksummed as it streams, like a local directory is uploaded; it is the user's data, so
+it is deleted afterwards only when ``delete_local_checkpoint_after_upload=True`` says so.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import pyarrow.fs as pafs
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.config.validation import task_for_report
 from cairn._src.errors import CairnError, ReportError
+from cairn._src.run.layout import MANIFEST_NAME
 from cairn._src.storage.durability import sync_uploaded
-from cairn._src.storage.fileio import delete_file
+from cairn._src.storage.fileio import delete_dir, delete_file, exists, is_dir, list_files
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.paths import list_local_files
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.store_copy import copy_directory
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
 from cairn._src.worker.report_handle import ReportHandle
@@ -77,6 +84,61 @@ class UploadJob:
     background: bool = False
 
 
+def is_local_source(checkpoint: Checkpoint) -> bool:
+    """Whether ``checkpoint`` is a directory on this machine's disk (uploaded from its OS
+    path), not one on a store (copied store to store)."""
+    return isinstance(checkpoint.filesystem, pafs.LocalFileSystem)
+
+
+def list_stored_source(checkpoint: Checkpoint, retry: RetryPolicy, *,
+                       what: str) -> dict[str, int]:
+    """The files (relative path -> size) to copy of ``checkpoint``, a directory on a store.
+    Raises :class:`ReportError` when the directory does not exist.
+    """
+    location = checkpoint.location
+    try:
+        if not is_dir(location, retry):
+            raise ReportError(
+                f"{what}: {location.display()} does not exist or is not a directory. Finish "
+                "writing the checkpoint before reporting it."
+            )
+        files = list_files(location, retry)
+    except ReportError:
+        raise
+    except CairnError as exc:
+        raise ReportError(f"{what}: {exc}") from exc
+    return files
+
+
+def delete_after_upload(asked: bool | None, background: bool, checkpoint: Checkpoint) -> bool:
+    """Whether the source of an upload goes once it is on storage: as ``asked``; by
+    default after an ASYNC (``background``) upload of a local directory, as in Ray Train,
+    and never for a checkpoint already on a store, which is the user's data, not a local
+    copy (an explicit True deletes it, as Ray Train does)."""
+    if asked is not None:
+        return asked
+    return background and is_local_source(checkpoint)
+
+
+def delete_source(checkpoint: Checkpoint, retry: RetryPolicy) -> None:
+    """Delete the source directory of a finished upload; a failure is logged, not raised
+    (the checkpoint is on storage). A committed checkpoint (one holding a manifest, such
+    as ``get_checkpoint()`` reported again) is never deleted this way: only retention
+    deletes what Cairn committed."""
+    location = checkpoint.location
+    try:
+        if exists(location.join(MANIFEST_NAME), retry):
+            logger.warning("Not deleting %s after uploading it: it is a committed checkpoint",
+                           location.display())
+            return
+        if is_local_source(checkpoint):
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        else:
+            delete_dir(location, retry)
+    except CairnError as exc:
+        logger.warning("Could not delete %s after uploading it: %s", location.display(), exc)
+
+
 def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, FileEntry],
                     skipped: set[str], retry: RetryPolicy) -> dict[str, FileEntry]:
     """Of what the first upload of a shared ``directory`` wrote (``earlier``), the files
@@ -115,9 +177,8 @@ def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedM
     uploaded = job.upload_fn(job.checkpoint, job.dir_name)
     if not isinstance(uploaded, Checkpoint):
         raise ReportError(
-            f"checkpoint_upload_fn returned {uploaded!r}; it must return the "
-            "cairn.Checkpoint it uploaded."
-        )
+            "checkpoint_upload_fn must return a `ray.train.Checkpoint`: in Cairn, "
+            f"the cairn.Checkpoint it uploaded; it returned {uploaded!r}.")
     return UploadedMessage(rank, job.index, {}, uploaded.location, 0,
                            time.perf_counter() - started)
 
@@ -140,11 +201,15 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
         files = list_files()
         skipped &= set(files)
         unchanged = unchanged_files(job.checkpoint.path, files, answer.stale, skipped, retry)
-    written = upload_directory(job.checkpoint.path, destination,
-                               files={f: size for f, size in files.items()
-                                      if f not in skipped and f not in unchanged},
-                               retry=retry, background=job.background,
-                               transfer=options.transfer)
+    wanted = {f: size for f, size in files.items() if f not in skipped and f not in unchanged}
+    local = is_local_source(job.checkpoint)
+    if local:
+        written = upload_directory(job.checkpoint.path, destination, files=wanted,
+                                   retry=retry, background=job.background,
+                                   transfer=options.transfer)
+    else:
+        written = copy_directory(job.checkpoint.location, destination, files=wanted,
+                                 retry=retry, transfer=options.transfer)
     entries = dict(sorted({**written, **unchanged}.items()))
     sync_written(destination, written, options)
     if isinstance(answer, ProceedMessage) and answer.stale:
@@ -154,8 +219,9 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
             delete_file(destination.join(rel), retry)
     # Paths another rank uploads: hashed here, not written, so the controller can tell
     # identical copies (stored once) from a collision.
-    duplicates = compute_entries(resolve(job.checkpoint.path), sorted(skipped), retry=retry,
-                                 follow_links=True) if skipped else {}
+    source = resolve(job.checkpoint.path) if local else job.checkpoint.location
+    duplicates = compute_entries(source, sorted(skipped), retry=retry,
+                                 follow_links=local) if skipped else {}
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
                            time.perf_counter() - started, duplicates=duplicates)
@@ -171,17 +237,18 @@ def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
         sync_uploaded(root, written)
 
 
-def resolve_after_commit(job: UploadJob) -> None:
+def resolve_after_commit(job: UploadJob, retry: RetryPolicy) -> None:
     """Delete a directory kept until the report resolved, then resolve ``handle``.
 
     As with a directory deleted right after its upload, one that was never uploaded (the
-    report was refused first) stays.
+    report was refused first) stays, and so does a committed checkpoint
+    (:func:`delete_source`).
     """
     inner = job.inner
     if inner is None or not inner.done():
         return
     if job.sent:
-        shutil.rmtree(job.checkpoint.path, ignore_errors=True)
+        delete_source(job.checkpoint, retry)
     job.handle._resolve(inner._checkpoint, inner._error)
 
 
@@ -225,17 +292,18 @@ def validation_task(validation: object, checkpoint: Checkpoint | None, *,
     return task
 
 
-def checkpoint_files(checkpoint: Checkpoint) -> tuple[dict[str, int], bool]:
+def checkpoint_files(checkpoint: Checkpoint,
+                     retry: RetryPolicy) -> tuple[dict[str, int], bool]:
     """The files to upload, and whether the directory holds checkpoint metadata (set
-    before the report, it travels in the manifest, not as a file)."""
-    if not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-        raise ReportError(
-            f"report(checkpoint={checkpoint!r}) is not on the local file system; SYNC and "
-            "ASYNC upload a local directory. For a checkpoint already on storage use "
-            "checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD."
-        )
-    try:
-        files = list_local_files(checkpoint.path)
-    except CairnError as exc:
-        raise ReportError(f"report(checkpoint=...): {exc}") from exc
+    before the report, it travels in the manifest, not as a file). A committed
+    checkpoint's manifest is not copied: the copy commits with its own. A checkpoint on a
+    store is listed there (it is copied from there)."""
+    if not is_local_source(checkpoint):
+        files = list_stored_source(checkpoint, retry, what=f"report(checkpoint={checkpoint!r})")
+    else:
+        try:
+            files = list_local_files(checkpoint.path)
+        except CairnError as exc:
+            raise ReportError(f"report(checkpoint=...): {exc}") from exc
+    files.pop(MANIFEST_NAME, None)
     return files, files.pop(METADATA_FILE_NAME, None) is not None

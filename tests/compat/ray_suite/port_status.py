@@ -85,23 +85,6 @@ SKIP: dict[str, str] = {
 }
 
 STRICT_XFAIL: dict[str, str] = {
-    "test_data_parallel_trainer.py::test_local_in_out_of_band_checkpointing":
-        "needs: SYNC/ASYNC upload of a checkpoint that is already on remote storage (report 6 "
-        "passes an s3:// Checkpoint with the default upload mode; Cairn uploads local "
-        "directories and says to use NO_UPLOAD: 'is not on the local file system; SYNC and "
-        "ASYNC upload a local directory')",
-    "test_async_checkpointing_validation.py::test_checkpoint_upload_fn_returns_checkpoint":
-        "asserts Ray's wording 'checkpoint_upload_fn must return a `ray.train.Checkpoint`'; Cairn: "
-        "'ReportError: checkpoint_upload_fn returned None; it must return the cairn.Checkpoint it "
-        "uploaded.'",
-    "test_async_checkpointing_validation.py::test_report_checkpoint_delete_storage_path":
-        "asserts Ray's wording \"Ray Train's experiment directory ...\" (a check newer than Ray "
-        "2.60); Cairn refuses the report with its own: 'ReportError: report(checkpoint=...): "
-        "the experiment directory is contained within the checkpoint path ...'",
-    "test_async_checkpointing_validation.py::test_report_checkpoint_delete_s3_storage_path":
-        "asserts Ray's wording \"Ray Train's experiment directory ...\" (a check newer than Ray "
-        "2.60); Cairn refuses the report with its own: 'ReportError: report(checkpoint=...): "
-        "the experiment directory is contained within the checkpoint path ...'",
     "test_async_checkpointing_validation.py::test_report_checkpoint_upload_error":
         "mocks Ray's internal StorageContext.persist_current_checkpoint to make the upload fail; "
         "Cairn's get_storage() has no such method, so the worker fails with AttributeError, not "
@@ -118,17 +101,9 @@ STRICT_XFAIL: dict[str, str] = {
         "(rank 0); every rank that passes a checkpoint must use the same kind of mode.'); the "
         "failure shown may instead be rank 1's assertion that get_checkpoint() is that report's "
         "checkpoint",
-    "test_persistence.py::test_trainer[checkpoint_config1-*]":
-        "stricter retention: with num_to_keep=1 Cairn also keeps the checkpoint the current "
-        "attempt resumed from (contract item 7), so after a restart get_all_reported_checkpoints()"
-        " lists 2 ('AssertionError: Expected 1 checkpoints, got 2' on every rank)",
 }
 
 XFAIL: dict[str, str] = {
-    "test_async_checkpointing_validation.py::test_report_validation_fn_resumption_checkpoint_status":
-        "needs: Result.metrics of the last report merged with its validation result: the run "
-        "ends with report(metrics={}, validation=...) whose validation returns {'score': 3}; Ray "
-        "gives {'score': 3}, Cairn gives None",
 }
 
 SLOW: set[str] = set()

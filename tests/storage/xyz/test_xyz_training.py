@@ -73,8 +73,9 @@ def test_own_checkpoints_resume_after_a_worker_crash(
     assert manifest is not None and set(manifest.files) == SHARD_FILES
     assert manifest.target_uri == uri(3)
     assert result.checkpoint.get_metadata() == {"step": 3}
-    # num_to_keep=2, plus the checkpoint the current attempt resumed from.
-    assert {c.uri for c, _ in result.best_checkpoints} == {uri(last_committed), uri(2), uri(3)}
+    # num_to_keep=2: the checkpoint the attempt resumed from was protected only until the
+    # attempt committed a newer one.
+    assert {c.uri for c, _ in result.best_checkpoints} == {uri(2), uri(3)}
     # Retention forgot the older references; the user's data stays in the store.
     assert _steps_in_store(job["db"], "ckpts/run") == [
         "step_0000", "step_0001", "step_0002", "step_0003"]

@@ -1,0 +1,22 @@
+"""Checks the configs share: a bad value raises :class:`ConfigError` naming the field, the
+value received and what is accepted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cairn._src.errors import ConfigError
+
+
+def check_int(name: str, value: object, *, minimum: int, allow: Sequence[int] = ()) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}.")
+    if value < minimum and value not in allow:
+        extra = "".join(f" or {a}" for a in allow)
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{extra}.")
+
+
+def check_positive_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name}={value!r} must be a number > 0 (seconds).")
+
