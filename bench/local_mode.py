@@ -41,7 +41,7 @@ for _path in (str(BENCH_DIR.parent), str(BENCH_DIR)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from _harness import p99, print_table  # noqa: E402
+from _harness import p99, print_table, quiet_logger  # noqa: E402
 
 import cairn  # noqa: E402
 
@@ -109,10 +109,12 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     scratch = tempfile.mkdtemp(prefix="cairn-bench-local-mode-")
     fits: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
     try:
-        for number in range(rounds):  # alternate, so that load drifts hit both alike
-            for num_workers in (0, 1) if number % 2 == 0 else (1, 0):
-                fits[num_workers].append(one_fit(num_workers, scratch, number,
-                                                 metric_reports, sync_reports))
+        # In local mode Cairn's log lines come from this process; the workers' do not.
+        with quiet_logger("cairn"):
+            for number in range(rounds):  # alternate, so that load drifts hit both alike
+                for num_workers in (0, 1) if number % 2 == 0 else (1, 0):
+                    fits[num_workers].append(one_fit(num_workers, scratch, number,
+                                                     metric_reports, sync_reports))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
