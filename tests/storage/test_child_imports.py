@@ -40,10 +40,10 @@ def test_copy_processes_import_nothing_from_the_working_directory(
     dest = planted_cwd / "dest"
     for directory in ("d0", "d1"):
         (dest / directory).mkdir(parents=True)
-    entries, left = batch.upload(str(source), str(dest), names, progress=lambda _: None,
-                                 max_workers=4)
+    entries, left = batch.run(batch.Job("upload", str(source), str(dest), max_workers=4),
+                              dict.fromkeys(names))
     assert left == set() and sorted(entries) == sorted(names)
-    hashed, left = batch.hash_files(str(dest), dict.fromkeys(names), max_workers=4)
+    hashed, left = batch.run(batch.Job("hash", str(dest), max_workers=4), dict.fromkeys(names))
     assert left == set() and hashed == entries
     assert len(few_files_a_share) == 6  # three copy processes for each call
     imported = sorted(p.name for p in planted_cwd.iterdir() if p.name.startswith("imported_"))
