@@ -177,9 +177,11 @@ def write(name: str, dir_fd: int, data: bytes, flags: int) -> bool:
     except OSError:
         return False
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        written = os.write(fd, data)
+        if written < len(data):  # A short write: rare, so no view unless it happens.
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view):]
     except OSError:
         os.close(fd)
         unlink(name, dir_fd)
@@ -246,11 +248,12 @@ def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
             source, target = pair
             for name in names:
                 alive.check()
+                rel = f"{directory}/{name}" if directory else name
                 data = read_listed(name, source)
                 if data is None or not write(name, target, data, TRUNCATE_FLAGS):
-                    left.append(relpath(directory, name))
+                    left.append(rel)
                     continue
-                entries[relpath(directory, name)] = (len(data), hexdigest(data))
+                entries[rel] = (len(data), hexdigest(data))
                 done += len(data)
         progress(done)
     return entries, left
