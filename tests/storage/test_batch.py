@@ -504,3 +504,38 @@ def test_a_background_upload_to_local_storage_copies_on_one_thread(
     assert entries[True] == entries[False]
     assert len(copiers[False]) == 2
     assert len(copiers[True]) == 1
+
+
+def test_the_small_file_path_is_called_from_one_place() -> None:
+    # One seam: only storage/transfer.py imports the small-file path, and there only
+    # _small_first calls it; every transfer goes through that function.
+    import ast
+    from pathlib import Path
+
+    import cairn
+
+    package = Path(cairn.__file__).parent
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module.endswith("storage.batch") or (
+                        node.module.endswith("storage")
+                        and any(alias.name == "batch" for alias in node.names))):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"_src/storage/transfer.py"}
+    tree = ast.parse((package / "_src" / "storage" / "transfer.py").read_text())
+    callers = {function.name for function in ast.walk(tree)
+               if isinstance(function, ast.FunctionDef)
+               for node in ast.walk(function)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and isinstance(node.func.value, ast.Name) and node.func.value.id == "batch"
+               and node.func.attr == "run"}
+    assert callers == {"_small_first"}
+    offering = {function.name for function in ast.walk(tree)
+                if isinstance(function, ast.FunctionDef)
+                for node in ast.walk(function)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "_small_first"}
+    assert offering == {"upload_directory", "_download_into", "compute_entries",
+                        "check_directory_sizes", "verify_directory"}
