@@ -94,7 +94,7 @@ def test_download_leaves_every_unexpected_file_to_the_per_file_path(tmp_path: st
     small = {rel: e for rel, e in entries.items() if e.size <= batch.SMALL_FILE_BYTES}
     for rel in small:
         os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
-    left = batch.download(stored, target, small, verify=True, progress=lambda _: None)
+    left = batch.run(batch.Job("download", stored, target, verify=True), small)[1]
     bad = {"a/f003.bin", "b/f004.bin", "b/f001.bin", "a/f006.bin"}
     assert left == bad | {rel for rel in small if rel.startswith("b/c/")}
     copied = read_tree(target)
@@ -103,7 +103,7 @@ def test_download_leaves_every_unexpected_file_to_the_per_file_path(tmp_path: st
     again = os.path.join(str(tmp_path), "unverified")
     for rel in small:
         os.makedirs(os.path.dirname(os.path.join(again, rel)), exist_ok=True)
-    left = batch.download(stored, again, small, verify=False, progress=lambda _: None)
+    left = batch.run(batch.Job("download", stored, again, verify=False), small)[1]
     assert "b/f001.bin" not in left and "a/f003.bin" in left
 
 
@@ -131,21 +131,21 @@ def test_upload_follows_links_it_listed_and_leaves_a_fifo(tmp_path: str) -> None
         os.makedirs(os.path.join(dest, directory))
     os.makedirs(os.path.join(dest, "b"), exist_ok=True)
     names = [*contents, "b/alias.bin"]
-    entries, left = batch.upload(src, dest, names, progress=lambda _: None)
+    entries, left = batch.run(batch.Job("upload", src, dest), dict.fromkeys(names))
     assert left == {"big.bin"}  # larger than the fast path reads whole
     assert read_tree(dest)["b/alias.bin"] == contents["b/f001.bin"]
     assert entries["b/alias.bin"] == entries["b/f001.bin"]
     os.mkfifo(os.path.join(src, "a", "pipe"))
-    entries, left = batch.upload(src, dest, ["a/pipe", "top.bin"], progress=lambda _: None)
+    entries, left = batch.run(batch.Job("upload", src, dest), dict.fromkeys(["a/pipe", "top.bin"]))
     assert left == {"a/pipe"} and set(entries) == {"top.bin"}
 
 
 def test_hash_files_does_not_follow_a_link_unless_asked(tmp_path: str) -> None:
     stored, _, entries = stored_checkpoint(str(tmp_path))
     os.symlink("f001.bin", os.path.join(stored, "b", "alias.bin"))
-    found, left = batch.hash_files(stored, {"b/alias.bin": None, "top.bin": None})
+    found, left = batch.run(batch.Job("hash", stored), {"b/alias.bin": None, "top.bin": None})
     assert left == {"b/alias.bin"} and found == {"top.bin": entries["top.bin"]}
-    found, left = batch.hash_files(stored, {"b/alias.bin": None}, follow_links=True)
+    found, left = batch.run(batch.Job("hash", stored, follow_links=True), {"b/alias.bin": None})
     assert not left and found == {"b/alias.bin": entries["b/f001.bin"]}
 
 
@@ -157,7 +157,7 @@ def test_check_sizes_stats_only_and_leaves_what_differs(tmp_path: str) -> None:
     sizes = {rel: e.size for rel, e in entries.items()}
     sizes["b/f001.bin"] += 1
     sizes["missing/x.bin"] = 3
-    assert batch.check_sizes(stored, sizes) == {
+    assert batch.run(batch.Job("sizes", stored), sizes)[1] == {
         "a/f003.bin", "top.bin", "b/f001.bin", "missing/x.bin"}
 
 
@@ -200,7 +200,7 @@ def test_upload_hands_back_what_changed_since_the_listing_without_blocking(
     os.mkdir(os.path.join(src, "dir"))
     with open(os.path.join(src, "grown"), "wb") as f:
         f.write(b"y" * (batch.SMALL_FILE_BYTES + 1))
-    entries, left = batch.upload(src, dest, names, progress=lambda _: None)
+    entries, left = batch.run(batch.Job("upload", src, dest), dict.fromkeys(names))
     assert left == {"fifo-link", "fifo", "dir", "grown"} and set(entries) == {"kept"}
     assert sorted(os.listdir(dest)) == ["kept"]
 
@@ -244,8 +244,8 @@ def test_copy_processes_give_what_one_process_gives(
         for directory in ("a", "b", "b/c"):
             os.makedirs(os.path.join(dest, directory))
         progress: list[int] = []
-        entries, left = batch.upload(src, dest, small, progress=progress.append,
-                                     max_workers=processes)
+        entries, left = batch.run(batch.Job("upload", src, dest, max_workers=processes,
+                                                progress=progress.append), dict.fromkeys(small))
         assert not left and set(entries) == set(small)
         assert sum(progress) == sum(len(contents[rel]) for rel in small)
         assert read_tree(dest) == {rel: contents[rel] for rel in small}
@@ -256,11 +256,11 @@ def test_copy_processes_give_what_one_process_gives(
         for directory in ("a", "b", "b/c"):
             os.makedirs(os.path.join(restored, directory))
         progress.clear()
-        left = batch.download(dest, restored, entries, verify=True, progress=progress.append,
-                              max_workers=processes)
+        _, left = batch.run(batch.Job("download", dest, restored, max_workers=processes,
+                                       progress=progress.append), entries)
         assert not left and read_tree(restored) == read_tree(dest)
         assert sum(progress) == sum(len(contents[rel]) for rel in small)
-        hashed, left = batch.hash_files(restored, dict(entries), max_workers=processes)
+        hashed, left = batch.run(batch.Job("hash", restored, max_workers=processes), entries)
         assert not left and hashed == entries
     assert len(few_files_a_share) == 3 * 2  # two copy processes for each of the three calls
 
@@ -504,3 +504,38 @@ def test_a_background_upload_to_local_storage_copies_on_one_thread(
     assert entries[True] == entries[False]
     assert len(copiers[False]) == 2
     assert len(copiers[True]) == 1
+
+
+def test_the_small_file_path_is_called_from_one_place() -> None:
+    # One seam: only storage/transfer.py imports the small-file path, and there only
+    # _small_first calls it; every transfer goes through that function.
+    import ast
+    from pathlib import Path
+
+    import cairn
+
+    package = Path(cairn.__file__).parent
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module.endswith("storage.batch") or (
+                        node.module.endswith("storage")
+                        and any(alias.name == "batch" for alias in node.names))):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"_src/storage/transfer.py"}
+    tree = ast.parse((package / "_src" / "storage" / "transfer.py").read_text())
+    callers = {function.name for function in ast.walk(tree)
+               if isinstance(function, ast.FunctionDef)
+               for node in ast.walk(function)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and isinstance(node.func.value, ast.Name) and node.func.value.id == "batch"
+               and node.func.attr == "run"}
+    assert callers == {"_small_first"}
+    offering = {function.name for function in ast.walk(tree)
+                if isinstance(function, ast.FunctionDef)
+                for node in ast.walk(function)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "_small_first"}
+    assert offering == {"upload_directory", "_download_into", "compute_entries",
+                        "check_directory_sizes", "verify_directory"}

@@ -177,9 +177,11 @@ def write(name: str, dir_fd: int, data: bytes, flags: int) -> bool:
     except OSError:
         return False
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        written = os.write(fd, data)
+        if written < len(data):  # A short write: rare, so no view unless it happens.
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view):]
     except OSError:
         os.close(fd)
         unlink(name, dir_fd)
@@ -246,11 +248,12 @@ def upload_share(local_dir: str, dest_root: str, groups: Sequence[Group], *,
             source, target = pair
             for name in names:
                 alive.check()
+                rel = f"{directory}/{name}" if directory else name
                 data = read_listed(name, source)
                 if data is None or not write(name, target, data, TRUNCATE_FLAGS):
-                    left.append(relpath(directory, name))
+                    left.append(rel)
                     continue
-                entries[relpath(directory, name)] = (len(data), hexdigest(data))
+                entries[rel] = (len(data), hexdigest(data))
                 done += len(data)
         progress(done)
     return entries, left
@@ -318,31 +321,22 @@ def hash_share(root: str, groups: Sequence[Group], *, follow_links: bool,
     return entries, left
 
 
-def run_request(request: tuple[Any, ...]) -> tuple[Entries, list[str], int]:
-    """What a copy process answers to ``request`` ``(operation, starter pid, ...)``:
-    (entries of the files finished, the files left, bytes copied). Raises
-    :class:`StarterGone`."""
+def run_share(request: tuple[Any, ...], progress: Callable[[int], None],
+              ) -> tuple[Entries, list[str]]:
+    """Do ``request`` ``(operation, starter pid or None, ...)``, as the calling thread
+    (starter None) or a copy process asked by ``starter``: (entries of the files
+    finished, the files left). Raises :class:`StarterGone`."""
     operation, starter, *args = request
-    done = [0]
-
-    def count(delta: int) -> None:
-        done[0] += delta
-
     if operation == "upload":
         local_dir, dest_root, groups = args
-        entries, left = upload_share(local_dir, dest_root, groups, progress=count,
-                                     starter=starter)
-    elif operation == "download":
+        return upload_share(local_dir, dest_root, groups, progress=progress, starter=starter)
+    if operation == "download":
         src_root, staging, groups = args
-        entries, left = download_share(src_root, staging, groups, progress=count,
-                                       starter=starter)
-    elif operation == "hash":
+        return download_share(src_root, staging, groups, progress=progress, starter=starter)
+    if operation == "hash":
         root, groups, follow_links = args
-        entries, left = hash_share(root, groups, follow_links=follow_links,
-                                   starter=starter)
-    else:
-        raise ValueError(f"unknown operation {operation!r}")
-    return entries, left, done[0]
+        return hash_share(root, groups, follow_links=follow_links, starter=starter)
+    raise ValueError(f"unknown operation {operation!r}")
 
 
 # The exit status of a copy process that stopped because its starter is gone.
@@ -351,11 +345,16 @@ STOPPED = 75
 
 def main() -> None:
     request = marshal.loads(sys.stdin.buffer.read())
+    done = [0]
+
+    def count(delta: int) -> None:
+        done[0] += delta
+
     try:
-        result = run_request(request)
+        entries, left = run_share(request, count)
     except StarterGone:
         sys.exit(STOPPED)
-    sys.stdout.buffer.write(marshal.dumps(result))
+    sys.stdout.buffer.write(marshal.dumps((entries, left, done[0])))
     sys.stdout.buffer.flush()
 
 

@@ -18,6 +18,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
+from typing import TypeVar
 
 from cairn._src.errors import (
     CheckpointDamagedError,
@@ -81,6 +82,8 @@ __all__ = [
     "verify_directory",
 ]
 
+T = TypeVar("T", bound="FileEntry | int | None")
+
 # How many bad files a verification error names before it summarizes.
 _MAX_NAMED_FAILURES = 5
 
@@ -136,16 +139,12 @@ def upload_directory(
     # On a local destination files are written with plain OS calls: pyarrow's output
     # stream costs about three times as much per file, which dominates for small files.
     local_dest = local_os_path(dest)
-    done: dict[str, FileEntry] = {}
-    if local_dest is not None and batch.available():
-        # Small files a directory at a time; what that path leaves goes file by file.
-        small = [rel for rel in names
-                 if known is None or known[rel] <= batch.SMALL_FILE_BYTES]
-        if small:
-            done, _ = batch.upload(local_dir, local_dest, small, progress=shared,
-                                   max_workers=max_workers,
-                                   background=background)
-            names = [rel for rel in names if rel not in done]
+    done, rest = _small_first(
+        None if local_dest is None else batch.Job(
+            "upload", local_dir, local_dest, max_workers=max_workers, background=background,
+            progress=shared),
+        {rel: None if known is None else known[rel] for rel in names})
+    names = [rel for rel in names if rel in rest]
     chunk, workers = _plan(fs, max_workers, None if known is None else [
         known[rel] for rel in names], transfer, background=background)
     window = None
@@ -202,6 +201,28 @@ def upload_directory(
         dest.display(), elapsed,
     )
     return {rel: results[rel] for rel in sorted(results)}
+
+
+def _small_first(job: batch.Job | None, files: Mapping[str, T]) -> tuple[
+        dict[str, FileEntry], dict[str, T]]:
+    """The small-file path (:mod:`.batch`), the one place it is called from: every
+    transfer offers it ``files`` (checked relpath -> expected entry, size, or None when
+    not known) first, a ``job`` where the files are on the local disk (else None).
+
+    It takes the files of known size up to :data:`.batch.SMALL_FILE_BYTES` (every file,
+    for a ``sizes`` job, which reads none), a directory at a time, and finishes only the
+    expected case. Returns (the entries it computed, see :func:`.batch.run`; the files it
+    did not finish, for the per-file path, which checks them again, retries them and
+    reports them in its own words).
+    """
+    if job is None or not files or not batch.available():
+        return {}, dict(files)
+    small = {rel: want for rel, want in files.items() if job.operation == "sizes"
+             or want is None or _size_of(want) <= batch.SMALL_FILE_BYTES}
+    if not small:
+        return {}, dict(files)
+    done, left = batch.run(job, small)
+    return done, {rel: want for rel, want in files.items() if rel not in small or rel in left}
 
 
 def _create_parents(dest: StorageLocation, names: Iterable[str], retry: RetryPolicy) -> None:
@@ -289,15 +310,12 @@ def _download_into(src: StorageLocation, staging: str, local_dir: str,
     name in ``expected``) into ``staging``, whose directories exist; errors name the
     file's place in ``local_dir``; ``shared`` counts the bytes."""
     src_root = local_os_path(src)
-    if src_root is not None and not follow_links and batch.available():
-        # Small files a directory at a time; what that path leaves goes file by file.
-        small = {rel: expected[original] for rel, original in checked.items()
-                 if _size_of(expected[original]) <= batch.SMALL_FILE_BYTES}
-        if small:
-            left = batch.download(src_root, staging, small, verify=verify, progress=shared,
-                                  max_workers=max_workers)
-            checked = {rel: original for rel, original in checked.items()
-                       if rel not in small or rel in left}
+    _, rest = _small_first(
+        None if src_root is None or follow_links else batch.Job(
+            "download", src_root, staging, verify=verify, max_workers=max_workers,
+            progress=shared),
+        {rel: expected[original] for rel, original in checked.items()})
+    checked = {rel: original for rel, original in checked.items() if rel in rest}
     sizes = [_size_of(expected[original]) for original in checked.values()]
     chunk, workers = _plan(src.filesystem, max_workers, sizes, transfer)
     fetcher = _fetcher(src, sizes, transfer, retry)
@@ -434,13 +452,11 @@ def compute_entries(
         check_workers(max_workers)
     names = sorted({check_relative_path(rel, argument="files") for rel in files})
     root = local_os_path(loc)
-    done: dict[str, FileEntry] = {}
-    if root is not None and batch.available():
-        # Small files a directory at a time; what that path leaves goes file by file.
-        done, _ = batch.hash_files(root, dict.fromkeys(names), follow_links=follow_links,
-                                   max_workers=max_workers)
-    tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links)
-             for rel in names if rel not in done}
+    done, rest = _small_first(
+        None if root is None else batch.Job("hash", root, follow_links=follow_links,
+                                            max_workers=max_workers),
+        dict.fromkeys(names))
+    tasks = {rel: _read_and_hash(loc, rel, retry, None, follow_links) for rel in rest}
     results, errors = run_parallel(
         tasks, _plan(loc.filesystem, max_workers)[1], collect_all=False
     )
@@ -473,13 +489,11 @@ def check_directory_sizes(
     """
     root = local_os_path(loc)
     if root is not None:
-        unexpected: Iterable[str] = files
-        if batch.available():
-            # One stat a file, a directory at a time; what differs is checked again below.
-            originals = {check_relative_path(rel, argument="files"): rel for rel in files}
-            unexpected = {originals[rel] for rel in batch.check_sizes(root, {
-                rel: files[original].size for rel, original in originals.items()})}
-        for rel in sorted(unexpected):
+        # One stat a file, a directory at a time; what differs is checked again below.
+        originals = {check_relative_path(rel, argument="files"): rel for rel in files}
+        _, rest = _small_first(batch.Job("sizes", root), {
+            rel: files[original].size for rel, original in originals.items()})
+        for rel in sorted(originals[rel] for rel in rest):
             what = f"check {loc.join(rel).display()}"
 
             def open_only(rel: str = rel) -> None:
@@ -527,14 +541,8 @@ def verify_directory(
         check_workers(max_workers)
     checked = {check_relative_path(rel, argument="files"): entry for rel, entry in files.items()}
     root = local_os_path(loc)
-    if root is not None and batch.available():
-        # Small files a directory at a time; what that path leaves goes file by file.
-        small: dict[str, FileEntry | None] = {
-            rel: entry for rel, entry in checked.items()
-            if entry.size <= batch.SMALL_FILE_BYTES}
-        if small:
-            good, _ = batch.hash_files(root, small, max_workers=max_workers)
-            checked = {rel: entry for rel, entry in checked.items() if rel not in good}
+    _, checked = _small_first(
+        None if root is None else batch.Job("hash", root, max_workers=max_workers), checked)
     sizes = [entry.size for entry in checked.values()]
     threads = _plan(loc.filesystem, max_workers, sizes, transfer)[1]
     fetcher = _fetcher(loc, sizes, transfer, retry)
