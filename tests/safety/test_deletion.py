@@ -189,9 +189,10 @@ def test_resuming_over_many_bogus_records_writes_the_index_once(
     writes: list[int] = []
     original = index_module.write_index
 
-    def counting(location: StorageLocation, index: Any, retry: RetryPolicy) -> None:
+    def counting(location: StorageLocation, index: Any, retry: RetryPolicy,
+                 **options: Any) -> None:
         writes.append(len(index.checkpoints))
-        original(location, index, retry)
+        original(location, index, retry, **options)
 
     # Every index write of the driver goes through this wrapper.
     monkeypatch.setattr(manager_module, "write_index", counting)
