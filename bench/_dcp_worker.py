@@ -36,7 +36,8 @@ DCP_ASYNC = "dcp_async"
 DCP_CACHED = "dcp_async_cached"
 DCP_PROCESS = "dcp_async_process"
 SHARDED = "sharded_cairn"
-SIDES = (CAIRN, DCP_SAVE, DCP_ASYNC, DCP_CACHED, DCP_PROCESS, SHARDED)
+SHARDED_FN = "sharded_cairn_upload_fn"
+SIDES = (CAIRN, DCP_SAVE, DCP_ASYNC, DCP_CACHED, DCP_PROCESS, SHARDED, SHARDED_FN)
 """Every way of saving that a round measures; the order alternates between rounds."""
 
 MODEL_DEPTH = 8
@@ -215,6 +216,20 @@ class ShardedPending(Pending):
         return True
 
 
+class WaitForSave:
+    """A ``checkpoint_upload_fn`` (as in ``examples/torch_dcp_async.py``): on Cairn's
+    upload thread, wait for DCP's future, then hand over the directory it wrote."""
+
+    def __init__(self, future: Any, path: str) -> None:
+        self.future, self.path = future, path
+
+    def __call__(self, checkpoint: Any, dir_name: str) -> Any:
+        import cairn
+
+        self.future.result()
+        return cairn.Checkpoint(self.path)
+
+
 # --------------------------------------------------------------------------------------
 # The training state and its saves
 # --------------------------------------------------------------------------------------
@@ -329,7 +344,7 @@ class Rank:
             return Committed(path)
         if side == DCP_ASYNC:
             future = self.dcp.async_save(state, checkpoint_id=path, process_group=self.group)
-        elif side in (DCP_CACHED, SHARDED):
+        elif side in (DCP_CACHED, SHARDED, SHARDED_FN):
             future = self.dcp.async_save(state, checkpoint_id=path, process_group=self.group,
                                          async_stager=self.cached_stager)
         elif side == DCP_PROCESS:
@@ -341,6 +356,16 @@ class Rank:
             raise ValueError(f"side={side!r} is not one of {SIDES}")
         if side == SHARDED:
             return ShardedPending(future, path, tag)
+        if side == SHARDED_FN:
+            import cairn
+
+            # Reported at the call: Cairn's upload thread waits for the future and registers
+            # the directory the moment DCP has written it, not at a step boundary.
+            return HandlePending(cairn.report(
+                tag, checkpoint=cairn.Checkpoint(path),
+                checkpoint_upload_mode=cairn.CheckpointUploadMode.ASYNC,
+                checkpoint_upload_fn=WaitForSave(future, path),
+                delete_local_checkpoint_after_upload=False))
         return FuturePending(future, path)
 
     def restore(self, side: str, restore_from: Any) -> float:
@@ -354,7 +379,7 @@ class Rank:
         started = time.perf_counter()
         if side == CAIRN:
             load_training_state(restore_from, model=fresh, optimizer=optimizer)
-        elif side == SHARDED:
+        elif side in (SHARDED, SHARDED_FN):
             with restore_from.as_directory() as directory:
                 self.dcp.load(state, checkpoint_id=directory, process_group=self.group)
         else:

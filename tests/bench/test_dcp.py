@@ -48,6 +48,7 @@ def fake_samples() -> dict[str, Any]:
             worker.DCP_PROCESS: side(0.1, 0.5, busy_commit=0.9, write_bytes=501e6,
                                      fsync=0.0, restore=1.7),
             worker.SHARDED: side(0.09, 0.63, busy_commit=0.96, restore=1.7),
+            worker.SHARDED_FN: side(0.09, 0.62, busy_commit=0.84, restore=1.7),
         },
         "idle_steps": [0.01] * 9 + [0.02],
         "state_bytes": 500e6,
@@ -96,13 +97,17 @@ def test_step_ratios_are_busy_over_idle_and_save_has_none() -> None:
 
 def test_sharded_route_rows_check_the_commit_target() -> None:
     rows = rows_by_metric()
-    idle = rows["sharded route: call to committed, loop idle"]
+    idle = rows["sharded route, NO_UPLOAD at a step boundary: call to committed, loop idle"]
     assert idle.reference_name == "DCP async_save (cached stager) alone"
     assert idle.ratio == pytest.approx(1.05)
     assert idle.note.startswith("target <= 1.1x: met")
-    busy = rows["sharded route: call to committed, steps running"]
+    busy = rows["sharded route, NO_UPLOAD at a step boundary: call to committed, steps running"]
     assert busy.ratio == pytest.approx(1.2)
     assert busy.note.startswith("target <= 1.1x: MISSED")
+    # Reported at the call, registered by the upload function once the future is done.
+    busy = rows["sharded route: call to committed, steps running"]
+    assert busy.ratio == pytest.approx(1.05)
+    assert busy.note.startswith("target <= 1.1x: met") and "checkpoint_upload_fn" in busy.note
 
 
 def test_model_width_matches_the_state_size() -> None:
@@ -182,6 +187,7 @@ def test_tiny_run_prints_every_figure() -> None:
     for _, metric, _, _ in dcp.FIGURES:
         assert metric in table, metric
     assert table.count("sharded route:") == 5
+    assert table.count("sharded route, NO_UPLOAD at a step boundary:") == 5
     assert "| error" not in table
     lines = [line for line in table.splitlines() if line.startswith("| dcp ")]
     ratios = [line.split("|")[7].strip() for line in lines]

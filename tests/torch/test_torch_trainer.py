@@ -151,3 +151,15 @@ def test_resume_after_kill_9_is_bitwise_exact(
     for mine, theirs in zip(final["momentum"], reference["momentum"], strict=True):
         assert torch.equal(mine, theirs)
     assert torch.equal(final["next_draw"], reference["next_draw"])
+
+
+def test_a_snapshot_written_straight_to_storage_creates_no_temporary_directory(
+    run_config: RunConfigFactory, tmp_path: Path,
+) -> None:
+    result = TorchTrainer(
+        torch_workloads.snapshot_with_no_temporary_directory,
+        train_loop_config={"missing": str(tmp_path / "missing")},
+        run_config=run_config(),
+    ).fit()
+    assert result.return_value is True
+    assert not (tmp_path / "missing").exists()

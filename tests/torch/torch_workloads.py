@@ -186,3 +186,14 @@ def snapshot_forms(config: dict[str, Any]) -> dict[str, Any]:
                         path = os.path.join(root, name)
                         files[os.path.relpath(path, directory)] = torch.load(path)
     return {"errors": errors, "files": files, "shared_has_checkpoint": shared.has_checkpoint}
+
+
+def snapshot_with_no_temporary_directory(config: dict[str, Any]) -> bool:
+    """A snapshot serialized straight into storage needs no private temporary directory:
+    with the temporary directory pointing nowhere, it still commits."""
+    tempfile.tempdir = config["missing"]
+    try:
+        handle = report_snapshot({"step": 1}, {"w": torch.ones(3)})
+        return handle.wait() is not None
+    finally:
+        tempfile.tempdir = None

@@ -17,7 +17,6 @@ import logging
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -68,6 +67,7 @@ from cairn._src.worker.upload_job import (
     UploadJob,
     Waiter,
     checkpoint_files,
+    deferred_directory,
     delete_after_upload,
     delete_source,
     is_local_source,
@@ -282,7 +282,8 @@ class WorkerSession:
 
         ``files`` names the relative paths ``write(directory)`` will create; they are
         claimed at once (so rank collisions are caught now), and ``write`` runs on the
-        upload thread into a private temporary directory that is uploaded, then deleted.
+        upload thread: straight into storage (:mod:`.direct_write`), or into a private
+        temporary directory that is uploaded, then deleted.
         The caller must hand ``write`` data it will not modify (a copy).
         """
         self._raise_async_error()
@@ -293,7 +294,7 @@ class WorkerSession:
         declared = {check_relative_path(name, argument="files"): 0 for name in files}
         if not declared:
             raise ReportError("report_deferred(files=...) must name at least one file.")
-        directory = tempfile.mkdtemp(prefix="cairn-deferred-")
+        directory = deferred_directory()  # created only if the upload needs it
         index = self._take_index()
         job = UploadJob(
             index=index,

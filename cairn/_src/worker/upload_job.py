@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -157,9 +159,18 @@ def unchanged_files(directory: str, files: dict[str, int], earlier: dict[str, Fi
     return {rel: entry for rel, entry in now.items() if entry == earlier[rel]}
 
 
+def deferred_directory() -> str:
+    """The path of a deferred report's private temporary directory, not created yet: only
+    :func:`write_deferred` creates it, so that a snapshot serialized straight into storage
+    (:mod:`.direct_write`) leaves no empty directory behind."""
+    return os.path.join(tempfile.gettempdir(), f"cairn-deferred-{secrets.token_hex(16)}")
+
+
 def write_deferred(job: UploadJob) -> None:
-    """Run a deferred report's ``write`` into its directory; it must write what it declared."""
+    """Create a deferred report's private directory (as ``mkdtemp`` would: owner only,
+    never one that exists), run ``write`` into it; it must write what it declared."""
     assert job.write is not None
+    os.mkdir(job.checkpoint.path, 0o700)
     job.write(job.checkpoint.path)
     written = set(list_local_files(job.checkpoint.path))
     if written != set(job.files):
