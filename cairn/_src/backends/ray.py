@@ -83,10 +83,15 @@ class _WorkerActor:
     def describe(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
+    def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str]) -> int:
+        # Set here rather than in a runtime environment, so that Ray can start the actor
+        # in one of its prestarted worker processes (see RayBackend.start).
+        os.environ.update(env)
+        # The driver's sys.path, so that a train function pickled by reference imports.
+        missing = [entry for entry in path if entry not in sys.path]
+        sys.path[:0] = missing
         from cairn._src.worker.main import run_from_bootstrap
 
-        os.environ.update(env)
         return run_from_bootstrap(boot)
 
 
@@ -392,6 +397,7 @@ class RayBackend:
         timeout_s = (read_placement_timeout() if self._placement_timeout_s is None
                      else self._placement_timeout_s)
         self._ensure_ray()
+        started = time.monotonic()
         bundle = self._bundle()
         low = min(self._scaling.min_workers, num_workers)
         if low < num_workers:
@@ -399,11 +405,19 @@ class RayBackend:
             num_workers = group.bundle_count
         else:
             group = self._place(bundle, num_workers, timeout_s)
-        path = os.pathsep.join(p for p in sys.path if p)
-        # One runtime environment for every actor (Ray sets up each distinct one apart);
-        # the per-rank variables are set by the actor itself once its rank is known.
-        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
-                    "CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": str(num_workers)}
+        logger.debug("Ray placement group of %d bundles ready in %.2fs", num_workers,
+                     time.monotonic() - started)
+        path = [p for p in sys.path if p]
+        # The actor sets these variables itself as its run starts (with the per-rank ones,
+        # known then), in the driver's sys.path order. No runtime environment unless
+        # RunConfig.worker_env asks for variables set at the process's start: an actor
+        # with one never runs in a worker process Ray prestarted (Ray starts a fresh one
+        # through its runtime environment agent, seconds on a loaded node, at Ray's low
+        # worker priority), and the attempt's own variables (MASTER_PORT) would make
+        # each attempt's environment a new one.
+        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
+                    "CAIRN_WORLD_SIZE": str(num_workers)}
         actors = []
         for index in range(num_workers):
             options: dict[str, Any] = {
@@ -412,11 +426,14 @@ class RayBackend:
                 "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=index),
-                "runtime_env": {"env_vars": base_env},
                 "max_restarts": 0,
             }
+            if self._env:
+                options["runtime_env"] = {"env_vars": dict(self._env)}
             actors.append(_WorkerActor.options(**options).remote())  # type: ignore[attr-defined]
         described = self._describe(actors, timeout_s)
+        logger.debug("%d Ray worker actors started in %.2fs", num_workers,
+                     time.monotonic() - started)
         # Ranks on one node are contiguous, nodes in the order of their first bundle.
         node_order: dict[str, int] = {}
         for _, _, node_id in described:
@@ -429,9 +446,9 @@ class RayBackend:
         for rank, (actor, (_, pid, node_id)) in enumerate(placed):
             local_rank = local_ranks.get(node_id, 0)
             local_ranks[node_id] = local_rank + 1
-            rank_env = {"CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
+            rank_env = {**base_env, "CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
                         "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}
-            ref = actor.run.remote(bootstrap.body(rank), rank_env)
+            ref = actor.run.remote(bootstrap.body(rank), rank_env, path)
             self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
         return list(self.workers)

@@ -25,3 +25,16 @@ def train(config: dict[str, Any]) -> dict[str, int]:
             os._exit(1)
     return {"start": start, "local_rank": context.get_local_rank(),
             "local_world_size": context.get_local_world_size()}
+
+
+def environment(config: dict[str, Any]) -> dict[str, Any]:
+    """What a worker actor sees of its environment: the env_vars of its Ray runtime
+    environment, and the variables Cairn and ``worker_env`` set."""
+    import ray
+
+    runtime_env = ray.get_runtime_context().runtime_env
+    return {
+        "runtime_env_vars": dict(runtime_env.get("env_vars") or {}),
+        "environ": {name: os.environ.get(name) for name in config["names"]},
+        "pythonpath_set": bool(os.environ.get("PYTHONPATH")),
+    }

@@ -59,3 +59,23 @@ def test_keep_survivors_restarts_the_whole_group_on_ray(
     assert result.return_value["start"] == 2
     assert result.goodput.failures == 1
     assert "kept ranks" not in caplog.text
+
+
+@pytest.mark.parametrize("worker_env", [None, {"CAIRN_TEST_VAR": "x"}])
+def test_actors_get_cairn_variables_without_a_runtime_environment(
+    run_config: Callable[..., cairn.RunConfig], worker_env: dict[str, str] | None,
+) -> None:
+    # Cairn's own variables (and the attempt's) are set by the actor as its run starts: an
+    # actor with a runtime environment never runs in a worker process Ray prestarted. Only
+    # RunConfig.worker_env, meant for the process's start, travels in one.
+    names = ["CAIRN_WORKER", "CAIRN_WORLD_SIZE", "CAIRN_RANK", "CAIRN_TEST_VAR"]
+    result = cairn.Trainer(
+        ray_workloads.environment, train_loop_config={"names": names},
+        scaling_config=cairn.ScalingConfig(num_workers=2, backend="ray"),
+        run_config=run_config(worker_env=worker_env),
+    ).fit()
+    seen = result.return_value
+    assert seen["runtime_env_vars"] == (worker_env or {})
+    assert seen["environ"] == {"CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": "2", "CAIRN_RANK": "0",
+                               "CAIRN_TEST_VAR": (worker_env or {}).get("CAIRN_TEST_VAR")}
+    assert seen["pythonpath_set"]
