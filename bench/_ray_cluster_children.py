@@ -150,7 +150,7 @@ def train_faults(config: dict[str, Any]) -> None:
 
 
 def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, name: str,
-         max_failures: int) -> tuple[float, float, str | None]:
+         max_failures: int, warm_standby: bool = False) -> tuple[float, float, str | None]:
     """(wall time at the ``fit()`` call, seconds it took, Cairn's run path or None)."""
     config = {**config, "library": library}
     if library == "cairn":
@@ -163,7 +163,8 @@ def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, 
             run_config=cairn.RunConfig(
                 name=name,
                 storage_path=str(storage),
-                failure_config=cairn.FailureConfig(max_failures=max_failures),
+                failure_config=cairn.FailureConfig(max_failures=max_failures,
+                                                   warm_standby=warm_standby),
             ),
         )
     else:
@@ -212,14 +213,16 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def run_once(library: str, run_dir: Path, index: int) -> dict[str, Any]:
+def run_once(library: str, run_dir: Path, index: int,
+             warm_standby: bool = False) -> dict[str, Any]:
     """The start-up and both faults of one run; times are wall times (``time.time()``)."""
     out, scratch, storage = run_dir / "out", run_dir / "scratch", run_dir / "storage"
     for folder in (out, scratch, storage):
         folder.mkdir(parents=True, exist_ok=True)
     config = {"out": str(out), "scratch": str(scratch)}
     fit_wall, fit_s, run_path = _fit(library, train_faults, config, storage=storage,
-                                     name=f"faults-{index}", max_failures=len(FAULTS))
+                                     name=f"faults-{index}", max_failures=len(FAULTS),
+                                     warm_standby=warm_standby)
     starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
     if len(starts) != NUM_WORKERS:
         raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
@@ -249,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--library", required=True, choices=LIBRARIES)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="Cairn with FailureConfig(warm_standby=True)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("cairn").setLevel(logging.WARNING)
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             if index > 0:
                 _wait_for(work / f"go_{index}", GO_TIMEOUT_S)
             logger.info("%s run %d of %d", args.library, index + 1, args.repeats)
-            run = run_once(args.library, work / f"run{index}", index)
+            run = run_once(args.library, work / f"run{index}", index, args.warm_standby)
             run["backend_times"] = {k: list(v) for k, v in backend_times.times.items()}
             for times in backend_times.times.values():
                 times.clear()

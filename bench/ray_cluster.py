@@ -186,8 +186,8 @@ def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
     return removals
 
 
-def run_side(cluster: _Cluster, library: str, repeats: int,
-             work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_side(cluster: _Cluster, library: str, repeats: int, work: Path,
+             warm_standby: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The child's result (``connect_s``, ``runs``) and the node removals, one a run."""
     work.mkdir(parents=True)
     log_path = work / "driver.log"
@@ -196,6 +196,8 @@ def run_side(cluster: _Cluster, library: str, repeats: int,
     env["RAY_ADDRESS"] = cluster.address
     command = [sys.executable, str(Path(children.__file__).resolve()), "--library", library,
                "--repeats", str(repeats), "--work-dir", str(work)]
+    if warm_standby and library == "cairn":
+        command.append("--warm-standby")
     started = time.perf_counter()
     removals: list[dict[str, Any]] = []
     with open(log_path, "wb") as log:
@@ -405,8 +407,9 @@ def measure(args: Any) -> list[Row]:
                         continue
                     try:
                         cluster.restore()
-                        result, removals = run_side(cluster, library, 1,
-                                                    Path(tmp, library, f"round{index}"))
+                        result, removals = run_side(
+                            cluster, library, 1, Path(tmp, library, f"round{index}"),
+                            warm_standby=bool(getattr(args, "warm_standby", False)))
                         merged[library] = _merge(merged.get(library), result, removals)
                     except Exception as exc:  # one side failing must not lose the other
                         logger.exception("%s failed", library)
@@ -445,30 +448,29 @@ def run(args: Any = None) -> list[Row]:
         return [_harness.error_row(BENCHMARK, exc)]
 
 
-def _with_repeats(argv: list[str] | None) -> tuple[list[str], int | None]:
-    """``--repeats N`` taken out of ``argv`` (this module's own option)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--repeats" not in args:
-        return args, None
-    at = args.index("--repeats")
-    try:
-        repeats = int(args[at + 1])
-    except (IndexError, ValueError):
-        raise SystemExit("--repeats needs a whole number of runs a side, e.g. --repeats 5") \
-            from None
-    if repeats < 1:
-        raise SystemExit(f"--repeats {repeats}: give at least 1 run a side")
-    return args[:at] + args[at + 2:], repeats
+def _own_options(argv: list[str] | None) -> tuple[list[str], Any]:
+    """This module's own options (``--repeats N``, ``--warm-standby``) and the rest."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="runs a side (default 3, 1 with --quick)")
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="Cairn's side with FailureConfig(warm_standby=True)")
+    own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if own.repeats is not None and own.repeats < 1:
+        raise SystemExit(f"--repeats {own.repeats}: give at least 1 run a side")
+    return rest, own
 
 
 def main(argv: list[str] | None = None) -> int:
-    rest, repeats = _with_repeats(argv)
+    rest, own = _own_options(argv)
 
-    def run_with_repeats(args: Any) -> list[Row]:
-        args.repeats = repeats
+    def run_with_options(args: Any) -> list[Row]:
+        args.repeats, args.warm_standby = own.repeats, own.warm_standby
         return run(args)
 
-    return _module.module_main(__doc__, run_with_repeats, rest)
+    return _module.module_main(__doc__, run_with_options, rest)
 
 
 if __name__ == "__main__":

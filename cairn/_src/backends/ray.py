@@ -23,9 +23,13 @@ lost node grows back to ``max_workers`` at a later restart once capacity has ret
 Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
 first bundle), so node rank, local rank and local world size describe the real machines.
 
-The driver's ``sys.path`` travels in ``PYTHONPATH`` so that a train function pickled by
-reference imports in the actor, as with the local backend; on a multi-node cluster ship
-the code with Ray's ``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``).
+The driver's ``sys.path`` travels to the actor, which puts it first on its own (and in
+``PYTHONPATH`` for its subprocesses) so that a train function pickled by reference
+imports, as with the local backend; on a multi-node cluster ship the code with Ray's
+``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``). Cairn's variables are
+set by the actor too: an actor without a runtime environment can run in a worker process
+Ray prestarted. ``FailureConfig(warm_standby=True)`` keeps spare actors booted while an
+attempt trains, for the next attempt (:mod:`ray_standby`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cairn._src.backends.protocol import WorkerHandle
+from cairn._src.backends.ray_standby import RayStandby
 from cairn._src.config.run import ScalingConfig
 from cairn._src.errors import ConfigError, PlacementTimeoutError
 from cairn._src.wire.bootstrap import Bootstrap
@@ -82,6 +87,20 @@ def read_placement_timeout() -> float:
 class _WorkerActor:
     def describe(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def warm(self, modules: list[str], path: list[str]) -> tuple[int, str]:
+        """A warm standby spare's imports, done before a rank runs here (ray_standby)."""
+        import importlib
+
+        import cairn._src.worker.main  # noqa: F401
+
+        sys.path[:0] = [entry for entry in path if entry not in sys.path]
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # the train function's own import says what is wrong
+                logger.debug("Could not preload %s: %s", name, exc)
+        return self.describe()
 
     def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str]) -> int:
         # Set here rather than in a runtime environment, so that Ray can start the actor
@@ -266,7 +285,7 @@ class RayBackend:
     bind_host = "0.0.0.0"
 
     def __init__(self, scaling: ScalingConfig, *, env: dict[str, str] | None = None,
-                 placement_timeout_s: float | None = None) -> None:
+                 placement_timeout_s: float | None = None, warm_standby: bool = False) -> None:
         self._scaling = scaling
         self._env = env or {}
         # The environment is read at each start of the group (a restart may need to wait
@@ -276,6 +295,10 @@ class RayBackend:
             read_placement_timeout()
         self.workers: list[RayWorker] = []
         self._group: PlacementGroup | None = None
+        # FailureConfig(warm_standby=True): spare actors, and what the last start asked for
+        # (the bundle, the modules to preload, the group's size) to prepare them.
+        self._standby = RayStandby(_WorkerActor) if warm_standby else None
+        self._last_start: tuple[dict[str, float], list[str], int] | None = None
 
     def advertise_host(self) -> str:
         self._ensure_ray()
@@ -418,8 +441,15 @@ class RayBackend:
         base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
                     "CAIRN_WORLD_SIZE": str(num_workers)}
+        spares = self._spares_for(group, bundle, num_workers)
+        preload = [m for m in base_env.get("CAIRN_PRELOAD", "").split(",") if m.strip()]
+        self._last_start = (bundle, preload, num_workers)
         actors = []
         for index in range(num_workers):
+            spare = spares[index]
+            if spare is not None:
+                actors.append(spare)
+                continue
             options: dict[str, Any] = {
                 "num_cpus": bundle.get("CPU", 0.0),
                 "num_gpus": bundle.get("GPU", 0.0),
@@ -452,6 +482,24 @@ class RayBackend:
             self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
         return list(self.workers)
+
+    def _spares_for(self, group: PlacementGroup, bundle: dict[str, float],
+                    num_workers: int) -> list[Any | None]:
+        """For each bundle, the warm standby actor on its node, if one is there."""
+        if self._standby is None or not RayStandby.applies(bundle):
+            return [None] * num_workers
+        try:
+            table = ray.util.placement_group_table(group)
+            nodes = {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()}
+        except Exception as exc:
+            logger.debug("No bundle nodes for the placement group: %s", exc)
+            return [None] * num_workers
+        spares = [self._standby.take(nodes[i]) if i in nodes else None
+                  for i in range(num_workers)]
+        if any(spare is not None for spare in spares):
+            logger.info("Running %d of %d ranks in warm standby Ray actors",
+                        sum(spare is not None for spare in spares), num_workers)
+        return spares
 
     def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:
         """(bundle index, pid, node id) of each actor once it runs, in bundle order.
@@ -507,8 +555,32 @@ class RayBackend:
         self.shutdown(grace_s=0.0)
 
     def prepare_standby(self) -> None:
-        """Nothing: Ray places the next attempt's actors itself (FailureConfig.warm_standby
-        applies to the local backend only)."""
+        """With warm standby, start the spares for the next attempt (at this attempt's
+        first report): one per rank on the group's nodes, and one on each other alive node
+        that fits a worker, up to one more in all than the group has."""
+        if self._standby is None or self._last_start is None:
+            return
+        bundle, preload, num_workers = self._last_start
+        if not RayStandby.applies(bundle):
+            return
+        wanted: dict[str, int] = {}
+        for worker in self.workers:
+            if worker.pid >= 0:
+                wanted[worker.node_id] = wanted.get(worker.node_id, 0) + 1
+        try:
+            others = [str(n["NodeID"]) for n in ray.nodes()  # type: ignore[no-untyped-call]
+                      if n.get("Alive") and count_fitting(bundle, "PACK", [n]) > 0]
+        except Exception as exc:
+            logger.debug("Could not list the Ray nodes for warm standby: %s", exc)
+            others = []
+        for node_id in others:
+            if sum(wanted.values()) > num_workers:
+                break
+            wanted.setdefault(node_id, 1)
+        self._standby.prepare(wanted, {"env_vars": dict(self._env)} if self._env else None,
+                              preload, [p for p in sys.path if p])
 
     def stop_standby(self) -> None:
-        """Nothing: this backend keeps no spare workers."""
+        """The run is over: the spare actors go too."""
+        if self._standby is not None:
+            self._standby.stop()
