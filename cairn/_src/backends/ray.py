@@ -481,6 +481,10 @@ class RayBackend:
             ref = actor.run.remote(bootstrap.body(rank), rank_env, path)
             self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
+        if any(spare is not None for spare in spares):
+            # Spares used up: new ones boot now, while this attempt restores, ready for a
+            # failure soon after it (a restart's first report may come too late for that).
+            self.prepare_standby()
         return list(self.workers)
 
     def _spares_for(self, group: PlacementGroup, bundle: dict[str, float],
