@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/ray_cluster.py [--quick] [--no-ray]
+    python bench/ray_cluster.py [--quick] [--no-ray] [--repeats N] [--warm-standby]
 
 This process starts a ``ray.cluster_utils.Cluster`` on this machine (a head node and two
 more, one CPU and an 80 MiB object store each; so two workers always land on two nodes)
@@ -29,9 +29,14 @@ system). Cairn, then Ray, each run measuring three figures in one ``fit()``:
 
 Both fault rows have a "checkpoints behind" row: the step of the last SYNC report that
 returned against the step the run resumed from (one checkpoint per step). Each figure is
-the median of 3 runs (1 with ``--quick``); the note lists every run. With ``--no-ray``
-only Cairn's side runs (on the same cluster); without Ray installed the benchmark is
-skipped with a note, since both sides need it.
+the median of 3 runs a side (1 with ``--quick``, N with ``--repeats N``); the note lists
+every run. The runs go in rounds, one run a side per round in a driver of its own, the
+order alternating between rounds, so that the machine's load falls on both sides alike;
+the node-loss note gives each side's worst run and the load average at each removal.
+Cairn's restart is broken down into phases (:data:`PHASES`). ``--warm-standby`` runs
+Cairn with ``FailureConfig(warm_standby=True)``. With ``--no-ray`` only Cairn's side runs
+(on the same cluster); without Ray installed the benchmark is skipped with a note, since
+both sides need it.
 """
 
 from __future__ import annotations
@@ -319,7 +324,8 @@ def _list(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
-def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row]:
+def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int,
+          warm_standby: bool = False) -> list[Row]:
     cairn, ray = sides.get("cairn"), sides.get("ray")
 
     def value(side: dict[str, Any] | None, key: str = "times") -> float | None:
@@ -330,6 +336,8 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
 
     listed = "; ".join(p for p in (runs("Cairn", cairn), runs("Ray", ray)) if p)
     note = f"median of {repeats} ({listed} s)"
+    if warm_standby and cairn is not None:
+        note += "; Cairn with FailureConfig(warm_standby=True)"
     if kind == "startup":
         connects = [f"{name} {side['connect_s']:.2f}" for name, side in
                     (("Cairn", cairn), ("Ray", ray)) if side is not None]
@@ -426,7 +434,9 @@ def measure(args: Any) -> list[Row]:
             side["result"]["connect_s"] = _harness.median(side["connects"])
             for kind in KINDS:
                 sides[kind][library] = _figures(kind, side["result"], side["removals"])
-    rows = [row for kind in KINDS if sides[kind] for row in _rows(kind, sides[kind], repeats)]
+    standby = bool(getattr(args, "warm_standby", False))
+    rows = [row for kind in KINDS if sides[kind]
+            for row in _rows(kind, sides[kind], repeats, standby)]
     return rows + errors
 
 
