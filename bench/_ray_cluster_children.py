@@ -78,6 +78,18 @@ def _node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+def _process_start_t() -> float | None:
+    """Wall time at which this process started (Linux ``/proc``), else None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 # --------------------------------------------------------------------------------------
 # The train function (it runs in the workers on the cluster's nodes)
 # --------------------------------------------------------------------------------------
@@ -101,8 +113,12 @@ def train_faults(config: dict[str, Any]) -> None:
             restored = json.loads(Path(directory, "state.json").read_text(encoding="utf-8"))
         start = int(restored["step"]) + 1
     if happened:
+        # Where the time went on this rank: its process's start, the train function's
+        # first line, the checkpoint loaded (now), its priority.
         _write_json(out / f"restore_{happened[-1]}_{rank}.json",
-                    {"t": time.time(), "resumed_from_step": start - 1, "node": _node_id()})
+                    {"t": time.time(), "resumed_from_step": start - 1, "node": _node_id(),
+                     "first_line_t": first_line, "process_start_t": _process_start_t(),
+                     "pid": os.getpid(), "niceness": os.nice(0)})
     for step in range(start, FAULTS[-1][1] + 1 + STEPS_AFTER):
         time.sleep(STEP_S)
         scratch = None
@@ -134,7 +150,7 @@ def train_faults(config: dict[str, Any]) -> None:
 
 
 def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, name: str,
-         max_failures: int) -> tuple[float, float, str | None]:
+         max_failures: int, warm_standby: bool = False) -> tuple[float, float, str | None]:
     """(wall time at the ``fit()`` call, seconds it took, Cairn's run path or None)."""
     config = {**config, "library": library}
     if library == "cairn":
@@ -147,7 +163,8 @@ def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, 
             run_config=cairn.RunConfig(
                 name=name,
                 storage_path=str(storage),
-                failure_config=cairn.FailureConfig(max_failures=max_failures),
+                failure_config=cairn.FailureConfig(max_failures=max_failures,
+                                                   warm_standby=warm_standby),
             ),
         )
     else:
@@ -171,6 +188,23 @@ def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, 
     return fit_wall, time.perf_counter() - started, path
 
 
+class _BackendTimes(logging.Handler):
+    """Wall times of Cairn's Ray backend's phase lines (placement group ready, actors
+    started), for the benchmark's breakdown of a restart."""
+
+    PHASES = {"placed": "placement group of", "actors": "worker actors started in"}
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.times: dict[str, list[float]] = {kind: [] for kind in self.PHASES}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        for kind, marker in self.PHASES.items():
+            if marker in message:
+                self.times[kind].append(record.created)
+
+
 def _wait_for(path: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -179,14 +213,16 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def run_once(library: str, run_dir: Path, index: int) -> dict[str, Any]:
+def run_once(library: str, run_dir: Path, index: int,
+             warm_standby: bool = False) -> dict[str, Any]:
     """The start-up and both faults of one run; times are wall times (``time.time()``)."""
     out, scratch, storage = run_dir / "out", run_dir / "scratch", run_dir / "storage"
     for folder in (out, scratch, storage):
         folder.mkdir(parents=True, exist_ok=True)
     config = {"out": str(out), "scratch": str(scratch)}
     fit_wall, fit_s, run_path = _fit(library, train_faults, config, storage=storage,
-                                     name=f"faults-{index}", max_failures=len(FAULTS))
+                                     name=f"faults-{index}", max_failures=len(FAULTS),
+                                     warm_standby=warm_standby)
     starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
     if len(starts) != NUM_WORKERS:
         raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
@@ -204,6 +240,7 @@ def run_once(library: str, run_dir: Path, index: int) -> dict[str, Any]:
             "resumed_from_step": min(int(r["resumed_from_step"]) for r in restores),
             "last_reported_step": step,
             "restored_nodes": sorted({r["node"] for r in restores}),
+            "ranks": restores,
         }
     crash = json.loads((out / "crash.json").read_text(encoding="utf-8"))
     result["crash"]["fault_t"] = float(crash["t"])
@@ -215,9 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--library", required=True, choices=LIBRARIES)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="Cairn with FailureConfig(warm_standby=True)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("cairn").setLevel(logging.WARNING)
+    backend_times = _BackendTimes()
+    if args.library == "cairn":
+        backend_logger = logging.getLogger("cairn._src.backends.ray")
+        backend_logger.setLevel(logging.DEBUG)
+        backend_logger.addHandler(backend_times)
+        backend_logger.propagate = False
     work = Path(args.work_dir)
     import ray
 
@@ -230,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             if index > 0:
                 _wait_for(work / f"go_{index}", GO_TIMEOUT_S)
             logger.info("%s run %d of %d", args.library, index + 1, args.repeats)
-            result["runs"].append(run_once(args.library, work / f"run{index}", index))
+            run = run_once(args.library, work / f"run{index}", index, args.warm_standby)
+            run["backend_times"] = {k: list(v) for k, v in backend_times.times.items()}
+            for times in backend_times.times.values():
+                times.clear()
+            result["runs"].append(run)
             _write_json(work / "result.json", result)
     finally:
         ray.shutdown()

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/ray_cluster.py [--quick] [--no-ray]
+    python bench/ray_cluster.py [--quick] [--no-ray] [--repeats N] [--warm-standby]
 
 This process starts a ``ray.cluster_utils.Cluster`` on this machine (a head node and two
 more, one CPU and an 80 MiB object store each; so two workers always land on two nodes)
@@ -29,9 +29,14 @@ system). Cairn, then Ray, each run measuring three figures in one ``fit()``:
 
 Both fault rows have a "checkpoints behind" row: the step of the last SYNC report that
 returned against the step the run resumed from (one checkpoint per step). Each figure is
-the median of 3 runs (1 with ``--quick``); the note lists every run. With ``--no-ray``
-only Cairn's side runs (on the same cluster); without Ray installed the benchmark is
-skipped with a note, since both sides need it.
+the median of 3 runs a side (1 with ``--quick``, N with ``--repeats N``); the note lists
+every run. The runs go in rounds, one run a side per round in a driver of its own, the
+order alternating between rounds, so that the machine's load falls on both sides alike;
+the node-loss note gives each side's worst run and the load average at each removal.
+Cairn's restart is broken down into phases (:data:`PHASES`). ``--warm-standby`` runs
+Cairn with ``FailureConfig(warm_standby=True)``. With ``--no-ray`` only Cairn's side runs
+(on the same cluster); without Ray installed the benchmark is skipped with a note, since
+both sides need it.
 """
 
 from __future__ import annotations
@@ -122,12 +127,13 @@ class _Cluster:
         node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
         if node is None:
             raise ClusterBenchError(f"node {node_id} is not a worker node of the cluster")
+        load = os.getloadavg()[0]
         removed_t = time.time()
         started = time.perf_counter()
         self.cluster.remove_node(node)
         removed_s = time.perf_counter() - started
         self.restore()
-        return {"t": removed_t, "remove_s": removed_s,
+        return {"t": removed_t, "remove_s": removed_s, "load": load,
                 "add_s": time.perf_counter() - started - removed_s}
 
     def shutdown(self) -> None:
@@ -185,8 +191,8 @@ def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
     return removals
 
 
-def run_side(cluster: _Cluster, library: str, repeats: int,
-             work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_side(cluster: _Cluster, library: str, repeats: int, work: Path,
+             warm_standby: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The child's result (``connect_s``, ``runs``) and the node removals, one a run."""
     work.mkdir(parents=True)
     log_path = work / "driver.log"
@@ -195,6 +201,8 @@ def run_side(cluster: _Cluster, library: str, repeats: int,
     env["RAY_ADDRESS"] = cluster.address
     command = [sys.executable, str(Path(children.__file__).resolve()), "--library", library,
                "--repeats", str(repeats), "--work-dir", str(work)]
+    if warm_standby and library == "cairn":
+        command.append("--warm-standby")
     started = time.perf_counter()
     removals: list[dict[str, Any]] = []
     with open(log_path, "wb") as log:
@@ -231,25 +239,66 @@ def run_side(cluster: _Cluster, library: str, repeats: int,
 # --------------------------------------------------------------------------------------
 
 
-def _cairn_phases(runs: list[dict[str, Any]], fault_times: list[float], attempt: int) -> str:
-    """Medians from the fault to Cairn's failure handled, new attempt, workers connected."""
-    labels = {"failure": "failure handled", "attempt_start": "new attempt",
-              "workers_ready": "workers connected"}
-    samples: dict[str, list[float]] = {kind: [] for kind in labels}
+PHASES = (
+    ("detect", "detection"),            # fault -> the attempt's failure handled (group killed)
+    ("relaunch", "new attempt"),        # -> the next attempt starts
+    ("place", "placement"),             # -> the placement group ready
+    ("actors", "actor start"),          # -> every worker actor runs (process up, Ray imported)
+    ("connect", "worker connect"),      # -> every worker connected to the controller
+    ("train", "to train function"),     # -> the last rank's first line of the train function
+    ("restore", "restore"),             # -> the last rank's checkpoint loaded
+)
+"""Cairn's restart, phase by phase: each is the time from the end of the one before."""
+
+
+def _event_t(events: list[dict[str, Any]], kind: str, attempt: int) -> float | None:
+    times = [float(e["t"]) for e in events if e.get("type") == kind and e.get("attempt") == attempt]
+    return min(times) if times else None
+
+
+def _cairn_run_phases(run: dict[str, Any], fault: dict[str, Any],
+                      fault_t: float) -> dict[str, float] | None:
+    """One run's phases (seconds, see :data:`PHASES`), from the run's event log, the
+    backend's log lines and the ranks' own times; None where something is missing."""
+    if not run.get("run_path"):
+        return None
+    events = _harness.read_run_events(run["run_path"])
+    attempt = int(fault["attempt"])
+    failed = _event_t(events, "failure", attempt - 1)
+    started = _event_t(events, "attempt_start", attempt)
+    ready = _event_t(events, "workers_ready", attempt)
+    if failed is None or started is None or ready is None:
+        return None
+    backend = run.get("backend_times", {})
+    placed = next((t for t in backend.get("placed", []) if t >= started), None)
+    actors = next((t for t in backend.get("actors", []) if t >= started), None)
+    first_line = max(float(r["first_line_t"]) for r in fault["ranks"])
+    marks = [fault_t, failed, started, placed, actors, ready, first_line, float(fault["restore_t"])]
+    if any(m is None for m in marks):
+        return None
+    points = [float(m) for m in marks if m is not None]
+    return {key: b - a for (key, _), a, b in zip(PHASES, points[:-1], points[1:], strict=True)}
+
+
+def _cairn_phases(runs: list[dict[str, Any]], kind: str, fault_times: list[float]) -> str:
+    """Cairn's median per phase, and each run's slowest rank's process start to its
+    train function's first line (Ray worker start + imports)."""
+    samples: dict[str, list[float]] = {key: [] for key, _ in PHASES}
+    spawn: list[float] = []
     for run, fault_t in zip(runs, fault_times, strict=True):
-        if not run.get("run_path"):
-            continue
-        events = _harness.read_run_events(run["run_path"])
-        for kind in labels:
-            # The failure is the fault's attempt's; the others the attempt after it.
-            wanted = attempt - 1 if kind == "failure" else attempt
-            times = [float(e["t"]) for e in events
-                     if e.get("type") == kind and e.get("attempt") == wanted]
-            if times:
-                samples[kind].append(min(times) - fault_t)
-    parts = [f"{label} +{_harness.median(samples[kind]):.2f}"
-             for kind, label in labels.items() if samples[kind]]
-    return ("Cairn: " + ", ".join(parts) + " s") if parts else ""
+        phases = _cairn_run_phases(run, run[kind], fault_t)
+        if phases is not None:
+            for key, value in phases.items():
+                samples[key].append(value)
+        starts = [float(r["first_line_t"]) - float(r["process_start_t"])
+                  for r in run[kind]["ranks"] if r.get("process_start_t")]
+        if starts:
+            spawn.append(max(starts))
+    parts = [f"{label} {_harness.median(samples[key]):.2f}"
+             for key, label in PHASES if samples[key]]
+    if spawn:
+        parts.append(f"(a rank's process start to its train function: {_list(spawn)})")
+    return ("Cairn phases (median s): " + ", ".join(parts)) if parts else ""
 
 
 def _figures(kind: str, result: dict[str, Any],
@@ -263,11 +312,11 @@ def _figures(kind: str, result: dict[str, Any],
                    else [float(m["t"]) for m in removals])
     times = [float(f["restore_t"]) - t for f, t in zip(faults, fault_times, strict=True)]
     behind = [int(f["last_reported_step"]) - int(f["resumed_from_step"]) for f in faults]
-    attempt = int(faults[0]["attempt"]) if faults else 1
     figures: dict[str, Any] = {"times": times, "behind": behind,
-                               "phases": _cairn_phases(runs, fault_times, attempt)}
+                               "phases": _cairn_phases(runs, kind, fault_times)}
     if kind == "node_loss":
         figures["remove_s"] = [float(m["remove_s"]) for m in removals]
+        figures["load"] = [float(m["load"]) for m in removals]
     return figures
 
 
@@ -275,7 +324,8 @@ def _list(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values)
 
 
-def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row]:
+def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int,
+          warm_standby: bool = False) -> list[Row]:
     cairn, ray = sides.get("cairn"), sides.get("ray")
 
     def value(side: dict[str, Any] | None, key: str = "times") -> float | None:
@@ -286,6 +336,8 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
 
     listed = "; ".join(p for p in (runs("Cairn", cairn), runs("Ray", ray)) if p)
     note = f"median of {repeats} ({listed} s)"
+    if warm_standby and cairn is not None:
+        note += "; Cairn with FailureConfig(warm_standby=True)"
     if kind == "startup":
         connects = [f"{name} {side['connect_s']:.2f}" for name, side in
                     (("Cairn", cairn), ("Ray", ray)) if side is not None]
@@ -305,9 +357,17 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
     if cairn is not None and cairn["phases"]:
         extra.append(cairn["phases"])
     if kind == "node_loss":
-        removes = "; ".join(f"{name} {_list(side['remove_s'])}" for name, side in
-                            (("Cairn", cairn), ("Ray", ray)) if side is not None)
+        named = [(name, side) for name, side in (("Cairn", cairn), ("Ray", ray))
+                 if side is not None]
+        removes = "; ".join(f"{name} {_list(side['remove_s'])}" for name, side in named)
         extra.append(f"remove_node itself took {removes} s")
+        extra.append("worst " + ", ".join(f"{name} {max(side['times']):.2f}"
+                                          for name, side in named) + " s")
+        if cairn is not None and ray is not None:
+            ratio = max(cairn["times"]) / _harness.median(ray["times"])
+            extra.append(f"Cairn's worst / Ray's median {ratio:.2f}")
+        loads = "; ".join(f"{name} {_list(side['load'])}" for name, side in named)
+        extra.append(f"1-min load average at each removal: {loads}")
     rows = [Row(benchmark=BENCHMARK, metric=metric, cairn=value(cairn), reference=value(ray),
                 note="; ".join([note, *extra]))]
 
@@ -322,29 +382,61 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int) -> list[Row
     return rows
 
 
+def _merge(side: dict[str, Any] | None, result: dict[str, Any],
+           removals: list[dict[str, Any]]) -> dict[str, Any]:
+    """One more child's runs and removals on a library's side."""
+    if side is None:
+        return {"result": {**result, "runs": list(result["runs"])},
+                "connects": [float(result["connect_s"])], "removals": list(removals)}
+    side["result"]["runs"].extend(result["runs"])
+    side["connects"].append(float(result["connect_s"]))
+    side["removals"].extend(removals)
+    return side
+
+
 def measure(args: Any) -> list[Row]:
-    repeats = 1 if getattr(args, "quick", False) else 3
+    repeats = getattr(args, "repeats", None) or (1 if getattr(args, "quick", False) else 3)
     libraries = ["cairn"] if getattr(args, "no_ray", False) else ["cairn", "ray"]
     sides: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
+    merged: dict[str, dict[str, Any]] = {}
     errors: list[Row] = []
+    failed: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="cairn-bench-ray-cluster-") as tmp:
         logger.info("starting a %d-node Ray cluster", NUM_NODES)
         cluster = _Cluster()
         try:
             logger.info("cluster up in %.1f s at %s", cluster.start_s, cluster.address)
-            for library in libraries:
-                try:
-                    cluster.restore()
-                    result, removals = run_side(cluster, library, repeats, Path(tmp, library))
-                    for kind in KINDS:
-                        sides[kind][library] = _figures(kind, result, removals)
-                except Exception as exc:  # one side failing must not lose the other
-                    logger.exception("%s failed", library)
-                    errors.append(_harness.error_row(
-                        BENCHMARK, exc, metric=f"{_side_name(library)} error"))
+            # One run a side per round, the order alternating between rounds, so that a
+            # change in the machine's load falls on both sides alike.
+            for index in range(repeats):
+                order = libraries if index % 2 == 0 else libraries[::-1]
+                for library in order:
+                    if library in failed:
+                        continue
+                    try:
+                        cluster.restore()
+                        result, removals = run_side(
+                            cluster, library, 1, Path(tmp, library, f"round{index}"),
+                            warm_standby=bool(getattr(args, "warm_standby", False)))
+                        merged[library] = _merge(merged.get(library), result, removals)
+                    except Exception as exc:  # one side failing must not lose the other
+                        logger.exception("%s failed", library)
+                        failed.add(library)
+                        errors.append(_harness.error_row(
+                            BENCHMARK, exc, metric=f"{_side_name(library)} error"))
         finally:
             cluster.shutdown()
-    rows = [row for kind in KINDS if sides[kind] for row in _rows(kind, sides[kind], repeats)]
+        # Read while the runs' event logs (under tmp) still exist.
+        if os.environ.get("CAIRN_BENCH_RAY_CLUSTER_DUMP"):  # every run's raw times, as JSON
+            Path(os.environ["CAIRN_BENCH_RAY_CLUSTER_DUMP"]).write_text(
+                json.dumps(merged, indent=1), encoding="utf-8")
+        for library, side in merged.items():
+            side["result"]["connect_s"] = _harness.median(side["connects"])
+            for kind in KINDS:
+                sides[kind][library] = _figures(kind, side["result"], side["removals"])
+    standby = bool(getattr(args, "warm_standby", False))
+    rows = [row for kind in KINDS if sides[kind]
+            for row in _rows(kind, sides[kind], repeats, standby)]
     return rows + errors
 
 
@@ -366,8 +458,29 @@ def run(args: Any = None) -> list[Row]:
         return [_harness.error_row(BENCHMARK, exc)]
 
 
+def _own_options(argv: list[str] | None) -> tuple[list[str], Any]:
+    """This module's own options (``--repeats N``, ``--warm-standby``) and the rest."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="runs a side (default 3, 1 with --quick)")
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="Cairn's side with FailureConfig(warm_standby=True)")
+    own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if own.repeats is not None and own.repeats < 1:
+        raise SystemExit(f"--repeats {own.repeats}: give at least 1 run a side")
+    return rest, own
+
+
 def main(argv: list[str] | None = None) -> int:
-    return _module.module_main(__doc__, run, argv)
+    rest, own = _own_options(argv)
+
+    def run_with_options(args: Any) -> list[Row]:
+        args.repeats, args.warm_standby = own.repeats, own.warm_standby
+        return run(args)
+
+    return _module.module_main(__doc__, run_with_options, rest)
 
 
 if __name__ == "__main__":

@@ -23,5 +23,7 @@ def make_backend(scaling: ScalingConfig, run_config: RunConfig) -> WorkerBackend
                 "ScalingConfig(backend='ray') needs Ray: pip install 'cairn-train[ray]' "
                 f"(import failed: {exc})."
             ) from exc
-        return RayBackend(scaling, env=run_config.worker_env)
+        failure = run_config.failure_config
+        return RayBackend(scaling, env=run_config.worker_env,
+                          warm_standby=failure.warm_standby and failure.max_failures != 0)
     raise ConfigError(f"ScalingConfig.backend={scaling.backend!r} is not one of 'local', 'ray'.")

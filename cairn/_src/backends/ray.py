@@ -23,9 +23,13 @@ lost node grows back to ``max_workers`` at a later restart once capacity has ret
 Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
 first bundle), so node rank, local rank and local world size describe the real machines.
 
-The driver's ``sys.path`` travels in ``PYTHONPATH`` so that a train function pickled by
-reference imports in the actor, as with the local backend; on a multi-node cluster ship
-the code with Ray's ``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``).
+The driver's ``sys.path`` travels to the actor, which puts it first on its own (and in
+``PYTHONPATH`` for its subprocesses) so that a train function pickled by reference
+imports, as with the local backend; on a multi-node cluster ship the code with Ray's
+``runtime_env`` (``ray.init(runtime_env={"working_dir": ...})``). Cairn's variables are
+set by the actor too: an actor without a runtime environment can run in a worker process
+Ray prestarted. ``FailureConfig(warm_standby=True)`` keeps spare actors booted while an
+attempt trains, for the next attempt (:mod:`ray_standby`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cairn._src.backends.protocol import WorkerHandle
+from cairn._src.backends.ray_resources import (
+    count_fitting,
+    describe_shortfall,
+    format_resources,
+    worker_bundle,
+)
+from cairn._src.backends.ray_standby import RayStandby
 from cairn._src.config.run import ScalingConfig
 from cairn._src.errors import ConfigError, PlacementTimeoutError
 from cairn._src.wire.bootstrap import Bootstrap
@@ -59,8 +70,6 @@ _PLACEMENT_NOTICE_S = 5.0
 # then is held up by resources in use (another job, this run's previous group still
 # being released), and the next smaller size is tried.
 _PROBE_S = 5.0
-# Resources every node advertises that a worker's bundle never asks for.
-_BOOKKEEPING = ("memory", "object_store_memory")
 
 
 def read_placement_timeout() -> float:
@@ -83,11 +92,30 @@ class _WorkerActor:
     def describe(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def run(self, boot: dict[str, Any], env: dict[str, str]) -> int:
+    def warm(self, modules: list[str], path: list[str]) -> tuple[int, str]:
+        """A warm standby spare's imports, done before a rank runs here (ray_standby)."""
+        import importlib
+
+        import cairn._src.worker.main  # noqa: F401
+
+        sys.path[:0] = [entry for entry in path if entry not in sys.path]
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # the train function's own import says what is wrong
+                logger.debug("Could not preload %s: %s", name, exc)
+        return self.describe()
+
+    def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str]) -> int:
+        # Set here rather than in a runtime environment, so that Ray can start the actor
+        # in one of its prestarted worker processes (see RayBackend.start).
+        os.environ.update(env)
+        # The driver's sys.path, so that a train function pickled by reference imports.
+        missing = [entry for entry in path if entry not in sys.path]
+        sys.path[:0] = missing
         from cairn._src.backends.ray_drain import DrainNotice, drain_poll_s
         from cairn._src.worker.main import run_from_bootstrap
 
-        os.environ.update(env)
         # A drain of this node is the preemption notice; one worker per node watches.
         notices = (DrainNotice(ray.get_runtime_context().get_node_id(),
                                drain_poll_s(dict(os.environ)))
@@ -191,100 +219,6 @@ class RayWorker:
         return self.exit_watcher.wait(timeout)
 
 
-def _format_resources(resources: dict[str, float]) -> str:
-    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items())) or "none"
-
-
-def describe_shortfall(bundle: dict[str, float], num_workers: int, strategy: str,
-                       nodes: list[dict[str, Any]], available: dict[str, float]) -> str:
-    """What the cluster lacks to place ``num_workers`` bundles: a sentence for an error.
-
-    ``nodes`` are ``ray.nodes()`` entries, ``available`` is ``ray.available_resources()``.
-    """
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    total: dict[str, float] = {}
-    for resources in alive:
-        for name, value in resources.items():
-            total[name] = total.get(name, 0.0) + float(value)
-    wanted = {name: value for name, value in bundle.items() if value > 0}
-    problems = []
-    absent = sorted(name for name in wanted if total.get(name, 0.0) <= 0)
-    if absent:
-        problems.append("no node has " + ", ".join(repr(name) for name in absent))
-    short = {name: value * num_workers for name, value in wanted.items()
-             if name not in absent and value * num_workers > total.get(name, 0.0) + 1e-9}
-    if short:
-        problems.append("the workers need " + _format_resources(short) + " in all, the cluster "
-                        "has " + _format_resources({n: total.get(n, 0.0) for n in short}))
-    fitting = sum(all(float(r.get(name, 0.0)) + 1e-9 >= value for name, value in wanted.items())
-                  for r in alive)
-    if not absent and fitting == 0:
-        problems.append("no node is large enough for one worker")
-    elif strategy == "STRICT_SPREAD" and fitting < num_workers:
-        problems.append(f"STRICT_SPREAD needs {num_workers} nodes that fit a worker, the cluster "
-                        f"has {fitting}")
-    everything = {name: value * num_workers for name, value in wanted.items()}
-    if strategy == "STRICT_PACK" and not problems and not any(
-            all(float(r.get(n, 0.0)) + 1e-9 >= v for n, v in everything.items())
-            for r in alive):
-        problems.append("STRICT_PACK needs one node with " + _format_resources(everything))
-    if not problems:
-        busy = {name: value for name, value in everything.items()
-                if available.get(name, 0.0) + 1e-9 < value}
-        problems.append("the resources exist but are in use: available now "
-                        + _format_resources({n: available.get(n, 0.0) for n in busy or wanted})
-                        + " (other runs or actors hold the rest, or a lost node has not been "
-                        "replaced yet)")
-    cluster = {n: v for n, v in total.items()
-               if n not in _BOOKKEEPING and not n.startswith("node:")}
-    return (f"{'; '.join(problems)}. The cluster has {len(alive)} alive "
-            f"{'node' if len(alive) == 1 else 'nodes'} with {_format_resources(cluster)}")
-
-
-def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str, Any]],
-                  available: dict[str, float] | None = None) -> int:
-    """How many ``bundle``s the alive ``nodes`` (``ray.nodes()`` entries) can hold at
-    once under ``strategy``, from each node's total resources; with ``available``
-    (``ray.available_resources()``) also at most what is free in the whole cluster now.
-
-    An upper bound, not a promise: Ray reports free resources per cluster, not per node,
-    so a placement of this many may still wait for resources in use. ``2**31`` when the
-    bundle asks for nothing.
-    """
-    wanted = {name: value for name, value in bundle.items() if value > 0}
-    unbounded = 2 ** 31
-
-    def fits(resources: dict[str, Any]) -> int:
-        counts = [math.floor(float(resources.get(name, 0.0)) / value + 1e-9)
-                  for name, value in wanted.items()]
-        return min(counts, default=unbounded)
-
-    per_node = [fits(n.get("Resources", {})) for n in nodes if n.get("Alive")]
-    if strategy == "STRICT_SPREAD":
-        count = sum(1 for c in per_node if c >= 1)
-    elif strategy == "STRICT_PACK":
-        count = max(per_node, default=0)
-    else:
-        count = min(sum(per_node), unbounded)
-    if available is not None:
-        count = min(count, fits(available))
-    return count
-
-
-def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
-    """The resources one worker's placement bundle holds."""
-    if scaling.resources_per_worker:
-        bundle = dict(scaling.resources_per_worker)
-    else:
-        bundle = {"CPU": 1.0}
-        if scaling.use_gpu:
-            bundle["GPU"] = 1.0
-    # accelerator_type travels as Ray Train's custom resource, so the placement group
-    # only lands on nodes that have that accelerator.
-    bundle.update(scaling.additional_resources_per_worker)
-    return bundle
-
-
 class RayBackend:
     """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
 
@@ -292,7 +226,7 @@ class RayBackend:
     bind_host = "0.0.0.0"
 
     def __init__(self, scaling: ScalingConfig, *, env: dict[str, str] | None = None,
-                 placement_timeout_s: float | None = None) -> None:
+                 placement_timeout_s: float | None = None, warm_standby: bool = False) -> None:
         self._scaling = scaling
         self._env = env or {}
         # The environment is read at each start of the group (a restart may need to wait
@@ -302,6 +236,10 @@ class RayBackend:
             read_placement_timeout()
         self.workers: list[RayWorker] = []
         self._group: PlacementGroup | None = None
+        # FailureConfig(warm_standby=True): spare actors, and what the last start asked for
+        # (the bundle, the modules to preload, the group's size) to prepare them.
+        self._standby = RayStandby(_WorkerActor) if warm_standby else None
+        self._last_start: tuple[dict[str, float], list[str], int] | None = None
 
     def advertise_host(self) -> str:
         self._ensure_ray()
@@ -322,7 +260,7 @@ class RayBackend:
         fewest = (f", the fewest of num_workers=({bounds[0]}, {bounds[1]})"
                   if bounds is not None and bounds[0] < bounds[1] else "")
         return (f"{num_workers} {'worker' if num_workers == 1 else 'workers'} "
-                f"({_format_resources(bundle)} each, strategy "
+                f"({format_resources(bundle)} each, strategy "
                 f"{self._scaling.placement_strategy}{fewest})")
 
     def _try_place(self, bundle: dict[str, float], num_workers: int,
@@ -414,6 +352,7 @@ class RayBackend:
         timeout_s = (read_placement_timeout() if self._placement_timeout_s is None
                      else self._placement_timeout_s)
         self._ensure_ray()
+        started = time.monotonic()
         bundle = self._bundle()
         low = min(self._scaling.min_workers, num_workers)
         if low < num_workers:
@@ -421,24 +360,42 @@ class RayBackend:
             num_workers = group.bundle_count
         else:
             group = self._place(bundle, num_workers, timeout_s)
-        path = os.pathsep.join(p for p in sys.path if p)
-        # One runtime environment for every actor (Ray sets up each distinct one apart);
-        # the per-rank variables are set by the actor itself once its rank is known.
-        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
-                    "CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": str(num_workers)}
+        logger.debug("Ray placement group of %d bundles ready in %.2fs", num_workers,
+                     time.monotonic() - started)
+        path = [p for p in sys.path if p]
+        # The actor sets these variables itself as its run starts (with the per-rank ones,
+        # known then), in the driver's sys.path order. No runtime environment unless
+        # RunConfig.worker_env asks for variables set at the process's start: an actor
+        # with one never runs in a worker process Ray prestarted (Ray starts a fresh one
+        # through its runtime environment agent, seconds on a loaded node, at Ray's low
+        # worker priority), and the attempt's own variables (MASTER_PORT) would make
+        # each attempt's environment a new one.
+        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
+                    "CAIRN_WORLD_SIZE": str(num_workers)}
+        spares = self._spares_for(group, bundle, num_workers)
+        preload = [m for m in base_env.get("CAIRN_PRELOAD", "").split(",") if m.strip()]
+        self._last_start = (bundle, preload, num_workers)
         actors = []
         for index in range(num_workers):
+            spare = spares[index]
+            if spare is not None:
+                actors.append(spare)
+                continue
             options: dict[str, Any] = {
                 "num_cpus": bundle.get("CPU", 0.0),
                 "num_gpus": bundle.get("GPU", 0.0),
                 "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=index),
-                "runtime_env": {"env_vars": base_env},
                 "max_restarts": 0,
             }
+            if self._env:
+                options["runtime_env"] = {"env_vars": dict(self._env)}
             actors.append(_WorkerActor.options(**options).remote())  # type: ignore[attr-defined]
         described = self._describe(actors, timeout_s)
+        logger.debug("%d Ray worker actors started in %.2fs", num_workers,
+                     time.monotonic() - started)
         # Ranks on one node are contiguous, nodes in the order of their first bundle.
         node_order: dict[str, int] = {}
         for _, _, node_id in described:
@@ -451,12 +408,34 @@ class RayBackend:
         for rank, (actor, (_, pid, node_id)) in enumerate(placed):
             local_rank = local_ranks.get(node_id, 0)
             local_ranks[node_id] = local_rank + 1
-            rank_env = {"CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
+            rank_env = {**base_env, "CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
                         "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}
-            ref = actor.run.remote(bootstrap.body(rank), rank_env)
+            ref = actor.run.remote(bootstrap.body(rank), rank_env, path)
             self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
+        if any(spare is not None for spare in spares):
+            # Spares used up: new ones boot now, while this attempt restores, ready for a
+            # failure soon after it (a restart's first report may come too late for that).
+            self.prepare_standby()
         return list(self.workers)
+
+    def _spares_for(self, group: PlacementGroup, bundle: dict[str, float],
+                    num_workers: int) -> list[Any | None]:
+        """For each bundle, the warm standby actor on its node, if one is there."""
+        if self._standby is None or not RayStandby.applies(bundle):
+            return [None] * num_workers
+        try:
+            table = ray.util.placement_group_table(group)
+            nodes = {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()}
+        except Exception as exc:
+            logger.debug("No bundle nodes for the placement group: %s", exc)
+            return [None] * num_workers
+        spares = [self._standby.take(nodes[i]) if i in nodes else None
+                  for i in range(num_workers)]
+        if any(spare is not None for spare in spares):
+            logger.info("Running %d of %d ranks in warm standby Ray actors",
+                        sum(spare is not None for spare in spares), num_workers)
+        return spares
 
     def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:
         """(bundle index, pid, node id) of each actor once it runs, in bundle order.
@@ -512,8 +491,32 @@ class RayBackend:
         self.shutdown(grace_s=0.0)
 
     def prepare_standby(self) -> None:
-        """Nothing: Ray places the next attempt's actors itself (FailureConfig.warm_standby
-        applies to the local backend only)."""
+        """With warm standby, start the spares for the next attempt (at this attempt's
+        first report): one per rank on the group's nodes, and one on each other alive node
+        that fits a worker, up to one more in all than the group has."""
+        if self._standby is None or self._last_start is None:
+            return
+        bundle, preload, num_workers = self._last_start
+        if not RayStandby.applies(bundle):
+            return
+        wanted: dict[str, int] = {}
+        for worker in self.workers:
+            if worker.pid >= 0:
+                wanted[worker.node_id] = wanted.get(worker.node_id, 0) + 1
+        try:
+            others = [str(n["NodeID"]) for n in ray.nodes()  # type: ignore[no-untyped-call]
+                      if n.get("Alive") and count_fitting(bundle, "PACK", [n]) > 0]
+        except Exception as exc:
+            logger.debug("Could not list the Ray nodes for warm standby: %s", exc)
+            others = []
+        for node_id in others:
+            if sum(wanted.values()) > num_workers:
+                break
+            wanted.setdefault(node_id, 1)
+        self._standby.prepare(wanted, {"env_vars": dict(self._env)} if self._env else None,
+                              preload, [p for p in sys.path if p])
 
     def stop_standby(self) -> None:
-        """Nothing: this backend keeps no spare workers."""
+        """The run is over: the spare actors go too."""
+        if self._standby is not None:
+            self._standby.stop()

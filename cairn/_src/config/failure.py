@@ -24,7 +24,8 @@ class FailureConfig:
       with its imports done (``torch`` for :class:`cairn.torch.TorchTrainer`) while the
       attempt trains, and hands the next attempt to them after a failure: a restart skips
       interpreter start-up and imports. Costs one idle process per rank (no effect with
-      ``max_failures=0`` or the Ray backend).
+      ``max_failures=0``). The Ray backend keeps spare actors instead (one per rank on the
+      group's nodes and one on another node; none for GPU workers).
     * ``keep_survivors``: when one rank fails (raises, exits, is killed), the local
       backend keeps the other ranks' processes: their train functions are stopped (at
       their next ``report()`` or collective, or by the failed collective itself), their

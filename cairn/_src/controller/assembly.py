@@ -126,7 +126,7 @@ def _data_ingest(spec: TrainSpec, scaling: ScalingConfig) -> DataIngest | None:
         return None
 
     def cpus_per_worker() -> float:
-        from cairn._src.backends.ray import worker_bundle
+        from cairn._src.backends.ray_resources import worker_bundle
 
         return float(worker_bundle(scaling).get("CPU", 0.0))
 

@@ -59,3 +59,40 @@ def test_keep_survivors_restarts_the_whole_group_on_ray(
     assert result.return_value["start"] == 2
     assert result.goodput.failures == 1
     assert "kept ranks" not in caplog.text
+
+
+@pytest.mark.parametrize("worker_env", [None, {"CAIRN_TEST_VAR": "x"}])
+def test_actors_get_cairn_variables_without_a_runtime_environment(
+    run_config: Callable[..., cairn.RunConfig], worker_env: dict[str, str] | None,
+) -> None:
+    # Cairn's own variables (and the attempt's) are set by the actor as its run starts: an
+    # actor with a runtime environment never runs in a worker process Ray prestarted. Only
+    # RunConfig.worker_env, meant for the process's start, travels in one.
+    names = ["CAIRN_WORKER", "CAIRN_WORLD_SIZE", "CAIRN_RANK", "CAIRN_TEST_VAR"]
+    result = cairn.Trainer(
+        ray_workloads.environment, train_loop_config={"names": names},
+        scaling_config=cairn.ScalingConfig(num_workers=2, backend="ray"),
+        run_config=run_config(worker_env=worker_env),
+    ).fit()
+    seen = result.return_value
+    assert seen["runtime_env_vars"] == (worker_env or {})
+    assert seen["environ"] == {"CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": "2", "CAIRN_RANK": "0",
+                               "CAIRN_TEST_VAR": (worker_env or {}).get("CAIRN_TEST_VAR")}
+    assert seen["pythonpath_set"]
+
+
+def test_warm_standby_runs_the_next_attempt_in_spare_actors(
+    run_config: Callable[..., cairn.RunConfig],
+) -> None:
+    # FailureConfig(warm_standby=True) on Ray: spare actors start at the first report and
+    # preload CAIRN_PRELOAD; after rank 1's exit the next attempt runs in them.
+    result = cairn.Trainer(
+        ray_workloads.standby,
+        scaling_config=cairn.ScalingConfig(num_workers=2, backend="ray"),
+        run_config=run_config(worker_env={"CAIRN_PRELOAD": "standby_marker"},
+                              failure_config=cairn.FailureConfig(max_failures=1,
+                                                                 warm_standby=True)),
+    ).fit()
+    assert result.goodput.failures == 1
+    assert result.return_value["attempt"] == 1
+    assert result.return_value["preloaded"] is True

@@ -26,7 +26,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
-from cairn._src.backends.ray import PLACEMENT_TIMEOUT_ENV, count_fitting
+from cairn._src.backends.ray import PLACEMENT_TIMEOUT_ENV
+from cairn._src.backends.ray_resources import count_fitting
 
 from . import cluster_workloads, elastic_workloads
 from .conftest import RayCluster

@@ -58,11 +58,14 @@ def wait_for_files(paths: list[str], stop: threading.Event, timeout: float = 240
     return True
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize(("workers", "warm_standby"), [(2, False), (3, False), (2, True)])
 def test_node_removed_mid_run_restarts_and_resumes(
-    workers: int, cluster: RayCluster, run_config: RunConfigFactory, scratch: str,
+    workers: int, warm_standby: bool, cluster: RayCluster, run_config: RunConfigFactory,
+    scratch: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = run_config(failure_config=FailureConfig(max_failures=1))
+    caplog.set_level(logging.INFO, logger="cairn._src.backends.ray")
+    config = run_config(failure_config=FailureConfig(max_failures=1,
+                                                     warm_standby=warm_standby))
     waits = _PlacementWaitSeen()
     logging.getLogger("cairn._src.backends.ray").addHandler(waits)
     outcome: dict[str, Any] = {}
@@ -119,6 +122,8 @@ def test_node_removed_mid_run_restarts_and_resumes(
         assert json.load(open(os.path.join(scratch, f"resumed_1_{rank}"))) == HOLD_AT + 1
         assert json.load(open(os.path.join(scratch, f"node_1_{rank}"))) != nodes[lost]
     assert result.metrics == {"step": 3}
+    # With warm standby, the restart ran both ranks in the spares on the nodes left.
+    assert ("Running 2 of 2 ranks in warm standby Ray actors" in caplog.text) == warm_standby
 
 
 def read_events(directory: str) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -14,9 +15,9 @@ from cairn import ScalingConfig, Trainer
 from cairn._src.backends.ray import (
     PLACEMENT_TIMEOUT_ENV,
     PlacementTimeoutError,
-    describe_shortfall,
     read_placement_timeout,
 )
+from cairn._src.backends.ray_resources import describe_shortfall
 
 from . import cluster_workloads
 from .conftest import RayCluster
@@ -153,8 +154,8 @@ def test_actors_that_do_not_start_fail_with_a_bounded_wait(
     cluster: RayCluster, run_config: RunConfigFactory, monkeypatch: pytest.MonkeyPatch,
     tmp_path: os.PathLike[str],
 ) -> None:
-    # Every worker's interpreter hangs as it starts (a sitecustomize on its PYTHONPATH,
-    # which the driver's sys.path becomes) until the test releases it.
+    # Every worker's interpreter hangs as it starts (a sitecustomize on the PYTHONPATH
+    # that RunConfig.worker_env sets as the process starts) until the test releases it.
     hook = os.path.join(os.fspath(tmp_path), "hook")
     os.makedirs(hook)
     with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
@@ -169,7 +170,9 @@ def test_actors_that_do_not_start_fail_with_a_bounded_wait(
                                  rf"with {PLACEMENT_TIMEOUT_ENV}=<seconds>\."):
             Trainer(cluster_workloads.placement_facts, train_loop_config={"scratch": "-"},
                     scaling_config=ScalingConfig(num_workers=3, backend="ray"),
-                    run_config=run_config(worker_env={"CAIRN_TEST_HOLD_START": release})).fit()
+                    run_config=run_config(worker_env={
+                        "CAIRN_TEST_HOLD_START": release,
+                        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})).fit()
     finally:
         open(release, "w").close()
     whole = placement_group([{"CPU": 1}] * 3)

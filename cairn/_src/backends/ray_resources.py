@@ -1,0 +1,106 @@
+"""What a Ray worker asks for, and what a cluster can hold: pure logic on ``ray.nodes()``
+and ``ray.available_resources()`` entries, for placement and its error messages."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cairn._src.config.run import ScalingConfig
+
+# Resources every node advertises that a worker's bundle never asks for.
+_BOOKKEEPING = ("memory", "object_store_memory")
+
+
+def format_resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(resources.items())) or "none"
+
+
+def describe_shortfall(bundle: dict[str, float], num_workers: int, strategy: str,
+                       nodes: list[dict[str, Any]], available: dict[str, float]) -> str:
+    """What the cluster lacks to place ``num_workers`` bundles: a sentence for an error.
+
+    ``nodes`` are ``ray.nodes()`` entries, ``available`` is ``ray.available_resources()``.
+    """
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    total: dict[str, float] = {}
+    for resources in alive:
+        for name, value in resources.items():
+            total[name] = total.get(name, 0.0) + float(value)
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    problems = []
+    absent = sorted(name for name in wanted if total.get(name, 0.0) <= 0)
+    if absent:
+        problems.append("no node has " + ", ".join(repr(name) for name in absent))
+    short = {name: value * num_workers for name, value in wanted.items()
+             if name not in absent and value * num_workers > total.get(name, 0.0) + 1e-9}
+    if short:
+        problems.append("the workers need " + format_resources(short) + " in all, the cluster "
+                        "has " + format_resources({n: total.get(n, 0.0) for n in short}))
+    fitting = sum(all(float(r.get(name, 0.0)) + 1e-9 >= value for name, value in wanted.items())
+                  for r in alive)
+    if not absent and fitting == 0:
+        problems.append("no node is large enough for one worker")
+    elif strategy == "STRICT_SPREAD" and fitting < num_workers:
+        problems.append(f"STRICT_SPREAD needs {num_workers} nodes that fit a worker, the cluster "
+                        f"has {fitting}")
+    everything = {name: value * num_workers for name, value in wanted.items()}
+    if strategy == "STRICT_PACK" and not problems and not any(
+            all(float(r.get(n, 0.0)) + 1e-9 >= v for n, v in everything.items())
+            for r in alive):
+        problems.append("STRICT_PACK needs one node with " + format_resources(everything))
+    if not problems:
+        busy = {name: value for name, value in everything.items()
+                if available.get(name, 0.0) + 1e-9 < value}
+        problems.append("the resources exist but are in use: available now "
+                        + format_resources({n: available.get(n, 0.0) for n in busy or wanted})
+                        + " (other runs or actors hold the rest, or a lost node has not been "
+                        "replaced yet)")
+    cluster = {n: v for n, v in total.items()
+               if n not in _BOOKKEEPING and not n.startswith("node:")}
+    return (f"{'; '.join(problems)}. The cluster has {len(alive)} alive "
+            f"{'node' if len(alive) == 1 else 'nodes'} with {format_resources(cluster)}")
+
+
+def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str, Any]],
+                  available: dict[str, float] | None = None) -> int:
+    """How many ``bundle``s the alive ``nodes`` (``ray.nodes()`` entries) can hold at
+    once under ``strategy``, from each node's total resources; with ``available``
+    (``ray.available_resources()``) also at most what is free in the whole cluster now.
+
+    An upper bound, not a promise: Ray reports free resources per cluster, not per node,
+    so a placement of this many may still wait for resources in use. ``2**31`` when the
+    bundle asks for nothing.
+    """
+    wanted = {name: value for name, value in bundle.items() if value > 0}
+    unbounded = 2 ** 31
+
+    def fits(resources: dict[str, Any]) -> int:
+        counts = [math.floor(float(resources.get(name, 0.0)) / value + 1e-9)
+                  for name, value in wanted.items()]
+        return min(counts, default=unbounded)
+
+    per_node = [fits(n.get("Resources", {})) for n in nodes if n.get("Alive")]
+    if strategy == "STRICT_SPREAD":
+        count = sum(1 for c in per_node if c >= 1)
+    elif strategy == "STRICT_PACK":
+        count = max(per_node, default=0)
+    else:
+        count = min(sum(per_node), unbounded)
+    if available is not None:
+        count = min(count, fits(available))
+    return count
+
+
+def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
+    """The resources one worker's placement bundle holds."""
+    if scaling.resources_per_worker:
+        bundle = dict(scaling.resources_per_worker)
+    else:
+        bundle = {"CPU": 1.0}
+        if scaling.use_gpu:
+            bundle["GPU"] = 1.0
+    # accelerator_type travels as Ray Train's custom resource, so the placement group
+    # only lands on nodes that have that accelerator.
+    bundle.update(scaling.additional_resources_per_worker)
+    return bundle
