@@ -70,6 +70,18 @@ def test_the_survivor_keeps_its_process_and_resumes_bit_exact(
     events = [json.loads(line) for line in _event_lines(result.path)]
     starts = [e for e in events if e["type"] == "attempt_start"]
     assert starts[-1]["kept"] == [0] and starts[-1]["replaced"] == [1]
+    # The driver chose rank 0's memory copy for rank 0 and for its replacement peer.
+    planned = {e["rank"]: e for e in events if e["type"] == "restore_planned"}
+    assert planned[0]["kind"] == "memory" and planned[0]["index"] == 2, planned
+    assert planned[1]["kind"] == "peer" and planned[1]["peer"] == 0, planned
+    restored = {e["rank"]: e for e in events if e["type"] == "restored"}
+    assert set(restored) == {0, 1}, events
+    assert restored[0]["kind"].startswith("memory"), restored
+    assert restored[1]["kind"].startswith("peer") and restored[1]["peer"] == 0, restored
+    assert restored[0]["memory_bytes"] > 0 and restored[1]["peer_bytes"] > 0
+    # From storage: only the small per-rank state the other rank wrote (its RNGs).
+    for rank in (0, 1):
+        assert restored[rank]["bytes"] < 64 * 1024, restored
 
 
 def test_two_failures_in_a_row_keep_the_survivors_each_time(

@@ -200,6 +200,13 @@ class Checkpoint:
         :class:`~cairn._src.errors.CheckpointDamagedError` before the block runs.
         """
         local = self._local_path()
+        restored = self._restore_from_copies() if local is not None else None
+        if restored is not None:
+            try:
+                yield restored
+            finally:
+                shutil.rmtree(restored, ignore_errors=True)
+            return
         if local is not None:
             if not os.path.exists(local):
                 raise CheckpointNotFoundError(
@@ -217,6 +224,26 @@ class Checkpoint:
             yield target
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+    def _restore_from_copies(self) -> str | None:
+        """A committed checkpoint on a local path, restored into a temporary directory
+        from the worker's copies of it (a kept rank's memory, a peer's: see
+        ``cairn._src.worker.memory_copy``); None where they do not hold it."""
+        copies = self._options.local_tier
+        if copies is None:
+            return None
+        manifest = self.get_manifest()
+        if manifest is None:
+            return None
+        target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
+        try:
+            if copies.restore(self._manifest_location, manifest, target, self._retry):
+                return target
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        shutil.rmtree(target, ignore_errors=True)
+        return None
 
     def _verify_local_once(self, local: str) -> None:
         where = self._manifest_location.join(MANIFEST_NAME)

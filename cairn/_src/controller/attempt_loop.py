@@ -38,15 +38,24 @@ from cairn._src.errors import ReportError
 from cairn._src.observe.driver_events import CheckpointSkipped, Reported, Uploaded, UploadFailed
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventStream
-from cairn._src.run.events import Blocked, CheckpointStarted, FirstReport, TrainStart, WorkersReady
+from cairn._src.run.events import (
+    Blocked,
+    CheckpointStarted,
+    FirstReport,
+    Restored,
+    TrainStart,
+    WorkersReady,
+)
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.wire.messages import (
     CommittedMessage,
     DoneMessage,
     ErrorMessage,
+    MemoryCopyInfo,
     ProceedMessage,
     RejectMessage,
     ReportMessage,
+    RestoredMessage,
     SetupMessage,
     StopMessage,
     StoppedMessage,
@@ -125,6 +134,8 @@ class AttemptLoop:
         self.exited: set[int] = set()
         # Ranks whose train function has ended and that wait to rejoin (keep_survivors).
         self.stopped: set[int] = set()
+        # What each stopped rank holds in memory (keep_survivors: see survivors.py).
+        self.copies: dict[int, MemoryCopyInfo | None] = {}
         self.ended: AttemptFailure | _Finished | None = None
         self._failure_deadline: float | None = None
         self._report_deadline: float | None = None
@@ -353,6 +364,13 @@ class AttemptLoop:
         elif isinstance(message, StoppedMessage):
             if message.attempt == attempt.number:
                 self.stopped.add(message.rank)
+                self.copies[message.rank] = message.memory_copy
+        elif isinstance(message, RestoredMessage):
+            parts.events.emit(Restored(
+                t=parts.clock.time(), rank=message.rank, kind=message.source,
+                index=message.report_index, peer=message.peer_rank,
+                memory_bytes=message.memory_bytes, peer_bytes=message.peer_bytes,
+                bytes=message.storage_bytes, seconds=message.seconds, reason=message.reason))
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):

@@ -7,9 +7,8 @@ The user's function runs on the worker's main thread. Around it:
 * an uploader thread runs ASYNC uploads one report after another (each with parallel file
   transfers), at most ``max_pending_uploads`` queued, beyond which ``report()`` waits.
 
-Metric-only reports are one message on the socket: they never wait for other ranks or for
-the controller.
-"""
+Metric-only reports are one message on the socket: they never wait for other ranks or the
+controller. A kept rank's memory copy of its checkpoint is :mod:`.memory_copy`'s."""
 
 from __future__ import annotations
 
@@ -57,6 +56,7 @@ from cairn._src.wire.messages import (
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import RunStorage, TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
+from cairn._src.worker.memory_copy import MemoryCopies, restore_sources, serve_copy
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
@@ -87,7 +87,8 @@ class WorkerSession:
     """State of one worker process for one attempt. Created by ``worker.main``."""
 
     def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy, *,
-                 on_controller_lost: Callable[[], None] | None = None) -> None:
+                 on_controller_lost: Callable[[], None] | None = None,
+                 memory: MemoryCopies | None = None) -> None:
         self._connection = connection
         # Called when the controller's connection drops mid-run; None: exit the process.
         self._on_controller_lost = on_controller_lost
@@ -110,8 +111,10 @@ class WorkerSession:
         # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # What this worker's transfers and the checkpoints it hands out use.
-        self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
-                                              local_tier=self._tier, fsync=setup.fsync)
+        self._memory = memory
+        self.storage_options = StorageOptions(
+            transfer=setup.transfer, retry=retry, fsync=setup.fsync,
+            local_tier=restore_sources(setup, memory, self._tier, self.send))
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -375,7 +378,7 @@ class WorkerSession:
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
             elif (writer := direct_writer(job, self._tier)) is not None:
                 message = write_direct(job, writer, answer, destination, self.rank, started,
-                                       options=self.storage_options)
+                                       options=self.storage_options, keep=self._memory)
             else:
                 if job.write is not None:
                     write_deferred(job)
@@ -507,8 +510,9 @@ class WorkerSession:
                 return
 
     def _on_committed(self, message: CommittedMessage) -> None:
-        if self._tier is not None and message.checkpoint is not None:
-            self._tier.committed(message.checkpoint.report_index)
+        for copies in (self._tier, self._memory) if message.checkpoint is not None else ():
+            if copies is not None and message.checkpoint is not None:
+                copies.committed(message.checkpoint.report_index)
         with self._state_lock:
             if message.checkpoint is not None and (
                 self._latest is None or message.checkpoint.report_index
@@ -571,7 +575,7 @@ class WorkerSession:
         self._uploader.join()
         if not self._rejoin_event.is_set():
             try:
-                self.send(StoppedMessage(self.rank, attempt))
+                self.send(StoppedMessage(self.rank, attempt, serve_copy(self._memory)))
             except OSError:
                 return None
         self._rejoin_event.wait()
