@@ -123,9 +123,10 @@ def _wait_for(config: dict[str, Any], name: str) -> None:
 def _kill_during_restore() -> None:
     """SIGKILL this rank once another rank is receiving a file of its restore (a partial
     file in a restore directory: this rank serves it)."""
-    pattern = os.path.join(tempfile.gettempdir(), "cairn-checkpoint-*", "**", "*.cairn-partial")
+    patterns = [os.path.join(root, "cairn-checkpoint-*", "**", "*.cairn-partial")
+                for root in (tempfile.gettempdir(), "/dev/shm")]
     deadline = time.time() + 60
-    while not glob.glob(pattern, recursive=True):
+    while not any(glob.glob(pattern, recursive=True) for pattern in patterns):
         if time.time() > deadline:
             raise TimeoutError("no other rank restored from this one")
         time.sleep(0.005)

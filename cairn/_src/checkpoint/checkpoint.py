@@ -235,7 +235,10 @@ class Checkpoint:
         manifest = self.get_manifest()
         if manifest is None:
             return None
-        target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
+        # Into memory (a RAM file system) where the copies say it fits.
+        scratch = getattr(copies, "scratch_directory", None)
+        target = tempfile.mkdtemp(prefix="cairn-checkpoint-", dir=scratch(
+            sum(e.size for e in manifest.files.values())) if scratch else None)
         try:
             if copies.restore(self._manifest_location, manifest, target, self._retry):
                 return target

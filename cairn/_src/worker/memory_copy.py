@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 # A peer that sends nothing for this long is taken as gone (its copy is not used).
 PEER_TIMEOUT_S = 30.0
 _CHUNK = 8 << 20
+# A RAM file system: a restore from memory is written there when it fits.
+SHARED_MEMORY = "/dev/shm"
 
 
 @dataclass(eq=False)
@@ -177,10 +180,14 @@ class _ConnectionSink:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._buffer += view
-        if len(self._buffer) >= _CHUNK:
+        if len(self._buffer) + len(view) < _CHUNK:
+            self._buffer += view  # small records (pickle, zip headers) go together
+            return len(view)
+        if self._buffer:
             self._connection.send_bytes(self._buffer)
             self._buffer = bytearray()
+        for start in range(0, len(view), _CHUNK):  # a tensor's bytes, without a copy
+            self._connection.send_bytes(view[start:start + _CHUNK])
         return len(view)
 
     def flush(self) -> None:
@@ -263,6 +270,17 @@ class RestoreSources:
         self._rank = rank
         self._fallback = fallback
         self._send = send
+
+    def scratch_directory(self, size: int) -> str | None:
+        """Where a restore of ``size`` bytes from memory is written: ``/dev/shm`` (RAM)
+        when it has room for it twice over, else None (the temporary directory)."""
+        if self._plan is None or not os.path.isdir(SHARED_MEMORY):
+            return None
+        try:
+            free = shutil.disk_usage(SHARED_MEMORY).free
+        except OSError:
+            return None
+        return SHARED_MEMORY if free > 2 * size and os.access(SHARED_MEMORY, os.W_OK) else None
 
     def restore(self, manifest_location: StorageLocation, manifest: Any, target: str,
                 retry: RetryPolicy) -> bool:
