@@ -225,6 +225,20 @@ class Checkpoint:
         finally:
             shutil.rmtree(target, ignore_errors=True)
 
+    def _verified_objects(self, names: list[str]) -> dict[str, Any] | None:
+        """The files ``names`` of this committed checkpoint as objects (deserialized, not
+        read from anywhere) from a kept rank's own memory copy, each checked against the
+        manifest's checksum; None unless the copy holds all of them verified."""
+        copies = self._options.local_tier
+        objects = getattr(copies, "verified_objects", None)
+        if objects is None:
+            return None
+        manifest = self.get_manifest()
+        if manifest is None:
+            return None
+        held = objects(self._manifest_location, manifest, names)
+        return dict(held) if held is not None else None
+
     def _restore_from_copies(self) -> str | None:
         """A committed checkpoint on a local path, restored into a temporary directory
         from the worker's copies of it (a kept rank's memory, a peer's: see

@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from copy import deepcopy
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -320,6 +321,41 @@ class RestoreSources:
             outcome.reasons.append(f"no verified copy of {sorted(rest)} in memory")
         self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes)
         return True
+
+    def verified_objects(self, manifest_location: StorageLocation, manifest: Any,
+                         names: list[str]) -> dict[str, Any] | None:
+        """A kept rank's own restore without bytes: the held state of each file of
+        ``names`` (deep copies: the copy stays as it is), when this rank's plan is its
+        memory copy, the copy holds every one of them, and each serializes again to the
+        manifest's size and checksum; None otherwise (restore from files)."""
+        plan, memory = self._plan, self._memory
+        dir_name = manifest_location.path.rstrip("/").rsplit("/", 1)[-1]
+        if (plan is None or memory is None or not plan.own_memory
+                or manifest.report_index != plan.report_index
+                or manifest_location.path != self._run.join(dir_name).path):
+            return None
+        started = time.perf_counter()
+        copy = memory.acquire(plan.report_index)
+        if copy is None:
+            return None
+        value = getattr(copy.writer, "value", None)
+        try:
+            wanted = [n for n in names if n in manifest.files]
+            if value is None or not all(n in copy.entries for n in wanted):
+                return None
+            for rel in wanted:
+                sink = HashingSink(None)
+                _serialize_into(copy, rel, sink)
+                if sink.entry() != manifest.files[rel]:
+                    logger.warning("Rank %d: the memory copy of %r does not match the "
+                                   "manifest's checksum; restoring from files", self._rank, rel)
+                    return None
+            objects = {rel: deepcopy(value(rel)) for rel in wanted}
+        finally:
+            memory.release(copy)
+        outcome = _Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
+        self._report(plan, outcome, started, storage_bytes=0)
+        return objects
 
     def _fall_back(self, manifest_location: StorageLocation, manifest: Any, target: str,
                    retry: RetryPolicy) -> bool:
