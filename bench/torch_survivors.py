@@ -55,11 +55,13 @@ def train(config: dict[str, Any]) -> None:
     start = 0
     checkpoint = cairn.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint.as_directory() as restored:
-            read = sum(os.path.getsize(os.path.join(root, name))
-                       for root, _, names in os.walk(restored) for name in names)
-            start = ct.load_training_state(restored, model=model, optimizer=optimizer).step + 1
+        manifest = checkpoint.get_manifest()
+        assert manifest is not None
+        # A restore from storage verifies (reads) every file of the checkpoint.
+        read = sum(entry.size for entry in manifest.files.values())
+        start = ct.load_training_state(checkpoint, model=model, optimizer=optimizer).step + 1
         _write(os.path.join(config["out"], f"read_{rank}"), read)
+        _write(os.path.join(config["out"], f"restored_{rank}"), time.time())
     data = torch.randn(32, 64)
     for step in range(start, CRASH_AT + 3):
         optimizer.zero_grad()
@@ -106,8 +108,25 @@ def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[flo
                             for e in restored)
         print(f"keep_survivors {size_mib} MiB: {seconds:.2f}s, restored from {sources}, "
               f"{storage_bytes} bytes from storage", flush=True)
+    print(f"{'keep' if keep else 'whole'} {size_mib} MiB: {_breakdown(result.path, read)}",
+          flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return seconds, storage_bytes
+
+
+def _breakdown(path: str, read: Any) -> str:
+    """Where the recovery's time went, from the event log and the marks of the run."""
+    events = _events(path)
+    failure = next(e["t"] for e in events if e["type"] == "failure")
+    start = [e["t"] for e in events if e["type"] == "attempt_start"][-1]
+    ready = [e["t"] for e in events if e["type"] == "workers_ready"][-1]
+    train = [e["t"] for e in events if e["type"] == "train_start"][-1]
+    restored = max(read(f"restored_{rank}") for rank in (0, 1))
+    marks = [("detect", read("crash"), failure), ("stop, replace", failure, start),
+             ("connect", start, ready), ("setup", ready, train),
+             ("model, restore", train, restored), ("first step", restored,
+                                                  read("first_step"))]
+    return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks)
 
 
 def _events(path: str) -> list[dict[str, Any]]:
