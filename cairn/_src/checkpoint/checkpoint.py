@@ -196,7 +196,9 @@ class Checkpoint:
         committed, every file is first verified against the manifest, once per process
         (see :mod:`.verified`: a later call re-reads only when a file's size, modification
         time or inode changed). A remote one is downloaded (and verified when committed)
-        to a temporary directory that is deleted when the block exits. Damage raises a
+        to a temporary directory that is deleted when the block exits; so is a checkpoint
+        that a rank kept after a failure (``keep_survivors``) restores from its own or a
+        peer's memory copy (verified against the manifest). Damage raises a
         :class:`~cairn._src.errors.CheckpointDamagedError` before the block runs.
         """
         local = self._local_path()
