@@ -46,6 +46,7 @@ def train(config: dict[str, Any]) -> None:
 
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
+    _write(os.path.join(config["out"], f"entered_{rank}"), time.time())
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.big = torch.nn.Parameter(torch.zeros(config["size_mib"] * 2**18),
@@ -53,6 +54,7 @@ def train(config: dict[str, Any]) -> None:
     model.small = torch.nn.Linear(64, 1)
     optimizer = torch.optim.SGD(model.small.parameters(), lr=0.01)
     start = 0
+    _write(os.path.join(config["out"], f"built_{rank}"), time.time())
     checkpoint = cairn.get_checkpoint()
     if checkpoint is not None:
         manifest = checkpoint.get_manifest()
@@ -126,7 +128,12 @@ def _breakdown(path: str, read: Any) -> str:
              ("connect", start, ready), ("setup", ready, train),
              ("model, restore", train, restored), ("first step", restored,
                                                   read("first_step"))]
-    return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks)
+    ranks = "; ".join(
+        f"rank {rank}: enter {read(f'entered_{rank}') - train:.2f}, model "
+        f"{read(f'built_{rank}') - read(f'entered_{rank}'):.2f}, restore "
+        f"{read(f'restored_{rank}') - read(f'built_{rank}'):.2f}" for rank in (0, 1))
+    return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks) + (
+        f" ({ranks})")
 
 
 def _events(path: str) -> list[dict[str, Any]]:
