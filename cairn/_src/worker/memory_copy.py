@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -218,7 +219,7 @@ class PeerServer:
         while True:
             try:
                 connection = self._listener.accept()
-            except OSError:
+            except (OSError, EOFError, AuthenticationError):
                 continue  # a client that failed authentication, or went away
             try:
                 self._answer(connection)
@@ -391,7 +392,7 @@ class RestoreSources:
         got: set[str] = set()
         try:
             connection = Client(address, authkey=self._authkey)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, AuthenticationError) as exc:
             outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
             return got
         try:
