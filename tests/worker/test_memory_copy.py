@@ -62,6 +62,17 @@ def test_a_copy_is_kept_from_its_commit_until_a_later_one_and_freed_after_its_re
     assert second.closed and copies.info() is None
 
 
+def test_an_uncommitted_copy_of_a_report_written_again_is_freed() -> None:
+    copies = MemoryCopies(KEY, None)
+    lost, again = Writer({"a": b"1"}), Writer({"a": b"2"})
+    copies.hold(5, lost, {"a": entry(b"1")})  # written, then the attempt failed
+    copies.hold(5, again, {"a": entry(b"2")})
+    assert lost.closed and not again.closed
+    copies.committed(5)
+    held = copies.acquire(5)
+    assert held is not None and held.writer is again
+
+
 def _manifest(files: dict[str, bytes], index: int) -> Manifest:
     return Manifest(files={rel: entry(data) for rel, data in files.items()},
                     report_index=index)

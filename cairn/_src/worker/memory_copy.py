@@ -86,7 +86,13 @@ class MemoryCopies:
         if retain is None or not retain():
             return False
         with self._lock:
+            # An uncommitted copy of the same report index (written before a failure,
+            # never committed) is replaced.
+            replaced = self._pending.pop(report_index, None)
             self._pending[report_index] = _Copy(report_index, writer, dict(entries))
+            freed = replaced is not None and self._drop(replaced)
+        if freed and replaced is not None:
+            replaced.writer.close()
         return True
 
     def committed(self, report_index: int) -> None:
