@@ -4,12 +4,14 @@ the killed rank starts afresh) against today's whole-group restart, in one run, 
 training-state size. Run through ``bench/torch_recovery.py --survivors``.
 
 Each rank holds a model whose state is ``size`` MiB (one large parameter, rank 0 writes
-it: ``save_training_state``) and a small layer trained with one gloo ``all_reduce`` per
-step. One SYNC checkpoint is committed at step 1; at step 3 rank 1 writes the wall time
-and SIGKILLs itself while rank 0 waits in that step's ``all_reduce``. The next attempt
-writes the wall time once rank 0 has restored the checkpoint and both ranks completed one
-``all_reduce`` step. Also measured: the bytes the restore read from storage (the sum over
-ranks of the files ``as_directory()`` copied from the run directory).
+it: ``report_snapshot``, waited on) and a small layer trained with one gloo
+``all_reduce`` per step. One checkpoint is committed at step 1; at step 3 rank 1 writes
+the wall time and SIGKILLs itself while rank 0 waits in that step's ``all_reduce``. The
+next attempt writes the wall time once rank 0 has restored the checkpoint and both ranks
+completed one ``all_reduce`` step. Also measured: the bytes the restore read from storage,
+summed over ranks: with keep_survivors from the event log's ``restored`` records (the
+survivor restores from its memory copy, the replacement from the survivor's); for the
+whole-group restart, every file each rank restored (all from storage).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def train(config: dict[str, Any]) -> None:
 
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
+    _write(os.path.join(config["out"], f"entered_{rank}"), time.time())
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.big = torch.nn.Parameter(torch.zeros(config["size_mib"] * 2**18),
@@ -51,13 +54,16 @@ def train(config: dict[str, Any]) -> None:
     model.small = torch.nn.Linear(64, 1)
     optimizer = torch.optim.SGD(model.small.parameters(), lr=0.01)
     start = 0
+    _write(os.path.join(config["out"], f"built_{rank}"), time.time())
     checkpoint = cairn.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint.as_directory() as restored:
-            read = sum(os.path.getsize(os.path.join(root, name))
-                       for root, _, names in os.walk(restored) for name in names)
-            start = ct.load_training_state(restored, model=model, optimizer=optimizer).step + 1
+        manifest = checkpoint.get_manifest()
+        assert manifest is not None
+        # A restore from storage verifies (reads) every file of the checkpoint.
+        read = sum(entry.size for entry in manifest.files.values())
+        start = ct.load_training_state(checkpoint, model=model, optimizer=optimizer).step + 1
         _write(os.path.join(config["out"], f"read_{rank}"), read)
+        _write(os.path.join(config["out"], f"restored_{rank}"), time.time())
     data = torch.randn(32, 64)
     for step in range(start, CRASH_AT + 3):
         optimizer.zero_grad()
@@ -73,16 +79,15 @@ def train(config: dict[str, Any]) -> None:
         if attempt > 0 and step == start and rank == 0:
             _write(os.path.join(config["out"], "first_step"), time.time())
         if attempt == 0 and step == CHECKPOINT_AT:
-            with tempfile.TemporaryDirectory() as local:
-                ct.save_training_state(local, model=model, optimizer=optimizer, step=step)
-                cairn.report({"step": step}, checkpoint=cairn.Checkpoint.from_directory(local))
+            ct.report_snapshot({"step": step}, model=model, optimizer=optimizer,
+                               step=step).wait()
 
 
 def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[float, int]:
     from cairn.torch import TorchTrainer
 
     out = tempfile.mkdtemp(dir=scratch)
-    TorchTrainer(
+    result = TorchTrainer(
         train, train_loop_config={"size_mib": size_mib, "out": out},
         scaling_config=cairn.ScalingConfig(num_workers=2),
         run_config=cairn.RunConfig(
@@ -97,8 +102,47 @@ def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[flo
 
     seconds = float(read("first_step") - read("crash"))
     storage_bytes = sum(read(f"read_{rank}") for rank in (0, 1))
+    if keep:
+        restored = [e for e in _events(result.path) if e["type"] == "restored"]
+        assert len(restored) == 2, restored
+        storage_bytes = sum(int(e["bytes"]) for e in restored)
+        sources = ", ".join(f"rank {e['rank']}: {e['kind']} in {e['seconds']:.2f}s"
+                            for e in restored)
+        print(f"keep_survivors {size_mib} MiB: {seconds:.2f}s, restored from {sources}, "
+              f"{storage_bytes} bytes from storage", flush=True)
+    print(f"{'keep' if keep else 'whole'} {size_mib} MiB: {_breakdown(result.path, read)}",
+          flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return seconds, storage_bytes
+
+
+def _breakdown(path: str, read: Any) -> str:
+    """Where the recovery's time went, from the event log and the marks of the run."""
+    events = _events(path)
+    failure = next(e["t"] for e in events if e["type"] == "failure")
+    start = [e["t"] for e in events if e["type"] == "attempt_start"][-1]
+    ready = [e["t"] for e in events if e["type"] == "workers_ready"][-1]
+    train = [e["t"] for e in events if e["type"] == "train_start"][-1]
+    restored = max(read(f"restored_{rank}") for rank in (0, 1))
+    marks = [("detect", read("crash"), failure), ("stop, replace", failure, start),
+             ("connect", start, ready), ("setup", ready, train),
+             ("model, restore", train, restored), ("first step", restored,
+                                                  read("first_step"))]
+    ranks = "; ".join(
+        f"rank {rank}: enter {read(f'entered_{rank}') - train:.2f}, model "
+        f"{read(f'built_{rank}') - read(f'entered_{rank}'):.2f}, restore "
+        f"{read(f'restored_{rank}') - read(f'built_{rank}'):.2f}" for rank in (0, 1))
+    return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks) + (
+        f" ({ranks})")
+
+
+def _events(path: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    directory = os.path.join(path, "events")
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
 
 
 def run_survivors(args: Any) -> list[dict[str, Any]]:
@@ -127,7 +171,7 @@ def run_survivors(args: Any) -> list[dict[str, Any]]:
                 + (" (warm standby too)" if standby else ""),
                 "note": f"median of {runs}; kept {', '.join(f'{t:.2f}' for t in kept)} s, "
                         f"whole {', '.join(f'{t:.2f}' for t in whole)} s; restore read "
-                        f"{kept_bytes / 2**20:.0f} MiB (kept) and {whole_bytes / 2**20:.0f} "
+                        f"{kept_bytes / 2**10:.0f} KiB (kept) and {whole_bytes / 2**20:.0f} "
                         "MiB (whole) from storage",
             })
     finally:

@@ -11,10 +11,17 @@ import pytest
 from controller_fakes import FakeWorker, Harness, ReplacingFakeBackend, make_harness
 
 from cairn._src.controller.state import ControllerState
-from cairn._src.controller.survivors import plan_survivors
+from cairn._src.controller.survivors import (
+    KeptRanks,
+    plan_restores,
+    plan_survivors,
+    planned_source,
+)
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.wire.messages import (
+    MemoryCopyInfo,
     RejoinMessage,
+    RestorePlan,
     SetupMessage,
     StopMessage,
     StoppedMessage,
@@ -161,3 +168,28 @@ def test_keep_survivors_must_be_a_bool() -> None:
     with pytest.raises(cairn.ConfigError, match=r"FailureConfig\.stop_timeout_s"):
         cairn.FailureConfig(stop_timeout_s=0)
 
+
+
+def _kept(copies: dict[int, MemoryCopyInfo | None], replace: set[int]) -> KeptRanks:
+    return KeptRanks({}, frozenset(replace), copies)
+
+
+def test_the_restore_plan_uses_memory_then_peers_then_storage() -> None:
+    held = MemoryCopyInfo(4, ("127.0.0.1", 5000))
+    plans = plan_restores(4, _kept({0: held, 2: None}, {1}), 3)
+    assert plans[0] == RestorePlan(4, True, (), "its own memory copy")
+    assert plans[1].peers == ((0, "127.0.0.1", 5000),) and not plans[1].own_memory
+    assert plans[1].reason == "a replaced rank; from peer rank 0"
+    assert plans[2].reason == "it holds no snapshot in memory; from peer rank 0"
+    assert [planned_source(plans[r]) for r in range(3)] == [
+        ("memory", None), ("peer", 0), ("peer", 0)]
+
+
+def test_the_restore_plan_reads_storage_when_no_copy_is_the_latest() -> None:
+    stale = MemoryCopyInfo(3, ("127.0.0.1", 5000))
+    plans = plan_restores(4, _kept({0: stale}, {1}), 2)
+    assert plans[0].reason == ("its memory copy is of report 3; no kept rank holds report 4 "
+                               "in memory")
+    assert planned_source(plans[1]) == ("storage", None)
+    # A whole-group restart, or nothing to resume: no plan (every rank reads storage).
+    assert plan_restores(4, None, 2) == {} and plan_restores(None, _kept({}, {1}), 2) == {}

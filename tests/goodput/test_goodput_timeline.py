@@ -162,3 +162,27 @@ def test_the_rank_that_died_comes_first_in_the_failure_note() -> None:
     mark = timeline.failures[0]
     assert mark.label == "rank 2: WorkerProcessError; rank 0: RuntimeError"
     assert "(Worker rank 2 (pid 9) was killed by SIGKILL)" in mark.detail
+
+
+def test_a_lane_names_where_its_rank_restored_from() -> None:
+    events = [
+        {"type": "session_start", "t": 0.0},
+        {"type": "attempt_start", "attempt": 0, "t": 0.0},
+        {"type": "train_start", "attempt": 0, "t": 1.0},
+        {"type": "failure", "attempt": 0, "t": 5.0, "ranks": [1], "reason": "killed"},
+        {"type": "attempt_start", "attempt": 1, "t": 5.5, "kept": [0], "replaced": [1]},
+        {"type": "restored", "t": 6.0, "rank": 0, "kind": "memory", "index": 2,
+         "peer": None, "memory_bytes": 10, "peer_bytes": 0, "bytes": 0, "seconds": 0.1,
+         "reason": ""},
+        {"type": "restored", "t": 6.2, "rank": 1, "kind": "peer+storage", "index": 2,
+         "peer": 0, "memory_bytes": 0, "peer_bytes": 10, "bytes": 3, "seconds": 0.3,
+         "reason": "no verified copy of ['rank_1/rank_state.pt'] in memory"},
+        {"type": "train_start", "attempt": 1, "t": 6.5},
+        {"type": "session_end", "t": 9.0, "status": "finished"},
+    ]
+    lanes = build_timeline(events).lanes
+    assert [lane.label for lane in lanes] == [
+        "attempt 0 · rank 0", "attempt 0 · rank 1", "attempt 1 · rank 0 · from memory",
+        "attempt 1 · rank 1 · from peer rank 0+storage"]
+    assert lanes[3].as_dict()["restored_from"] == "peer rank 0+storage"
+    assert "restored_from" not in lanes[0].as_dict()

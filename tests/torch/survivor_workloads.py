@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -35,7 +37,11 @@ def _record(config: dict[str, Any], name: str, value: Any) -> None:
 def train(config: dict[str, Any]) -> dict[str, Any]:
     """A DDP model trained with an explicit all_reduce each step, snapshotted every
     ``every`` steps. ``faults`` maps an attempt to what one rank does at one step: "kill"
-    (SIGKILL while its peers wait in the step's all_reduce) or "raise"."""
+    (SIGKILL while its peers wait in the step's all_reduce) or "raise"; with "corrupt"
+    (a rank), that rank first changes its memory copy of the checkpoint (the snapshot's
+    buffers), as a bit flip would. Kind "kill_during_restore": the rank kills itself once
+    its restore is done and another rank is restoring (``ballast_mib`` of extra state
+    makes that restore long)."""
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
     _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
@@ -48,11 +54,17 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     loader = prepare_data_loader(DataLoader(_data(), batch_size=4, shuffle=True), seed=3)
     step = 0
     checkpoint = cairn.get_checkpoint()
+    fault = config.get("faults", {}).get(str(attempt))
     if checkpoint is not None:
+        if fault and fault["kind"] == "kill_during_restore" and rank != fault["rank"]:
+            _wait_for(config, f"resumed_{attempt}_{fault['rank']}.json")
         step = load_training_state(checkpoint, model=model, optimizer=optimizer,
                                    data_loader=loader).step
         _record(config, f"resumed_{attempt}_{rank}.json", step)
-    fault = config.get("faults", {}).get(str(attempt))
+        if fault and fault["kind"] == "kill_during_restore" and rank == fault["rank"]:
+            _kill_during_restore()
+    ballast = ({"ballast": torch.ones(config["ballast_mib"] * 2**18)}
+               if config.get("ballast_mib") else None)
     handles: list[cairn.ReportHandle] = []
     for _ in range(loader.epoch, config["epochs"]):
         for inputs, labels in loader:
@@ -60,7 +72,11 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
             loss = nn.functional.cross_entropy(model(inputs + noise), labels)
             optimizer.zero_grad()
             loss.backward()
-            if fault and rank == fault["rank"] and step + 1 == fault["step"]:
+            if fault and fault.get("corrupt") == rank and step + 1 == fault["step"]:
+                for handle in handles:
+                    handle.wait()
+                _corrupt_memory_copy()
+            if fault and rank == fault["rank"] and step + 1 == fault.get("step"):
                 for handle in handles:
                     handle.wait()  # the resume is from a committed checkpoint
                 if fault["kind"] == "raise":
@@ -74,9 +90,44 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
             if step % config["every"] == 0:
                 handles.append(report_snapshot({"step": step, "loss": float(total)},
                                                model=model, optimizer=optimizer,
-                                               data_loader=loader, step=step))
+                                               data_loader=loader, step=step,
+                                               extra=ballast))
     for handle in handles:
         handle.wait()
     final = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return {"step": step, "model": {k: v.clone() for k, v in final.state_dict().items()},
             "next_draw": torch.rand(2)}
+
+
+def _corrupt_memory_copy() -> None:
+    from cairn._src.torch.snapshot import snapshot_buffers
+
+    pool = snapshot_buffers()
+    with pool._lock:
+        held = [s for s in pool._sets if s.held]
+    assert held, "no memory copy is held"
+    for buffer_set in held:
+        for tensor in buffer_set.tensors.values():
+            if tensor.is_floating_point():
+                tensor.add_(1.0)
+
+
+def _wait_for(config: dict[str, Any], name: str) -> None:
+    deadline = time.time() + 60
+    while not os.path.exists(os.path.join(config["scratch"], name)):
+        if time.time() > deadline:
+            raise TimeoutError(f"{name} did not appear")
+        time.sleep(0.01)
+
+
+def _kill_during_restore() -> None:
+    """SIGKILL this rank once another rank is receiving a file of its restore (a partial
+    file in a restore directory: this rank serves it)."""
+    patterns = [os.path.join(root, "cairn-checkpoint-*", "**", "*.cairn-partial")
+                for root in (tempfile.gettempdir(), "/dev/shm")]
+    deadline = time.time() + 60
+    while not any(glob.glob(pattern, recursive=True) for pattern in patterns):
+        if time.time() > deadline:
+            raise TimeoutError("no other rank restored from this one")
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGKILL)

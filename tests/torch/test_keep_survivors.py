@@ -70,6 +70,18 @@ def test_the_survivor_keeps_its_process_and_resumes_bit_exact(
     events = [json.loads(line) for line in _event_lines(result.path)]
     starts = [e for e in events if e["type"] == "attempt_start"]
     assert starts[-1]["kept"] == [0] and starts[-1]["replaced"] == [1]
+    # The driver chose rank 0's memory copy for rank 0 and for its replacement peer.
+    planned = {e["rank"]: e for e in events if e["type"] == "restore_planned"}
+    assert planned[0]["kind"] == "memory" and planned[0]["index"] == 2, planned
+    assert planned[1]["kind"] == "peer" and planned[1]["peer"] == 0, planned
+    restored = {e["rank"]: e for e in events if e["type"] == "restored"}
+    assert set(restored) == {0, 1}, events
+    assert restored[0]["kind"].startswith("memory"), restored
+    assert restored[1]["kind"].startswith("peer") and restored[1]["peer"] == 0, restored
+    assert restored[0]["memory_bytes"] > 0 and restored[1]["peer_bytes"] > 0
+    # From storage: only the small per-rank state the other rank wrote (its RNGs).
+    for rank in (0, 1):
+        assert restored[rank]["bytes"] < 64 * 1024, restored
 
 
 def test_two_failures_in_a_row_keep_the_survivors_each_time(
@@ -84,6 +96,65 @@ def test_two_failures_in_a_row_keep_the_survivors_each_time(
     assert _read(scratch, "pid_2_1.json") == _read(scratch, "pid_1_1.json")
     assert _read(scratch, "pid_2_0.json") != _read(scratch, "pid_1_0.json")
     assert _read(scratch, "resumed_2_0.json") == 20
+    _assert_same_training(result.return_value, reference)
+
+
+def _restores(path: str) -> list[tuple[int, dict[int, Any], dict[int, Any]]]:
+    """Per attempt after the first: (attempt, planned by rank, restored by rank)."""
+    attempts: list[tuple[int, dict[int, Any], dict[int, Any]]] = []
+    for event in map(json.loads, _event_lines(path)):
+        if event["type"] == "attempt_start":
+            attempts.append((event["attempt"], {}, {}))
+        elif event["type"] == "restore_planned":
+            attempts[-1][1][event["rank"]] = event
+        elif event["type"] == "restored":
+            attempts[-1][2][event["rank"]] = event
+    return attempts[1:]
+
+
+def test_a_corrupted_memory_copy_is_not_used_and_the_event_log_says_why(
+    run_config: Any, scratch: str, reference: dict[str, Any],
+) -> None:
+    # Rank 0 changes its held copy; rank 1 is killed: neither may restore from that copy.
+    faults = {"0": {"rank": 1, "step": 13, "kind": "kill", "corrupt": 0}}
+    result = _fit(run_config, scratch, "corrupt", faults, max_failures=1,
+                  keep_survivors=True)
+    assert result.error is None
+    assert _read(scratch, "pid_1_0.json") == _read(scratch, "pid_0_0.json")
+    [(_, planned, restored)] = _restores(result.path)
+    assert planned[0]["kind"] == "memory" and planned[1]["kind"] == "peer"
+    # Files whose tensors changed come from storage, with the reason.
+    assert "storage" in restored[0]["kind"], restored
+    assert "this rank's memory copy of 'model.pt' does not match" in restored[0]["reason"]
+    assert restored[1]["kind"] == "storage" and restored[1]["peer_bytes"] == 0, restored
+    assert "peer rank 0's copy of 'model.pt' does not match the manifest's checksum" in (
+        restored[1]["reason"])
+    _assert_same_training(result.return_value, reference)
+
+
+def test_a_peer_killed_during_the_transfer_falls_back_to_storage(
+    run_config: Any, scratch: str, reference: dict[str, Any],
+) -> None:
+    # Attempt 0: rank 1 is killed; attempt 1: rank 0 (the peer serving rank 1's restore)
+    # is killed while rank 1 restores from it.
+    faults = {"0": {"rank": 1, "step": 13, "kind": "kill"},
+              "1": {"rank": 0, "kind": "kill_during_restore"}}
+    result = TorchTrainer(
+        survivor_workloads.train,
+        train_loop_config={**JOB, "scratch": scratch, "faults": faults, "ballast_mib": 64},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config(name="transfer", failure_config=FailureConfig(
+            max_failures=2, keep_survivors=True),
+            checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    ).fit()
+    assert result.error is None
+    first, second = _restores(result.path)
+    assert first[1][1]["kind"] == "peer", first
+    # Rank 1 got what the peer sent before it died, the rest from storage, and says why.
+    assert "storage" in first[2][1]["kind"], first
+    assert "the transfer from peer rank 0 failed" in first[2][1]["reason"], first
+    # Attempt 2: nobody holds the checkpoint in memory (rank 1 never snapshotted).
+    assert {e["kind"] for e in second[1].values()} == {"storage"}, second
     _assert_same_training(result.return_value, reference)
 
 

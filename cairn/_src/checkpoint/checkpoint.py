@@ -196,10 +196,19 @@ class Checkpoint:
         committed, every file is first verified against the manifest, once per process
         (see :mod:`.verified`: a later call re-reads only when a file's size, modification
         time or inode changed). A remote one is downloaded (and verified when committed)
-        to a temporary directory that is deleted when the block exits. Damage raises a
+        to a temporary directory that is deleted when the block exits; so is a checkpoint
+        that a rank kept after a failure (``keep_survivors``) restores from its own or a
+        peer's memory copy (verified against the manifest). Damage raises a
         :class:`~cairn._src.errors.CheckpointDamagedError` before the block runs.
         """
         local = self._local_path()
+        restored = self._restore_from_copies() if local is not None else None
+        if restored is not None:
+            try:
+                yield restored
+            finally:
+                shutil.rmtree(restored, ignore_errors=True)
+            return
         if local is not None:
             if not os.path.exists(local):
                 raise CheckpointNotFoundError(
@@ -217,6 +226,43 @@ class Checkpoint:
             yield target
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+    def _verified_objects(self, names: list[str]) -> dict[str, Any] | None:
+        """The files ``names`` of this committed checkpoint as objects (deserialized, not
+        read from anywhere) from a kept rank's own memory copy, each checked against the
+        manifest's checksum; None unless the copy holds all of them verified."""
+        copies = self._options.local_tier
+        objects = getattr(copies, "verified_objects", None)
+        if objects is None:
+            return None
+        manifest = self.get_manifest()
+        if manifest is None:
+            return None
+        held = objects(self._manifest_location, manifest, names)
+        return dict(held) if held is not None else None
+
+    def _restore_from_copies(self) -> str | None:
+        """A committed checkpoint on a local path, restored into a temporary directory
+        from the worker's copies of it (a kept rank's memory, a peer's: see
+        ``cairn._src.worker.memory_copy``); None where they do not hold it."""
+        copies = self._options.local_tier
+        if copies is None:
+            return None
+        manifest = self.get_manifest()
+        if manifest is None:
+            return None
+        # Into memory (a RAM file system) where the copies say it fits.
+        scratch = getattr(copies, "scratch_directory", None)
+        target = tempfile.mkdtemp(prefix="cairn-checkpoint-", dir=scratch(
+            sum(e.size for e in manifest.files.values())) if scratch else None)
+        try:
+            if copies.restore(self._manifest_location, manifest, target, self._retry):
+                return target
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        shutil.rmtree(target, ignore_errors=True)
+        return None
 
     def _verify_local_once(self, local: str) -> None:
         where = self._manifest_location.join(MANIFEST_NAME)

@@ -50,6 +50,7 @@ from cairn._src.run.events import (
     CheckpointStarted,
     FirstReport,
     PreemptionNotice,
+    Restored,
     TrainStart,
     WorkersReady,
 )
@@ -58,9 +59,11 @@ from cairn._src.wire.messages import (
     CommittedMessage,
     DoneMessage,
     ErrorMessage,
+    MemoryCopyInfo,
     ProceedMessage,
     RejectMessage,
     ReportMessage,
+    RestoredMessage,
     SetupMessage,
     StopMessage,
     StoppedMessage,
@@ -146,6 +149,8 @@ class AttemptLoop:
         self.exited: set[int] = set()
         # Ranks whose train function has ended and that wait to rejoin (keep_survivors).
         self.stopped: set[int] = set()
+        # What each stopped rank holds in memory (keep_survivors: see survivors.py).
+        self.copies: dict[int, MemoryCopyInfo | None] = {}
         self.ended: AttemptFailure | _Finished | None = None
         self._failure_deadline: float | None = None
         self._report_deadline: float | None = None
@@ -390,8 +395,15 @@ class AttemptLoop:
         elif isinstance(message, StoppedMessage):
             if message.attempt == attempt.number:
                 self.stopped.add(message.rank)
+                self.copies[message.rank] = message.memory_copy
         elif isinstance(message, PreemptionNoticeMessage):
             self._on_preemption_notice(message)
+        elif isinstance(message, RestoredMessage):
+            parts.events.emit(Restored(
+                t=parts.clock.time(), rank=message.rank, kind=message.source,
+                index=message.report_index, peer=message.peer_rank,
+                memory_bytes=message.memory_bytes, peer_bytes=message.peer_bytes,
+                bytes=message.storage_bytes, seconds=message.seconds, reason=message.reason))
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):

@@ -47,7 +47,12 @@ from cairn._src.controller.preemption import preemption_error
 from cairn._src.controller.reports import ReportTracker
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
-from cairn._src.controller.survivors import KeptRanks, plan_survivors
+from cairn._src.controller.survivors import (
+    KeptRanks,
+    plan_restores,
+    plan_survivors,
+    planned_source,
+)
 from cairn._src.errors import CheckpointDamagedError, WorkerGroupError
 from cairn._src.observe.driver_events import AttemptFailed, Notice, WorkerGroupStarted
 from cairn._src.observe.live_state import give_up_notice, start_notice
@@ -56,6 +61,7 @@ from cairn._src.run.events import (
     DeletionsFailed,
     ErrorInfo,
     Failure,
+    RestorePlanned,
     SessionEnd,
     SessionStart,
 )
@@ -310,9 +316,15 @@ class Controller:
         # One shard per worker of this attempt, produced near it (controller/datasets.py).
         split = (self._data.split([w.node_id for w in attempt.workers])
                  if self._data is not None else None)
+        restores = plan_restores(resume.report_index if resume else None, kept, world_size)
+        for rank, plan in sorted(restores.items()):
+            source, peer = planned_source(plan)
+            parts.events.emit(RestorePlanned(t=clock.time(), attempt=number, rank=rank,
+                                             kind=source, index=plan.report_index, peer=peer,
+                                             reason=plan.reason))
         setup = SetupFactory(self._spec, self._payload, parts.run_config, manager.run,
                              self._experiment_name, self._storage_token, split,
-                             keep_survivors=self._keep_survivors)
+                             keep_survivors=self._keep_survivors, restores=restores)
         return AttemptLoop(attempt, parts, self._progress, services,
                            registrations=self._payload.registrations,
                            setup_message=setup.message)
@@ -391,7 +403,7 @@ class Controller:
             if loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s):
                 logger.info("Attempt %d: %s", attempt.number, plan.reason)
                 return KeptRanks({r: attempt.connections[r] for r in plan.keep},
-                                 plan.replace)
+                                 plan.replace, {r: loop.copies.get(r) for r in plan.keep})
             logger.warning("Attempt %d: restarting the whole group: a kept rank did not stop",
                            attempt.number)
         elif self._keep_survivors:

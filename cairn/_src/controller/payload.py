@@ -3,7 +3,7 @@ once per run (:class:`WorkerPayload`), and each rank's :class:`SetupMessage`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.registry import export_registrations
 from cairn._src.wire.code_locations import dumps_with_locations
 from cairn._src.wire.datasets import DatasetSplit
-from cairn._src.wire.messages import SetupMessage
+from cairn._src.wire.messages import RestorePlan, SetupMessage
 
 
 @dataclass
@@ -91,6 +91,8 @@ class SetupFactory:
     storage_token: str | None
     dataset_split: DatasetSplit | None
     keep_survivors: bool = False
+    # keep_survivors: where each rank restores from (survivors.plan_restores).
+    restores: Mapping[int, RestorePlan] = field(default_factory=dict)
 
     def message(self, attempt: Attempt, rank: int) -> SetupMessage:
         payload = self.payload
@@ -126,4 +128,5 @@ class SetupFactory:
             local_tier_bytes=checkpoint_config.local_tier_bytes,
             local_tier_dir=checkpoint_config.local_tier_dir,
             keep_survivors=self.keep_survivors,
+            restore=self.restores.get(rank),
         )

@@ -13,15 +13,22 @@ The whole group restarts, as without the option, when:
 * the failure is fatal, or more than one rank failed on its own (two failures overlap);
 * not every rank had connected, or no rank is left to keep;
 * a kept rank does not stop within ``FailureConfig.stop_timeout_s``, or dies meanwhile.
+
+Where the next attempt's ranks restore the checkpoint it resumes from is decided here too
+(:func:`plan_restores`, pure): a kept rank that holds the committed checkpoint in memory
+(its last ``report_snapshot``, ``StoppedMessage.memory_copy``) restores from that copy; a
+replaced rank, or a kept one without a copy, from the copies of kept peers that hold it;
+storage for what no copy holds, or when a copy fails its checksums in the worker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from cairn._src.controller.worker_failures import WorkerFailure, cause_order
+from cairn._src.wire.messages import MemoryCopyInfo, RestorePlan
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,48 @@ class KeptRanks:
 
     connections: dict[int, Connection]
     replace: frozenset[int]
+    # What each kept rank holds in memory (StoppedMessage.memory_copy).
+    copies: dict[int, MemoryCopyInfo | None] = field(default_factory=dict)
 
     @property
     def keep(self) -> list[int]:
         return sorted(self.connections)
+
+
+def plan_restores(resume_index: int | None, kept: KeptRanks | None,
+                  world_size: int) -> dict[int, RestorePlan]:
+    """Where each rank of the next attempt restores the checkpoint of report
+    ``resume_index`` from (pure; empty when the whole group restarts or nothing resumes)."""
+    if kept is None or resume_index is None:
+        return {}
+    holders = {rank: info for rank, info in kept.copies.items()
+               if info is not None and info.report_index == resume_index}
+    plans: dict[int, RestorePlan] = {}
+    for rank in range(world_size):
+        own = rank in holders
+        peers = tuple((peer, info.address[0], info.address[1])
+                      for peer, info in sorted(holders.items())
+                      if peer != rank and info.address is not None)
+        if own:
+            reason = "its own memory copy"
+        elif rank in kept.copies:
+            info = kept.copies[rank]
+            reason = (f"its memory copy is of report {info.report_index}" if info is not None
+                      else "it holds no snapshot in memory")
+        else:
+            reason = "a replaced rank"
+        if not own:
+            reason += (f"; from peer rank {peers[0][0]}" if peers
+                       else f"; no kept rank holds report {resume_index} in memory"
+                       if not holders else "; no kept rank serves its copy")
+        plans[rank] = RestorePlan(resume_index, own, peers, reason)
+    return plans
+
+
+def planned_source(plan: RestorePlan) -> tuple[str, int | None]:
+    """The source a plan names first: ("memory" | "peer" | "storage", the peer's rank)."""
+    if plan.own_memory:
+        return "memory", None
+    if plan.peers:
+        return "peer", plan.peers[0][0]
+    return "storage", None

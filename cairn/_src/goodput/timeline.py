@@ -33,6 +33,7 @@ from cairn._src.run.events import (
     ErrorInfo,
     Failure,
     FirstReport,
+    Restored,
     SessionEnd,
     SessionStart,
     TrainStart,
@@ -68,17 +69,23 @@ class Lane:
     attempt: int
     rank: int | None
     intervals: tuple[Interval, ...]
+    # keep_survivors: where the rank restored from ("memory", "peer rank 0", "storage").
+    restored_from: str | None = None
 
     @property
     def label(self) -> str:
-        return f"attempt {self.attempt}" + ("" if self.rank is None else f" · rank {self.rank}")
+        return (f"attempt {self.attempt}" + ("" if self.rank is None else f" · rank {self.rank}")
+                + ("" if self.restored_from is None else f" · from {self.restored_from}"))
 
     def seconds(self, category: str) -> float:
         return sum(i.end - i.start for i in self.intervals if i.category == category)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "rank": self.rank,
-                "intervals": [i.as_dict() for i in self.intervals]}
+        record: dict[str, Any] = {"attempt": self.attempt, "rank": self.rank,
+                                  "intervals": [i.as_dict() for i in self.intervals]}
+        if self.restored_from is not None:
+            record["restored_from"] = self.restored_from
+        return record
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,7 @@ class _Span:
     end: float | None = None
     lost_from: float | None = None
     stalls: list[tuple[int, float, float]] = field(default_factory=list)
+    restored: dict[int, str] = field(default_factory=dict)
 
 
 def build_timeline(events: Iterable[object]) -> Timeline:
@@ -206,6 +214,9 @@ def build_timeline(events: Iterable[object]) -> Timeline:
             if rank is not None and seconds is not None and current is not None:
                 ranks.add(rank)
                 current.stalls.append((rank, t - max(0.0, seconds), t))
+        elif isinstance(event, Restored):
+            if current is not None and event.rank is not None and event.kind:
+                current.restored[event.rank] = _restore_source(event)
         elif isinstance(event, Commit):
             commits.append(t)
         elif isinstance(event, Failure):
@@ -236,7 +247,8 @@ def build_timeline(events: Iterable[object]) -> Timeline:
     lane_ranks: list[int | None] = (
         [None] if not ranks else list(range(max(ranks) + 1)) if max(ranks) < _MAX_RANKS
         else list(sorted(ranks)[:_MAX_RANKS]))
-    lanes = [Lane(span.number, rank, _paint(_paints(span, rank), origin))
+    lanes = [Lane(span.number, rank, _paint(_paints(span, rank), origin),
+                  span.restored.get(rank) if rank is not None else None)
              for span in spans for rank in lane_ranks]
     marks = []
     for attempt, t, errors, reason in failures:
@@ -244,6 +256,12 @@ def build_timeline(events: Iterable[object]) -> Timeline:
         marks.append(FailureMark(attempt, t - origin, label, detail, errors, reason))
     return Timeline(started_at=origin, lanes=tuple(lanes), failures=tuple(marks),
                     commits=tuple(t - origin for t in commits), end=last_t - origin)
+
+
+def _restore_source(event: Restored) -> str:
+    """"memory", "peer rank 0", "storage", or their mix ("peer rank 0+storage")."""
+    peer = f"peer rank {event.peer}" if event.peer is not None else "peer"
+    return "+".join(peer if part == "peer" else part for part in str(event.kind).split("+"))
 
 
 def _paints(span: _Span, rank: int | None) -> list[tuple[float, float, str]]:

@@ -225,6 +225,64 @@ class Blocked(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RestorePlanned(Event):
+    """``FailureConfig(keep_survivors=True)``: the driver chose where ``rank`` restores the
+    checkpoint of report ``index`` from in ``attempt``: ``kind`` is "memory" (its own
+    copy), "peer" (``peer``'s copy) or "storage"; ``reason`` says why."""
+
+    TYPE: ClassVar[str] = "restore_planned"
+    attempt: int | None = None
+    rank: int | None = None
+    kind: str | None = None
+    index: int | None = None
+    peer: int | None = None
+    reason: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"type": self.type, "t": self.t, "attempt": self.attempt, "rank": self.rank,
+                "kind": self.kind, "index": self.index, "peer": self.peer,
+                "reason": self.reason or ""}
+
+    @classmethod
+    def _from_record(cls, record: Mapping[str, Any]) -> Event:
+        return cls(t=record.get("t"), attempt=record.get("attempt"), rank=record.get("rank"),
+                   kind=record.get("kind"), index=record.get("index"),
+                   peer=_count(record.get("peer")), reason=record.get("reason"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored(Event):
+    """A rank restored the checkpoint of report ``index`` (with ``keep_survivors``):
+    ``kind`` names its sources ("memory", "peer", "storage", joined by "+"), the bytes
+    from each, ``seconds`` it took, ``reason``: why storage was read ("" if not)."""
+
+    TYPE: ClassVar[str] = "restored"
+    rank: int | None = None
+    kind: str | None = None
+    index: int | None = None
+    peer: int | None = None
+    memory_bytes: int | None = None
+    peer_bytes: int | None = None
+    bytes: int | None = None  # read from storage
+    seconds: float | None = None
+    reason: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"type": self.type, "t": self.t, "rank": self.rank, "kind": self.kind,
+                "index": self.index, "peer": self.peer, "memory_bytes": self.memory_bytes,
+                "peer_bytes": self.peer_bytes, "bytes": self.bytes, "seconds": self.seconds,
+                "reason": self.reason or ""}
+
+    @classmethod
+    def _from_record(cls, record: Mapping[str, Any]) -> Event:
+        return cls(t=record.get("t"), rank=record.get("rank"), kind=record.get("kind"),
+                   index=record.get("index"), peer=_count(record.get("peer")),
+                   memory_bytes=_count(record.get("memory_bytes")),
+                   peer_bytes=_count(record.get("peer_bytes")), bytes=record.get("bytes"),
+                   seconds=record.get("seconds"), reason=record.get("reason"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointStarted(Event):
     """A checkpoint directory is about to be written (before any upload starts)."""
 
@@ -474,6 +532,7 @@ EVENT_TYPES: dict[str, type[Event]] = {kind.TYPE: kind for kind in (
     CheckpointStarted, Commit, Failure, DeletionsFailed, ValidationRequested,
     ValidationFinished, CheckpointDropped, ReferenceRegistered, CheckpointDeleting,
     PreemptionNotice,
+    RestorePlanned, Restored,
 )}
 
 

@@ -202,6 +202,19 @@ class _Writer:
             self._waited = True
         serialize(self._copied[rel], sink)
 
+    def value(self, rel: str) -> Any:
+        """The copied state of file ``rel`` (what :meth:`write_file` serializes)."""
+        return self._copied[rel]
+
+    def retain(self) -> bool:
+        """Keep the copy after it was written (a kept rank's memory copy of the
+        checkpoint): :meth:`write_file` serializes it again, the same bytes, until
+        :meth:`close`."""
+        if not self._copied:
+            return False
+        _buffers.hold(self._buffer_set)
+        return True
+
     def close(self) -> None:
         if self._copied:
             self._copied = {}

@@ -35,6 +35,9 @@ class BufferSet:
     # never released) is dropped instead of being held forever.
     handle: Any = None
     events: list[Any] = field(default_factory=list)
+    # Written, and kept busy as a kept rank's memory copy of its checkpoint (see
+    # cairn._src.worker.memory_copy) until released.
+    held: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -60,7 +63,8 @@ class SnapshotBuffers:
             # A busy set whose report is already resolved was never written (its report
             # was refused): forget it. A writer still running keeps its own reference.
             self._sets = [s for s in self._sets
-                          if not (s.busy and s.handle is not None and s.handle.done())]
+                          if not (s.busy and not s.held and s.handle is not None
+                                  and s.handle.done())]
             for buffer_set in self._sets:
                 if not buffer_set.busy:
                     buffer_set.busy = True
@@ -76,9 +80,15 @@ class SnapshotBuffers:
             if buffer_set.busy:  # else its writer already ran and released it
                 buffer_set.handle = handle
 
+    def hold(self, buffer_set: BufferSet) -> None:
+        """Keep a written set busy (a memory copy of a checkpoint) until :meth:`release`."""
+        with self._lock:
+            buffer_set.held = True
+
     def release(self, buffer_set: BufferSet) -> None:
         """Return ``buffer_set`` to the pool once nothing reads it any more."""
         with self._lock:
+            buffer_set.held = False
             buffer_set.busy = False
             buffer_set.handle = None
             buffer_set.events = []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,44 +226,67 @@ def load_training_state(
     check_state_arguments("load_training_state", model=model, optimizer=optimizer,
                           scheduler=scheduler, data_loader=data_loader)
     rank, _ = rank_and_world_size()
+    names = [PROGRESS_FILE, MODEL_FILE, rank_state_file(rank)] + [
+        name for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler))
+        if target is not None]
+    held = (checkpoint._verified_objects(names)
+            if isinstance(checkpoint, Checkpoint) and map_location in ("cpu", None) else None)
+    if held is not None:
+        # A kept rank's own memory copy, verified against the manifest: no file is read.
+        return _restore(held.get, held.__contains__, str, checkpoint, model=model,
+                        optimizer=optimizer, scheduler=scheduler, data_loader=data_loader,
+                        restore_rng=restore_rng)
     with _local_directory(checkpoint) as directory:
-        if not os.path.isfile(os.path.join(directory, PROGRESS_FILE)):
+        return _restore(
+            lambda name: _load(directory, name, map_location if name != rank_state_file(rank)
+                               else "cpu", weights_only),
+            lambda name: os.path.isfile(os.path.join(directory, name)),
+            lambda name: os.path.join(directory, name) if name else directory, checkpoint,
+            model=model,
+            optimizer=optimizer, scheduler=scheduler, data_loader=data_loader,
+            restore_rng=restore_rng)
+
+
+def _restore(load: Callable[[str], Any], has: Callable[[str], bool],
+             where: Callable[[str], str], checkpoint: object, *, model: nn.Module,
+             optimizer: Any, scheduler: Any, data_loader: Any,
+             restore_rng: bool) -> TrainingState:
+    rank, _ = rank_and_world_size()
+    if not has(PROGRESS_FILE):
+        raise CheckpointNotFoundError(
+            f"load_training_state(checkpoint={checkpoint!r}): {where('')!r} holds no "
+            f"{PROGRESS_FILE}, so it is not a training state written by "
+            "save_training_state() or report_snapshot(model=...)."
+        )
+    progress = load(PROGRESS_FILE)
+    if progress.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(
+            f"{where(PROGRESS_FILE)!r} has format_version="
+            f"{progress.get('format_version')!r}; this Cairn reads {FORMAT_VERSION}."
+        )
+    unwrap_model(model).load_state_dict(load(MODEL_FILE))
+    for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)):
+        if target is None:
+            continue
+        if not has(name):
             raise CheckpointNotFoundError(
-                f"load_training_state(checkpoint={checkpoint!r}): {directory!r} holds no "
-                f"{PROGRESS_FILE}, so it is not a training state written by "
-                "save_training_state() or report_snapshot(model=...)."
+                f"load_training_state(...) was given a {name.split('.')[0]}, but the "
+                f"checkpoint has no {name}: it was saved without one."
             )
-        progress = _load(directory, PROGRESS_FILE, map_location, weights_only)
-        if progress.get("format_version") != FORMAT_VERSION:
-            raise ManifestError(
-                f"{os.path.join(directory, PROGRESS_FILE)!r} has format_version="
-                f"{progress.get('format_version')!r}; this Cairn reads {FORMAT_VERSION}."
-            )
-        unwrap_model(model).load_state_dict(_load(directory, MODEL_FILE, map_location,
-                                                  weights_only))
-        for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)):
-            if target is None:
-                continue
-            if not os.path.isfile(os.path.join(directory, name)):
-                raise CheckpointNotFoundError(
-                    f"load_training_state(...) was given a {name.split('.')[0]}, but the "
-                    f"checkpoint has no {name}: it was saved without one."
-                )
-            target.load_state_dict(_load(directory, name, map_location, weights_only))
-        rank_path = os.path.join(directory, rank_state_file(rank))
-        position: dict[str, Any] | None = None
-        restored = os.path.isfile(rank_path)
-        if restored:
-            rank_state = torch.load(rank_path, map_location="cpu", weights_only=weights_only)
-            position = rank_state.get("data_loader")
-            if data_loader is not None and position is not None:
-                data_loader.load_state_dict(position)
-            if restore_rng:
-                restore_rng_state(rank_state["rng"])
-        else:
-            logger.warning("The checkpoint holds no state for rank %d (saved by %d ranks): "
-                           "its RNGs and data loader position are not restored", rank,
-                           progress.get("world_size"))
+        target.load_state_dict(load(name))
+    position: dict[str, Any] | None = None
+    restored = has(rank_state_file(rank))
+    if restored:
+        rank_state = load(rank_state_file(rank))
+        position = rank_state.get("data_loader")
+        if data_loader is not None and position is not None:
+            data_loader.load_state_dict(position)
+        if restore_rng:
+            restore_rng_state(rank_state["rng"])
+    else:
+        logger.warning("The checkpoint holds no state for rank %d (saved by %d ranks): "
+                       "its RNGs and data loader position are not restored", rank,
+                       progress.get("world_size"))
     return TrainingState(
         step=int(progress["step"]),
         epoch=int(progress["epoch"]),

@@ -167,6 +167,8 @@ class SetupMessage:
     keep_survivors: bool = False
     # RunConfig.storage_fsync: uploaded files are fsynced before they are announced.
     fsync: bool = True
+    # keep_survivors: where this rank restores the checkpoint it resumes from (None: storage).
+    restore: RestorePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,48 @@ class StoppedMessage:
 
     rank: int
     attempt: int
+    # The committed checkpoint this rank holds in memory (its last snapshot), if any.
+    memory_copy: MemoryCopyInfo | None = None
+
+
+@dataclass(frozen=True)
+class MemoryCopyInfo:
+    """A kept rank's copy in memory of the committed checkpoint of report
+    ``report_index``; ``address``: where it serves the copy to a replacement rank (an
+    authenticated socket, the run's secret), None where it does not."""
+
+    report_index: int
+    address: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """The driver's choice of the copies a rank restores the checkpoint of
+    ``report_index`` from: its own memory copy (``own_memory``) and then the copies of
+    ``peers`` (rank, host, port); what none of them holds verified comes from storage.
+    ``reason`` says why (for the event log)."""
+
+    report_index: int
+    own_memory: bool
+    peers: tuple[tuple[int, str, int], ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RestoredMessage:
+    """Worker -> controller: where the files of the checkpoint of ``report_index`` that
+    this rank restored came from (bytes from its memory, from a peer, from storage), and
+    why storage was read (``reason``, "" when it was not)."""
+
+    rank: int
+    report_index: int
+    source: str
+    reason: str
+    memory_bytes: int
+    peer_bytes: int
+    storage_bytes: int
+    seconds: float
+    peer_rank: int | None = None
 
 
 @dataclass(frozen=True)

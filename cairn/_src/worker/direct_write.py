@@ -68,6 +68,13 @@ class DirectWriter(Protocol):
     def close(self) -> None: ...
 
 
+class WriterKeeper(Protocol):
+    """Takes a written :class:`DirectWriter` over (True) instead of its being closed."""
+
+    def hold(self, report_index: int, writer: DirectWriter,
+             entries: dict[str, FileEntry]) -> bool: ...
+
+
 class AdaptivePriority:
     """The calling thread's CPU priority during one write: as it was (niced) until
     ``after_s`` have passed, then the process's main thread's; :meth:`restore` puts the
@@ -162,17 +169,26 @@ def direct_writer(job: UploadJob, local_tier: object) -> DirectWriter | None:
 def write_direct(job: UploadJob, writer: DirectWriter, answer: object,
                  destination: StorageLocation, rank: int, started: float, *,
                  options: StorageOptions,
-                 escalate_after_s: float = ESCALATE_AFTER_S) -> UploadedMessage:
+                 escalate_after_s: float = ESCALATE_AFTER_S,
+                 keep: WriterKeeper | None = None) -> UploadedMessage:
     """Serialize every file of ``writer`` into ``destination``, hashing as it goes; the
     paths the controller's ``answer`` names as another rank's are hashed, not written.
     After ``escalate_after_s`` the calling thread takes the train loop's priority
-    (:class:`AdaptivePriority`), until this returns."""
+    (:class:`AdaptivePriority`), until this returns. ``keep.hold(index, writer, entries)``
+    is offered the writer once every file is written (a kept rank's memory copy,
+    :mod:`.memory_copy`); it is closed here unless ``keep`` takes it (True)."""
     priority = AdaptivePriority(escalate_after_s)
+    kept = False
     try:
-        return _write_all(job, writer, answer, destination, rank, started, options, priority)
+        message = _write_all(job, writer, answer, destination, rank, started, options,
+                             priority)
+        if keep is not None:
+            kept = keep.hold(job.index, writer, {**message.entries, **message.duplicates})
+        return message
     finally:
         priority.restore()
-        writer.close()
+        if not kept:
+            writer.close()
 
 
 def _write_all(job: UploadJob, writer: DirectWriter, answer: object,

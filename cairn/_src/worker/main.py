@@ -37,6 +37,7 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
+from cairn._src.worker.memory_copy import MemoryCopies, local_host_toward
 from cairn._src.worker.preemption import NoticeSource, SigtermNotice
 from cairn._src.worker.session import WorkerSession, set_session
 
@@ -85,10 +86,12 @@ class InDriver:
 
 def run_worker(connection: Connection, rank: int, attempt: int,
                in_driver: InDriver | None = None,
-               notices: NoticeSource | None = None) -> int | RejoinMessage:
+               notices: NoticeSource | None = None,
+               memory: MemoryCopies | None = None) -> int | RejoinMessage:
     """Run this rank's share of ``attempt``: the exit code, or, for a rank the controller
     keeps after another rank failed (``FailureConfig(keep_survivors=True)``), the
-    :class:`RejoinMessage` of the attempt it is to run next in this same process."""
+    :class:`RejoinMessage` of the attempt it is to run next in this same process.
+    ``memory``: this process's memory copies of checkpoints, used with keep_survivors."""
     connection.send(("hello", rank, os.getpid(), attempt))
     kind, registrations = connection.recv()
     assert kind == "registrations"
@@ -97,7 +100,8 @@ def run_worker(connection: Connection, rank: int, attempt: int,
     assert isinstance(setup, SetupMessage)
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry),
                             on_controller_lost=(in_driver.on_controller_lost
-                                                if in_driver is not None else None))
+                                                if in_driver is not None else None),
+                            memory=memory if setup.keep_survivors else None)
     set_session(session)
     teardown = in_driver.teardown_hooks if in_driver is not None else []
     if notices is not None:  # the node is about to be reclaimed: tell the controller
@@ -242,12 +246,17 @@ def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None,
     kept after another rank failed connects again and runs each next attempt it is
     given, in this same process. ``notices`` tells the controller when this worker's node
     is about to be reclaimed."""
+    # A kept rank's snapshots, across its attempts (keep_survivors; not in local mode).
+    memory = None if in_driver is not None else MemoryCopies(
+        bytes.fromhex(boot["authkey"]),
+        None if boot.get("tls_certificate") else local_host_toward(
+            (boot["address"][0], int(boot["address"][1]))))
     try:
         while True:
             connection, tunnel = _connect(boot)
             try:
                 outcome = run_worker(connection, int(boot["rank"]), int(boot["attempt"]),
-                                     in_driver, notices)
+                                     in_driver, notices, memory)
             finally:
                 if tunnel is not None:
                     # The last messages (Done, an error) may still be in the tunnel: ending

@@ -7,9 +7,8 @@ The user's function runs on the worker's main thread. Around it:
 * an uploader thread runs ASYNC uploads one report after another (each with parallel file
   transfers), at most ``max_pending_uploads`` queued, beyond which ``report()`` waits.
 
-Metric-only reports are one message on the socket: they never wait for other ranks or for
-the controller.
-"""
+Metric-only reports are one message on the socket: they never wait for other ranks or the
+controller. A kept rank's memory copy of its checkpoint is :mod:`.memory_copy`'s."""
 
 from __future__ import annotations
 
@@ -57,6 +56,7 @@ from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
+from cairn._src.worker.memory_copy import MemoryCopies, restore_sources, serve_copy
 from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
@@ -92,12 +92,12 @@ class WorkerSession:
     """State of one worker process for one attempt. Created by ``worker.main``."""
 
     def __init__(self, connection: Connection, setup: SetupMessage, retry: RetryPolicy, *,
-                 on_controller_lost: Callable[[], None] | None = None) -> None:
+                 on_controller_lost: Callable[[], None] | None = None,
+                 memory: MemoryCopies | None = None) -> None:
         self._connection = connection
         # Called when the controller's connection drops mid-run; None: exit the process.
         self._on_controller_lost = on_controller_lost
         self._setup = setup
-        self._retry = retry
         self.retry = retry
         self.rank = setup.rank
         self.context = TrainContext.for_setup(setup)
@@ -106,8 +106,10 @@ class WorkerSession:
         # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # What this worker's transfers and the checkpoints it hands out use.
-        self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
-                                              local_tier=self._tier, fsync=setup.fsync)
+        self._memory = memory
+        self.storage_options = StorageOptions(
+            transfer=setup.transfer, retry=retry, fsync=setup.fsync,
+            local_tier=restore_sources(setup, memory, self._tier, self.send))
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -221,7 +223,7 @@ class WorkerSession:
         files: dict[str, int] = {}
         metadata: dict[str, Any] = {}
         if upload_fn is None:
-            files, has_metadata = checkpoint_files(checkpoint, self._retry)
+            files, has_metadata = checkpoint_files(checkpoint, self.retry)
             if has_metadata:
                 metadata = checkpoint.get_metadata()
         index = self._take_index()
@@ -256,7 +258,7 @@ class WorkerSession:
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         finally:
-            resolve_after_commit(job, self._retry)
+            resolve_after_commit(job, self.retry)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
@@ -316,9 +318,9 @@ class WorkerSession:
         # Refuses what no new process could reach, credentials in the URI and Cairn's own
         # data; a path on the run's storage filesystem comes back bound to the run's store.
         location = check_reference(
-            checkpoint.location, self._setup.run, self._retry,
+            checkpoint.location, self._setup.run, self.retry,
             what=f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD)")
-        if not is_dir(location, self._retry):
+        if not is_dir(location, self.retry):
             raise ReportError(
                 f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): "
                 f"{location.display()} does not exist or is not a directory. Finish writing the "
@@ -374,14 +376,14 @@ class WorkerSession:
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
             elif (writer := direct_writer(job, self._tier)) is not None:
                 message = write_direct(job, writer, answer, destination, self.rank, started,
-                                       options=self.storage_options)
+                                       options=self.storage_options, keep=self._memory)
             else:
                 if job.write is not None:
                     write_deferred(job)
                 message = upload_files(job, answer, destination, self.rank, started,
                                        options=self.storage_options,
                                        list_files=lambda: checkpoint_files(
-                                           job.checkpoint, self._retry)[0])
+                                           job.checkpoint, self.retry)[0])
         except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
@@ -410,7 +412,7 @@ class WorkerSession:
             # The data is on storage now; the local copy is not needed for the commit. An
             # upload function that registered the directory in place (torch DCP writing
             # straight to its final location) returns that same directory: it stays.
-            delete_source(job.checkpoint, self._retry)
+            delete_source(job.checkpoint, self.retry)
         job.sent = True
         self.send(message)
 
@@ -431,7 +433,7 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
-                resolve_after_commit(job, self._retry)
+                resolve_after_commit(job, self.retry)
                 self._slots.release()
 
     def _fail_handle(self, index: int, error: BaseException) -> None:
@@ -509,8 +511,9 @@ class WorkerSession:
                 self.preemption.on_message(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
-        if self._tier is not None and message.checkpoint is not None:
-            self._tier.committed(message.checkpoint.report_index)
+        for copies in (self._tier, self._memory) if message.checkpoint is not None else ():
+            if copies is not None and message.checkpoint is not None:
+                copies.committed(message.checkpoint.report_index)
         with self._state_lock:
             if message.checkpoint is not None and (
                 self._latest is None or message.checkpoint.report_index
@@ -572,7 +575,7 @@ class WorkerSession:
         self._uploader.join()
         if not self._rejoin_event.is_set():
             try:
-                self.send(StoppedMessage(self.rank, attempt))
+                self.send(StoppedMessage(self.rank, attempt, serve_copy(self._memory)))
             except OSError:
                 return None
         self._rejoin_event.wait()

@@ -1,0 +1,503 @@
+"""A kept rank's copy in memory of the latest committed checkpoint, served to itself and,
+over an authenticated socket, to the rank that replaces a failed one.
+
+With ``FailureConfig(keep_survivors=True)`` a worker process outlives a failed attempt.
+The snapshot a ``report_snapshot`` wrote (its CPU buffers, see
+``cairn._src.torch.snapshot``) is then not freed once written: :class:`MemoryCopies`
+holds it until its report commits, keeps it as *the committed copy* until a later one
+commits, and frees the one it replaces. Serialization is deterministic, so serializing the
+held state again gives the bytes that were written, and their XXH3 is checked against the
+manifest's before anything is served: a copy that is not exactly the committed checkpoint
+(changed buffers, a later snapshot, none) is never used.
+
+:class:`RestoreSources` is what ``get_checkpoint().as_directory()`` (and
+``to_directory``, ``load_training_state``) restores through on a kept or replaced rank:
+the driver's :class:`RestorePlan` names the sources, in order: the rank's own memory copy,
+then the copies of surviving peers (fetched over :class:`PeerServer`'s socket and verified
+as they arrive), then storage for whatever file none of them holds verified. Each restore
+is reported to the controller (:class:`RestoredMessage`: bytes from each source, the
+reason storage was read), which records it in the event log.
+
+Thread-safety: :class:`MemoryCopies` is shared by the uploader (``hold``), the receiver
+(``committed``), the peer server's thread and the train function's thread (restores),
+under one lock; a copy being read is freed only once its last reader is done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from copy import deepcopy
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+from cairn._src.storage.checksum import FileEntry
+from cairn._src.storage.location import StorageLocation
+from cairn._src.storage.paths import check_relative_path
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import download_directory
+from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
+from cairn._src.worker.direct_write import DirectWriter, HashingSink
+
+logger = logging.getLogger(__name__)
+
+# A peer that sends nothing for this long is taken as gone (its copy is not used).
+PEER_TIMEOUT_S = 30.0
+_CHUNK = 8 << 20
+# A RAM file system: a restore from memory is written there when it fits.
+SHARED_MEMORY = "/dev/shm"
+
+
+@dataclass(eq=False)
+class _Copy:
+    report_index: int
+    writer: DirectWriter
+    entries: dict[str, FileEntry]
+    readers: int = 0
+    dropped: bool = False
+
+
+class MemoryCopies:
+    """This process's held snapshots (see the module docstring). One per worker process,
+    across attempts; ``authkey`` and ``host`` (None: not served) are what :meth:`serve`
+    listens with."""
+
+    def __init__(self, authkey: bytes, host: str | None) -> None:
+        self.authkey = authkey
+        self.host = host
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Copy] = {}
+        self._committed: _Copy | None = None
+        self._server: PeerServer | None = None
+
+    def hold(self, report_index: int, writer: DirectWriter,
+             entries: Mapping[str, FileEntry]) -> bool:
+        """Keep ``writer`` (the snapshot of ``report_index``, written with ``entries``)
+        until its commit is known; False (the caller frees it) when it cannot be kept."""
+        retain = getattr(writer, "retain", None)
+        if retain is None or not retain():
+            return False
+        with self._lock:
+            # An uncommitted copy of the same report index (written before a failure,
+            # never committed) is replaced.
+            replaced = self._pending.pop(report_index, None)
+            self._pending[report_index] = _Copy(report_index, writer, dict(entries))
+            freed = replaced is not None and self._drop(replaced)
+        if freed and replaced is not None:
+            replaced.writer.close()
+        return True
+
+    def committed(self, report_index: int) -> None:
+        """Report ``report_index`` committed: its copy (if held) becomes the committed
+        copy; older ones are freed."""
+        with self._lock:
+            copy = self._pending.pop(report_index, None)
+            stale = [c for i, c in self._pending.items() if i < report_index]
+            for c in stale:
+                del self._pending[c.report_index]
+            if copy is not None:
+                if self._committed is not None:
+                    stale.append(self._committed)
+                self._committed = copy
+            elif self._committed is not None and self._committed.report_index < report_index:
+                # A later checkpoint committed that this rank holds no copy of.
+                stale.append(self._committed)
+                self._committed = None
+            freed = [c for c in stale if self._drop(c)]
+        for c in freed:
+            c.writer.close()
+
+    def info(self) -> MemoryCopyInfo | None:
+        """The committed copy this process holds, and where it serves it."""
+        with self._lock:
+            copy = self._committed
+            server = self._server
+        if copy is None:
+            return None
+        return MemoryCopyInfo(copy.report_index, server.address if server else None)
+
+    def serve(self) -> None:
+        """Start serving the committed copy to peers (once; where a host is known)."""
+        with self._lock:
+            if self._server is not None or self.host is None or self._committed is None:
+                return
+        try:
+            server = PeerServer(self, self.authkey, self.host)
+        except OSError as exc:
+            logger.warning("Cannot serve this rank's checkpoint copy to peers: %s", exc)
+            return
+        with self._lock:
+            self._server = server
+
+    def _drop(self, copy: _Copy) -> bool:
+        copy.dropped = True
+        return copy.readers == 0
+
+    def acquire(self, report_index: int) -> _Copy | None:
+        """The committed copy of ``report_index`` for reading (give it back with
+        :meth:`release`), or None."""
+        with self._lock:
+            copy = self._committed
+            if copy is None or copy.report_index != report_index or copy.dropped:
+                return None
+            copy.readers += 1
+            return copy
+
+    def release(self, copy: _Copy) -> None:
+        with self._lock:
+            copy.readers -= 1
+            free = copy.dropped and copy.readers == 0
+        if free:
+            copy.writer.close()
+
+
+def _serialize_into(copy: _Copy, rel: str, sink: Any) -> None:
+    """Serialize ``rel`` of ``copy`` again into ``sink`` (the bytes that were written)."""
+    copy.writer.write_file(rel, sink)
+
+
+def local_host_toward(address: tuple[str, int]) -> str:
+    """This host's address on the interface that reaches ``address`` (no packet sent)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(address)
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+class _ConnectionSink:
+    """A write-only binary sink that sends what it is given in chunks on ``connection``."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._buffer = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if len(self._buffer) + len(view) < _CHUNK:
+            self._buffer += view  # small records (pickle, zip headers) go together
+            return len(view)
+        if self._buffer:
+            self._connection.send_bytes(self._buffer)
+            self._buffer = bytearray()
+        for start in range(0, len(view), _CHUNK):  # a tensor's bytes, without a copy
+            self._connection.send_bytes(view[start:start + _CHUNK])
+        return len(view)
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        if self._buffer:
+            self._connection.send_bytes(self._buffer)
+            self._buffer = bytearray()
+        self._connection.send_bytes(b"")
+
+
+class PeerServer:
+    """Serves ``copies``' committed copy on ``host``: a ``multiprocessing`` listener
+    authenticated with the run's secret, one request at a time, on a daemon thread
+    (``cairn-peer-copy``). A request names a report index and files; the answer is the
+    files this process holds of it, each serialized again from memory."""
+
+    def __init__(self, copies: MemoryCopies, authkey: bytes, host: str) -> None:
+        self._copies = copies
+        self._listener = Listener((host, 0), authkey=authkey)
+        address = self._listener.address
+        self.address = (str(address[0]), int(address[1]))
+        threading.Thread(target=self._serve, name="cairn-peer-copy", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection = self._listener.accept()
+            except (OSError, EOFError, AuthenticationError):
+                continue  # a client that failed authentication, or went away
+            try:
+                self._answer(connection)
+            except (OSError, EOFError) as exc:
+                logger.info("A peer's checkpoint transfer ended early: %s", exc)
+            except Exception:
+                logger.warning("Serving a checkpoint copy to a peer failed", exc_info=True)
+            finally:
+                connection.close()
+
+    def _answer(self, connection: Connection) -> None:
+        request = connection.recv()
+        report_index, wanted = int(request[0]), [str(n) for n in request[1]]
+        copy = self._copies.acquire(report_index)
+        if copy is None:
+            connection.send(())
+            return
+        try:
+            names = tuple(n for n in wanted if n in copy.entries)
+            connection.send(names)
+            for rel in names:
+                sink = _ConnectionSink(connection)
+                _serialize_into(copy, rel, sink)
+                sink.finish()
+        finally:
+            self._copies.release(copy)
+
+
+@dataclass
+class _Outcome:
+    memory_bytes: int = 0
+    peer_bytes: int = 0
+    storage_bytes: int = 0
+    peer_rank: int | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+class RestoreSources:
+    """A rank's restore of the checkpoint its :class:`RestorePlan` names (the ``LocalCopies``
+    of its ``StorageOptions``): its memory copy, then peers, then storage for the rest.
+    Any other checkpoint goes to ``fallback`` (the local tier) or storage."""
+
+    def __init__(self, *, plan: RestorePlan | None, memory: MemoryCopies | None,
+                 run: StorageLocation, authkey: bytes, rank: int, fallback: Any,
+                 send: Callable[[object], None]) -> None:
+        self._plan = plan
+        self._memory = memory
+        self._run = run
+        self._authkey = authkey
+        self._rank = rank
+        self._fallback = fallback
+        self._send = send
+
+    def scratch_directory(self, size: int) -> str | None:
+        """Where a restore of ``size`` bytes from memory is written: ``/dev/shm`` (RAM)
+        when it has room for it twice over, else None (the temporary directory)."""
+        if self._plan is None or not os.path.isdir(SHARED_MEMORY):
+            return None
+        try:
+            free = shutil.disk_usage(SHARED_MEMORY).free
+        except OSError:
+            return None
+        return SHARED_MEMORY if free > 2 * size and os.access(SHARED_MEMORY, os.W_OK) else None
+
+    def restore(self, manifest_location: StorageLocation, manifest: Any, target: str,
+                retry: RetryPolicy) -> bool:
+        plan = self._plan
+        dir_name = manifest_location.path.rstrip("/").rsplit("/", 1)[-1]
+        expected = self._run.join(dir_name)
+        if (plan is None or manifest.report_index != plan.report_index
+                or (manifest_location.path, manifest_location.display())
+                != (expected.path, expected.display())):
+            return self._fall_back(manifest_location, manifest, target, retry)
+        started = time.perf_counter()
+        files: dict[str, FileEntry] = dict(manifest.files)
+        for rel in files:
+            check_relative_path(rel, argument="manifest files")
+        outcome = _Outcome()
+        missing = set(files)
+        if plan.own_memory and self._memory is not None:
+            missing -= self._from_memory(plan.report_index, files, missing, target, outcome)
+        elif not plan.own_memory and plan.reason:
+            outcome.reasons.append(plan.reason)
+        for peer_rank, host, port in plan.peers:
+            if not missing:
+                break
+            got = self._from_peer(peer_rank, (host, port), plan.report_index, files,
+                                  missing, target, outcome)
+            missing -= got
+        if missing == set(files):
+            # Nothing from memory: the usual restore (storage, a local path as it is).
+            self._report(plan, outcome, started,
+                         storage_bytes=sum(e.size for e in files.values()))
+            return self._fall_back(manifest_location, manifest, target, retry)
+        if missing:
+            rest = {rel: files[rel] for rel in sorted(missing)}
+            download_directory(manifest_location, target, files=rest, verify=True,
+                               retry=retry)
+            outcome.storage_bytes = sum(e.size for e in rest.values())
+            outcome.reasons.append(f"no verified copy of {sorted(rest)} in memory")
+        self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes)
+        return True
+
+    def verified_objects(self, manifest_location: StorageLocation, manifest: Any,
+                         names: list[str]) -> dict[str, Any] | None:
+        """A kept rank's own restore without bytes: the held state of each file of
+        ``names`` (deep copies: the copy stays as it is), when this rank's plan is its
+        memory copy, the copy holds every one of them, and each serializes again to the
+        manifest's size and checksum; None otherwise (restore from files)."""
+        plan, memory = self._plan, self._memory
+        dir_name = manifest_location.path.rstrip("/").rsplit("/", 1)[-1]
+        if (plan is None or memory is None or not plan.own_memory
+                or manifest.report_index != plan.report_index
+                or manifest_location.path != self._run.join(dir_name).path):
+            return None
+        started = time.perf_counter()
+        copy = memory.acquire(plan.report_index)
+        if copy is None:
+            return None
+        value = getattr(copy.writer, "value", None)
+        try:
+            wanted = [n for n in names if n in manifest.files]
+            if value is None or not all(n in copy.entries for n in wanted):
+                return None
+            for rel in wanted:
+                sink = HashingSink(None)
+                _serialize_into(copy, rel, sink)
+                if sink.entry() != manifest.files[rel]:
+                    logger.warning("Rank %d: the memory copy of %r does not match the "
+                                   "manifest's checksum; restoring from files", self._rank, rel)
+                    return None
+            objects = {rel: deepcopy(value(rel)) for rel in wanted}
+        finally:
+            memory.release(copy)
+        outcome = _Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
+        self._report(plan, outcome, started, storage_bytes=0)
+        return objects
+
+    def _fall_back(self, manifest_location: StorageLocation, manifest: Any, target: str,
+                   retry: RetryPolicy) -> bool:
+        if self._fallback is None:
+            return False
+        return bool(self._fallback.restore(manifest_location, manifest, target, retry))
+
+    def _from_memory(self, report_index: int, files: dict[str, FileEntry], wanted: set[str],
+                     target: str, outcome: _Outcome) -> set[str]:
+        assert self._memory is not None
+        copy = self._memory.acquire(report_index)
+        if copy is None:
+            outcome.reasons.append(f"this rank holds no copy of report {report_index}")
+            return set()
+        got: set[str] = set()
+        try:
+            for rel in sorted(wanted & set(copy.entries)):
+                size = _write_verified(target, rel, files[rel],
+                                       functools.partial(_serialize_into, copy, rel))
+                if size is None:
+                    outcome.reasons.append(f"this rank's memory copy of {rel!r} does not "
+                                           "match the manifest's checksum")
+                    continue
+                outcome.memory_bytes += size
+                got.add(rel)
+        finally:
+            self._memory.release(copy)
+        return got
+
+    def _from_peer(self, peer_rank: int, address: tuple[str, int], report_index: int,
+                   files: dict[str, FileEntry], wanted: set[str], target: str,
+                   outcome: _Outcome) -> set[str]:
+        got: set[str] = set()
+        try:
+            connection = Client(address, authkey=self._authkey)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
+            return got
+        try:
+            connection.send((report_index, sorted(wanted)))
+            names = _receive(connection)
+            for rel in names:
+                if rel not in wanted:
+                    raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
+
+                def fill(sink: Any) -> None:
+                    while chunk := _receive_bytes(connection):
+                        sink.write(chunk)
+
+                size = _write_verified(target, rel, files[rel], fill)
+                if size is None:
+                    outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
+                                           "not match the manifest's checksum")
+                    break
+                outcome.peer_bytes += size
+                outcome.peer_rank = peer_rank
+                got.add(rel)
+        except (OSError, EOFError, TimeoutError) as exc:
+            outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
+                                   f"{type(exc).__name__}: {exc}")
+        finally:
+            connection.close()
+        return got
+
+    def _report(self, plan: RestorePlan, outcome: _Outcome, started: float,
+                storage_bytes: int) -> None:
+        parts = [name for name, n in (("memory", outcome.memory_bytes),
+                                      ("peer", outcome.peer_bytes)) if n]
+        if storage_bytes or not parts:
+            parts.append("storage")
+        source = "+".join(parts)
+        reason = "; ".join(outcome.reasons)
+        if "storage" in parts:
+            logger.warning("Rank %d restores report %d from %s: %s", self._rank,
+                           plan.report_index, source, reason)
+        else:
+            logger.info("Rank %d restored report %d from %s", self._rank, plan.report_index,
+                        source)
+        try:
+            self._send(RestoredMessage(
+                self._rank, plan.report_index, source, reason, outcome.memory_bytes,
+                outcome.peer_bytes, storage_bytes, time.perf_counter() - started,
+                outcome.peer_rank))
+        except OSError:
+            pass
+
+
+def _receive(connection: Connection) -> Any:
+    if not connection.poll(PEER_TIMEOUT_S):
+        raise TimeoutError(f"no answer within {PEER_TIMEOUT_S:g}s")
+    return connection.recv()
+
+
+def _receive_bytes(connection: Connection) -> bytes:
+    if not connection.poll(PEER_TIMEOUT_S):
+        raise TimeoutError(f"no data within {PEER_TIMEOUT_S:g}s")
+    return connection.recv_bytes()
+
+
+def _write_verified(target: str, rel: str, entry: FileEntry,
+                    fill: Callable[[Any], None]) -> int | None:
+    """Write ``rel`` under ``target`` from ``fill(sink)``, hashing as it goes: its size,
+    or None (nothing left behind) when size or checksum differ from ``entry``."""
+    final = os.path.join(target, *rel.split("/"))
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    partial = final + ".cairn-partial"
+    try:
+        with open(partial, "wb") as raw:
+            sink = HashingSink(raw)
+            fill(sink)
+        got = sink.entry()
+        if got.size != entry.size or got.checksum != entry.checksum:
+            os.unlink(partial)
+            return None
+        os.replace(partial, final)
+        return got.size
+    except BaseException:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise
+
+
+def restore_sources(setup: Any, memory: MemoryCopies | None, tier: Any,
+                    send: Callable[[object], None]) -> Any:
+    """The ``LocalCopies`` a worker's checkpoints restore through: ``tier`` (the local
+    tier, or None) unless this process keeps memory copies (``keep_survivors``)."""
+    if memory is None:
+        return tier
+    return RestoreSources(plan=setup.restore, memory=memory, run=setup.run,
+                          authkey=memory.authkey, rank=setup.rank, fallback=tier, send=send)
+
+
+def serve_copy(memory: MemoryCopies | None) -> MemoryCopyInfo | None:
+    """A stopping kept rank: serve its committed copy to peers; what it holds, and where."""
+    if memory is None:
+        return None
+    memory.serve()
+    return memory.info()

@@ -1,0 +1,133 @@
+"""A kept rank's memory copies (keep_survivors): which snapshot is held, when it is freed,
+and what a restore and a peer get from it (real sockets on loopback, a plain writer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from cairn._src.checkpoint.manifest import Manifest
+from cairn._src.storage.checksum import FileEntry, new_hasher
+from cairn._src.storage.location import resolve
+from cairn._src.wire.messages import RestoredMessage, RestorePlan
+from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
+
+KEY = b"k" * 32
+
+
+class Writer:
+    """A deferred checkpoint's writer: the same bytes each time, until closed."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.closed = False
+
+    def names(self) -> list[str]:
+        return sorted(self.files)
+
+    def write_file(self, rel: str, sink: Any) -> None:
+        sink.write(self.files[rel])
+
+    def retain(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def entry(data: bytes) -> FileEntry:
+    hasher = new_hasher()
+    hasher.update(data)
+    return FileEntry(len(data), hasher.hexdigest())
+
+
+def test_a_copy_is_kept_from_its_commit_until_a_later_one_and_freed_after_its_reader() -> None:
+    copies = MemoryCopies(KEY, None)
+    first, second = Writer({"a": b"1"}), Writer({"a": b"2"})
+    assert copies.hold(1, first, {"a": entry(b"1")})
+    assert copies.info() is None  # not committed yet
+    copies.committed(1)
+    info = copies.info()
+    assert info is not None and info.report_index == 1 and info.address is None
+    reading = copies.acquire(1)
+    assert reading is not None
+    copies.hold(2, second, {"a": entry(b"2")})
+    copies.committed(2)
+    assert not first.closed  # still read
+    copies.release(reading)
+    assert first.closed and not second.closed
+    assert copies.acquire(1) is None
+    copies.committed(3)  # a checkpoint this rank holds no copy of
+    assert second.closed and copies.info() is None
+
+
+def test_an_uncommitted_copy_of_a_report_written_again_is_freed() -> None:
+    copies = MemoryCopies(KEY, None)
+    lost, again = Writer({"a": b"1"}), Writer({"a": b"2"})
+    copies.hold(5, lost, {"a": entry(b"1")})  # written, then the attempt failed
+    copies.hold(5, again, {"a": entry(b"2")})
+    assert lost.closed and not again.closed
+    copies.committed(5)
+    held = copies.acquire(5)
+    assert held is not None and held.writer is again
+
+
+def _manifest(files: dict[str, bytes], index: int) -> Manifest:
+    return Manifest(files={rel: entry(data) for rel, data in files.items()},
+                    report_index=index)
+
+
+def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage(
+    tmp_path: Path,
+) -> None:
+    run = resolve(str(tmp_path / "run"))
+    stored = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
+    directory = tmp_path / "run" / "checkpoint_000002"
+    for rel, data in stored.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    peer = MemoryCopies(KEY, "127.0.0.1")
+    peer.hold(2, Writer({"model.pt": stored["model.pt"]}),
+              {"model.pt": entry(stored["model.pt"])})
+    peer.committed(2)
+    peer.serve()
+    info = peer.info()
+    assert info is not None and info.address is not None
+    sent: list[object] = []
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *info.address),), "a replaced rank"), memory=None,
+        run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2), str(target),
+                           retry=None)  # type: ignore[arg-type]
+    assert {p: (target / p).read_bytes() for p in stored} == stored
+    [message] = sent
+    assert isinstance(message, RestoredMessage)
+    assert (message.source, message.peer_rank) == ("peer+storage", 0)
+    assert message.peer_bytes == len(stored["model.pt"]) and message.storage_bytes == 3
+    assert not [n for n in os.listdir(target) if n.endswith(".cairn-partial")]
+
+
+def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:
+    run = resolve(str(tmp_path / "run"))
+    stored = {"model.pt": b"weights"}
+    (tmp_path / "run" / "checkpoint_000002").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint_000002" / "model.pt").write_bytes(stored["model.pt"])
+    peer = MemoryCopies(b"x" * 32, "127.0.0.1")
+    peer.hold(2, Writer(stored), {"model.pt": entry(stored["model.pt"])})
+    peer.committed(2)
+    peer.serve()
+    info = peer.info()
+    assert info is not None and info.address is not None
+    sent: list[Any] = []
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *info.address),), "a replaced rank"), memory=None,
+        run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
+    target = tmp_path / "restored"
+    target.mkdir()
+    # Nothing from the peer: the usual restore (storage) takes over, and says why.
+    assert not sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2),
+                               str(target), retry=None)  # type: ignore[arg-type]
+    assert sent[0].source == "storage" and "peer rank 0" in sent[0].reason
