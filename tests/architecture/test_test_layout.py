@@ -37,3 +37,14 @@ def test_every_test_folder_mirrors_the_package_or_is_documented() -> None:
     )
     unused = sorted(set(extra) - tests)
     assert not unused, f"CONTRIBUTING.md lists test folders that do not exist: {unused}"
+
+
+def test_no_test_package_takes_the_name_of_a_benchmark_module() -> None:
+    # pytest puts the folder above a test package on sys.path and imports the package by
+    # its name: a package named like a module of bench/ shadows it for the tests that
+    # import that module (tests/bench does), depending on the order tests are collected.
+    bench = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    packages = {p.parent.name for p in (ROOT / "tests").rglob("__init__.py")
+                if not (p.parent.parent / "__init__.py").exists()}
+    clashes = sorted(packages & bench)
+    assert not clashes, f"Test packages {clashes} take the names of modules in bench/."
