@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import pyarrow.fs as pafs
@@ -67,6 +67,21 @@ def needs_directories(fs: pafs.FileSystem) -> bool:
     return fs.type_name not in _OBJECT_STORE_TYPES and not fs.type_name.startswith(
         "py::cairn-object-store"
     )
+
+
+def create_parents(dest: StorageLocation, names: Iterable[str], retry: RetryPolicy) -> None:
+    """Make the parent directories of the relative paths ``names`` under ``dest``, where the
+    file system has directories (object stores need none)."""
+    if not needs_directories(dest.filesystem):
+        return
+    parents = {dest.join(parent).path
+               for parent in {rel.rpartition("/")[0] for rel in names} if parent} | {dest.path}
+
+    def create(path: str) -> Callable[[], None]:
+        return lambda: dest.filesystem.create_dir(path, recursive=True)
+
+    for path in sorted(parents):
+        storage_call(create(path), dest, retry, f"create directory {path!r} under")
 
 
 def parent_path(path: str) -> str:

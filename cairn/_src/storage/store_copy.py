@@ -27,7 +27,7 @@ from cairn._src.storage.checksum import (
     new_hasher,
     stream_copy,
 )
-from cairn._src.storage.fileio import needs_directories, storage_call
+from cairn._src.storage.fileio import create_parents
 from cairn._src.storage.local_files import create_or_truncate
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.parallel import (
@@ -73,7 +73,7 @@ def copy_directory(
     transfer = transfer or tuning.current()
     names = {check_relative_path(rel, argument="files"): int(size)
              for rel, size in files.items()}
-    _create_parents(dest, names, retry)
+    create_parents(dest, names, retry)
     local_dest = local_os_path(dest)
     # The remote side sets the pace: its part size and concurrency.
     remote = src if local_os_path(src) is None else dest
@@ -128,15 +128,3 @@ def copy_directory(
     return {rel: results[rel] for rel in sorted(results)}
 
 
-def _create_parents(dest: StorageLocation, names: Mapping[str, int],
-                    retry: RetryPolicy) -> None:
-    if not needs_directories(dest.filesystem):
-        return
-    parents = {dest.join(parent).path
-               for parent in {rel.rpartition("/")[0] for rel in names} if parent} | {dest.path}
-
-    def create(path: str) -> Callable[[], None]:
-        return lambda: dest.filesystem.create_dir(path, recursive=True)
-
-    for path in sorted(parents):
-        storage_call(create(path), dest, retry, f"create directory {path!r} under")

@@ -40,9 +40,8 @@ from cairn._src.storage.checksum import (
 )
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
+    create_parents,
     list_files,
-    needs_directories,
-    storage_call,
 )
 from cairn._src.storage.local_files import check_nothing_in_the_way as _check_nothing_in_the_way
 from cairn._src.storage.local_files import create_new as _create_new
@@ -134,7 +133,7 @@ def upload_directory(
                      for rel, size in files.items()}
     names = [rel for rel in names if rel not in exclude]
     shared = Progress(progress)
-    _create_parents(dest, names, retry)
+    create_parents(dest, names, retry)
     fs = dest.filesystem
     # On a local destination files are written with plain OS calls: pyarrow's output
     # stream costs about three times as much per file, which dominates for small files.
@@ -223,19 +222,6 @@ def _small_first(job: batch.Job | None, files: Mapping[str, T]) -> tuple[
         return {}, dict(files)
     done, left = batch.run(job, small)
     return done, {rel: want for rel, want in files.items() if rel not in small or rel in left}
-
-
-def _create_parents(dest: StorageLocation, names: Iterable[str], retry: RetryPolicy) -> None:
-    if not needs_directories(dest.filesystem):
-        return
-    parents = {dest.join(parent).path
-               for parent in {rel.rpartition("/")[0] for rel in names} if parent} | {dest.path}
-
-    def create(path: str) -> Callable[[], None]:
-        return lambda: dest.filesystem.create_dir(path, recursive=True)
-
-    for path in sorted(parents):
-        storage_call(create(path), dest, retry, f"create directory {path!r} under")
 
 
 def download_directory(
