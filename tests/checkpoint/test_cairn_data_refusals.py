@@ -229,3 +229,20 @@ def test_a_reference_on_a_foreign_filesystem_object_is_refused(tmp_path: Path) -
             ".storage_filesystem)), or a URI under a scheme registered with "
             "cairn.storage.register_scheme().") in message
     assert "zero-argument factory" not in message
+
+
+def test_a_storage_root_is_refused_by_its_path_before_its_tree_is_walked(
+    tmp_path: Path,
+) -> None:
+    # The run's own retention may be deleting a checkpoint under the root while report()
+    # checks it: the refusal must not depend on walking that tree. A FIFO elsewhere under
+    # the root stands for whatever the walk would meet first.
+    storage = tmp_path / "storage"
+    (storage / "run").mkdir(parents=True)
+    (storage / "other").mkdir()
+    os.mkfifo(storage / "other" / "pipe")
+    with pytest.raises(ReportError, match=re.escape(
+            f"is an ancestor of the run directory {storage}/run (the storage root holds this "
+            "and other runs)")):
+        check_reference(resolve(str(storage)), resolve(str(storage / "run")), RetryPolicy(),
+                        what="report(checkpoint=..., checkpoint_upload_mode=NO_UPLOAD)")

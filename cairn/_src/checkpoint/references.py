@@ -79,6 +79,9 @@ def check_reference(
         )
     else:
         check_persisted_uri(location.uri, what=f"{what}: the checkpoint's URI")
+    # The run directory and its ancestors first, by their paths alone: walking a storage
+    # root would meet the run's own retention deleting a checkpoint meanwhile.
+    _check_not_holding_run(location, run, what=what)
     _check_regular_files_only(location, what=what)
     _check_not_cairn_data(location, run, retry, what=what)
     return location
@@ -143,15 +146,20 @@ def rebind_to_run(location: StorageLocation, run: StorageLocation, *,
     return run.with_path(location.path)
 
 
-def _check_not_cairn_data(
-    location: StorageLocation, run: StorageLocation, retry: RetryPolicy, *, what: str
-) -> None:
-    shown = location.display()
+def _check_not_holding_run(location: StorageLocation, run: StorageLocation, *,
+                           what: str) -> None:
     if location.contains(run):
         relation = (f"is the run directory {run.display()}" if run.contains(location) else
                     f"is an ancestor of the run directory {run.display()} (the storage root "
                     "holds this and other runs)")
-        raise _cairn_data_error(what, shown, relation)
+        raise _cairn_data_error(what, location.display(), relation)
+
+
+def _check_not_cairn_data(
+    location: StorageLocation, run: StorageLocation, retry: RetryPolicy, *, what: str
+) -> None:
+    shown = location.display()
+    _check_not_holding_run(location, run, what=what)
     for name in (METRICS_DIR, EVENTS_DIR):
         own = run.join(name)
         if own.contains(location):
