@@ -69,8 +69,9 @@ def test_a_commit_whose_index_write_landed_and_failed_is_resumed_from(
     real_write = manager_module.write_index
     failed: list[int] = []
 
-    def write_then_fail(location: StorageLocation, index: Any, retry: RetryPolicy) -> None:
-        real_write(location, index, retry)
+    def write_then_fail(location: StorageLocation, index: Any, retry: RetryPolicy,
+                        **options: Any) -> None:
+        real_write(location, index, retry, **options)
         if not failed and any(r.dir_name == "checkpoint_000002" for r in index.checkpoints):
             # The store wrote the index and the answer was lost.
             failed.append(1)
