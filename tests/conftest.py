@@ -198,6 +198,33 @@ def make_storage_uri(request: pytest.FixtureRequest, kind: str, tmp_path: Path) 
     raise ValueError(f"kind={kind!r} is not one of {STORAGE_KINDS}")
 
 
+# What torch.distributed, Lightning and a local-mode TorchTrainer (Accelerate on CPUs) set
+# in the process they run in.
+_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU")
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_outlives_a_test() -> Iterator[None]:
+    """Local-mode tests (num_workers=0: Ray's ported ones, the Lightning helper's) run
+    Lightning's DDP strategy in this process, which joins a process group, sets torchrun's
+    variables here and leaves both behind, as in any process it runs in; later tests then
+    met a group they did not start. Each test ends with neither."""
+    saved = {name: os.environ.get(name) for name in _GROUP_ENV}
+    yield
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 # --- training runs ---------------------------------------------------------------------
 
 

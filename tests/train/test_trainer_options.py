@@ -27,5 +27,5 @@ def test_torch_trainer_passes_trainers_arguments_on() -> None:
 
 def test_torch_trainer_names_itself_for_an_unknown_argument() -> None:
     with pytest.raises(TypeError, match=r"TorchTrainer.__init__\(\) got an unexpected "
-                       r"keyword argument 'dataset_config'"):
-        TorchTrainer(_train, dataset_config={})  # type: ignore[call-arg]
+                       r"keyword argument 'data_loader'"):
+        TorchTrainer(_train, data_loader={})  # type: ignore[call-arg]
