@@ -185,11 +185,12 @@ class HandlePending(Pending):
 
 
 class ShardedPending(Pending):
-    """DCP's ``async_save``, then (every rank's future done) a NO_UPLOAD ``report()``."""
+    """DCP's ``async_save``, then (every rank's future done) a NO_UPLOAD ``report()`` of
+    what ``writer`` (``cairn.torch.FileSystemWriter``) wrote."""
 
-    def __init__(self, future: Any, path: str, tag: dict[str, Any]) -> None:
+    def __init__(self, future: Any, writer: Any, tag: dict[str, Any]) -> None:
         super().__init__()
-        self.future, self.path, self.tag = future, path, tag
+        self.future, self.writer, self.tag = future, writer, tag
         self.inner: HandlePending | None = None
 
     def ready(self) -> bool:
@@ -207,7 +208,7 @@ class ShardedPending(Pending):
         if self.inner is None:
             self.future.result()
             self.inner = HandlePending(cairn.report(
-                self.tag, checkpoint=cairn.Checkpoint(self.path),
+                self.tag, checkpoint=self.writer.checkpoint(),
                 checkpoint_upload_mode=cairn.CheckpointUploadMode.NO_UPLOAD))
             return False
         self.inner.advance()
@@ -218,16 +219,15 @@ class ShardedPending(Pending):
 
 class WaitForSave:
     """A ``checkpoint_upload_fn`` (as in ``examples/torch_dcp_async.py``): on Cairn's
-    upload thread, wait for DCP's future, then hand over the directory it wrote."""
+    upload thread, wait for DCP's future, then hand over the directory ``writer`` wrote,
+    with the checksums it computed."""
 
-    def __init__(self, future: Any, path: str) -> None:
-        self.future, self.path = future, path
+    def __init__(self, future: Any, writer: Any) -> None:
+        self.future, self.writer = future, writer
 
     def __call__(self, checkpoint: Any, dir_name: str) -> Any:
-        import cairn
-
         self.future.result()
-        return cairn.Checkpoint(self.path)
+        return self.writer.checkpoint()
 
 
 # --------------------------------------------------------------------------------------
@@ -344,9 +344,17 @@ class Rank:
             return Committed(path)
         if side == DCP_ASYNC:
             future = self.dcp.async_save(state, checkpoint_id=path, process_group=self.group)
-        elif side in (DCP_CACHED, SHARDED, SHARDED_FN):
+        elif side == DCP_CACHED:
             future = self.dcp.async_save(state, checkpoint_id=path, process_group=self.group,
                                          async_stager=self.cached_stager)
+        elif side in (SHARDED, SHARDED_FN):
+            from cairn.torch import FileSystemWriter
+
+            # DCP's writer, checksumming as it writes: the commit reads nothing again.
+            writer = FileSystemWriter(path)
+            future = self.dcp.async_save(state, checkpoint_id=path, process_group=self.group,
+                                         async_stager=self.cached_stager,
+                                         storage_writer=writer)
         elif side == DCP_PROCESS:
             future = self.dcp.async_save(
                 state, checkpoint_id=path, process_group=self.group,
@@ -355,7 +363,7 @@ class Rank:
         else:
             raise ValueError(f"side={side!r} is not one of {SIDES}")
         if side == SHARDED:
-            return ShardedPending(future, path, tag)
+            return ShardedPending(future, writer, tag)
         if side == SHARDED_FN:
             import cairn
 
@@ -364,7 +372,7 @@ class Rank:
             return HandlePending(cairn.report(
                 tag, checkpoint=cairn.Checkpoint(path),
                 checkpoint_upload_mode=cairn.CheckpointUploadMode.ASYNC,
-                checkpoint_upload_fn=WaitForSave(future, path),
+                checkpoint_upload_fn=WaitForSave(future, writer),
                 delete_local_checkpoint_after_upload=False))
         return FuturePending(future, path)
 

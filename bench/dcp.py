@@ -21,24 +21,27 @@ saves that state on both ranks:
   AsyncCheckpointerType.PROCESS)`` with a kept ``DefaultStager`` staging into shared
   memory; DCP's checkpoint process per rank starts at the first call (in the warm-up);
 * **sharded route**: what a user with FSDP does (``examples/torch_dcp_async.py``): the
-  cached ``async_save``, then at once ``cairn.report(checkpoint=Checkpoint(dir),
-  checkpoint_upload_mode=ASYNC, checkpoint_upload_fn=fn)``, where ``fn`` runs on Cairn's
-  upload thread, waits for DCP's future and returns ``dir``: Cairn registers the directory
-  by reference (no copy) the moment DCP has written it; committed at the handle's
+  cached ``async_save`` through ``storage_writer=cairn.torch.FileSystemWriter(dir)`` (DCP's
+  writer, checksumming each file as it writes it), then at once
+  ``cairn.report(checkpoint=Checkpoint(dir), checkpoint_upload_mode=ASYNC,
+  checkpoint_upload_fn=fn)``, where ``fn`` runs on Cairn's upload thread, waits for DCP's
+  future and returns ``writer.checkpoint()``: Cairn registers the directory by reference
+  (no copy, its files not read again) the moment DCP has written it; committed at the handle's
   ``wait()``; restored by ``dcp.load`` from the checkpoint's ``as_directory()``. Its
   reference is the cached ``async_save`` alone (target: <= 1.1x call to committed). Its
   blocking figure is the ``async_save`` call plus the ``report()``;
 * **sharded route, NO_UPLOAD at a step boundary** (the example's ``--mode no-upload``):
-  the same save, then, every rank's future done, ``report(checkpoint=Checkpoint(dir),
+  the same save, then, every rank's future done, ``report(checkpoint=writer.checkpoint(),
   checkpoint_upload_mode=NO_UPLOAD)``; with steps running that ``report()`` comes at the
   first step boundary after the futures are done, as a training loop would, so its commit
   waits for a step. (A ``report()`` from the future's done-callback would not: but the
   n-th ``report()`` of every rank is report n, so reports from two threads would number
   differently on two ranks.)
 
-DCP saves go through a gloo group of their own and the default ``FileSystemWriter``
-(``sync_files=True``); the state is ``get_state_dict(model, optimizer)`` (DDP replicas:
-DCP's planner writes each tensor once, split over the ranks). One untimed warm-up save
+DCP saves go through a gloo group of their own and DCP's default ``FileSystemWriter``
+(``sync_files=True``; the sharded routes: Cairn's, which is DCP's plus the checksums);
+the state is ``get_state_dict(model, optimizer)`` (DDP replicas: DCP's planner writes
+each tensor once, split over the ranks). One untimed warm-up save
 of every side, then ``--rounds`` rounds (3; 1 with ``--quick``) of every side in turn, the
 order reversed every other round. Per side and round: a save with the loop idle (call,
 commit, bytes, fsyncs), a restore of it into a fresh model and Adam, then ``idle_steps``

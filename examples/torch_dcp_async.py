@@ -7,7 +7,9 @@ The train loop saves with ``dcp.async_save`` (DCP stages the state in CPU memory
 every rank writes its shard in a background thread). DCP writes the checkpoint directory
 itself, next to the run; Cairn never copies it, it *registers* it: a manifest in the run
 directory with every file's size and checksum, retention, ``get_checkpoint()`` after a
-restart. Two ways to hand it over:
+restart. The save goes through ``cairn.torch.FileSystemWriter``, DCP's own writer that
+checksums each file as it writes it, so the commit reads nothing again. Two ways to hand
+it over:
 
 * ``--mode upload-fn`` (default): ``report(..., checkpoint_upload_mode=ASYNC,
   checkpoint_upload_fn=fn)`` at the step of the save. ``fn`` runs on Cairn's upload
@@ -52,7 +54,7 @@ from cairn import (
     RunConfig,
     ScalingConfig,
 )
-from cairn.torch import TorchTrainer, prepare_model
+from cairn.torch import FileSystemWriter, TorchTrainer, prepare_model
 
 
 class AppState(Stateful):
@@ -92,7 +94,7 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
         if rank == 0:
             print(f"attempt {attempt}: resumed at step {state['app'].step} from {resumed.path}")
     root = os.path.join(config["dcp_root"], f"attempt_{attempt}")
-    in_flight: tuple[Any, str, dict[str, Any]] | None = None  # the DCP save running
+    in_flight: tuple[Any, FileSystemWriter, dict[str, Any]] | None = None  # the save running
     handles = []
     loss = torch.zeros(())
     for step in range(state["app"].step, config["steps"]):
@@ -112,14 +114,17 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
             finish(in_flight, config["mode"], handles)
         path = os.path.join(root, f"step_{step + 1:06d}")
         metrics = {"step": step + 1, "loss": loss.item()}
-        future = dcp.async_save(state, checkpoint_id=path, process_group=checkpoint_group)
-        in_flight = (future, path, metrics)
+        # Cairn's FileSystemWriter is DCP's, checksumming each file as it writes it: the
+        # commit takes those checksums instead of reading the checkpoint again.
+        writer = FileSystemWriter(path)
+        future = dcp.async_save(state, storage_writer=writer, process_group=checkpoint_group)
+        in_flight = (future, writer, metrics)
         if config["mode"] == "upload-fn":
             handles.append(cairn.report(
                 metrics,
                 checkpoint=Checkpoint(path),
                 checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-                checkpoint_upload_fn=WaitForSave(future, path),
+                checkpoint_upload_fn=WaitForSave(future, writer),
                 # The "local copy" is the directory DCP writes, which is what gets kept.
                 delete_local_checkpoint_after_upload=False,
             ))
@@ -132,25 +137,26 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
 
 class WaitForSave:
     """A ``checkpoint_upload_fn``: on Cairn's upload thread, wait until DCP has written
-    ``path`` (every rank's shard, and the metadata on rank 0), then hand it over."""
+    the directory (every rank's shard, and the metadata on rank 0), then hand it over with
+    the checksums this rank's writer computed."""
 
-    def __init__(self, future: Any, path: str) -> None:
-        self.future, self.path = future, path
+    def __init__(self, future: Any, writer: FileSystemWriter) -> None:
+        self.future, self.writer = future, writer
 
     def __call__(self, checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
         self.future.result()
-        return Checkpoint(self.path)
+        return self.writer.checkpoint()
 
 
-def finish(in_flight: tuple[Any, str, dict[str, Any]], mode: str,
+def finish(in_flight: tuple[Any, FileSystemWriter, dict[str, Any]], mode: str,
            handles: list[cairn.ReportHandle]) -> None:
     """Wait for the save in flight; with NO_UPLOAD, report its directory now."""
-    future, path, metrics = in_flight
+    future, writer, metrics = in_flight
     future.result()
     if mode == "no-upload":
         # Rank 0 writes DCP's metadata last: every rank reports a finished directory.
         dist.barrier()
-        handles.append(cairn.report(metrics, checkpoint=Checkpoint(path),
+        handles.append(cairn.report(metrics, checkpoint=writer.checkpoint(),
                                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD))
 
 

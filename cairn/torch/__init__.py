@@ -15,6 +15,7 @@ except ImportError as _missing:
 
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.data_loader import PreparedDataLoader, prepare_data_loader
+from cairn._src.torch.dcp_writer import FileSystemWriter
 from cairn._src.torch.model import prepare_model
 from cairn._src.torch.placement import get_device, get_devices
 from cairn._src.torch.reproducibility import enable_reproducibility
@@ -27,6 +28,7 @@ from cairn._src.torch.training_state import (
 )
 
 __all__ = [
+    "FileSystemWriter",
     "PreparedDataLoader",
     "TorchConfig",
     "TorchTrainer",

@@ -133,3 +133,22 @@ def test_ranks_far_apart_keep_reports_pending_and_each_commits_when_it_completes
     assert tracker.take_ready() == []
     tracker.on_uploaded(uploaded(0, 1001, {"late": 1}))
     assert [ready.dir_name for ready in tracker.take_ready()] == ["checkpoint_001001"]
+
+
+def test_a_reference_carries_its_writers_checksums_and_drops_the_ones_ranks_dispute() -> None:
+    from cairn._src.storage.checksum import WrittenFile
+    from cairn._src.storage.location import resolve
+
+    def written(checksum: str) -> WrittenFile:
+        return WrittenFile(FileEntry(4, checksum), mtime_ns=1, inode=2)
+
+    where = resolve("/data/dcp/step_1")
+    tracker = ReportTracker(2, used_dir_names=set())
+    for rank, records in ((0, {"__0_0.distcp": written("a"), ".metadata": written("m")}),
+                          (1, {"__1_0.distcp": written("b"), ".metadata": written("x")})):
+        intent = CheckpointIntent("checkpoint_000001", "NO_UPLOAD", reference=where,
+                                  written=records)
+        tracker.on_report(ReportMessage(rank, 1, {"rank": rank}, intent, time.time()))
+    [ready] = tracker.take_ready()
+    assert ready.reference == where
+    assert ready.written == {"__0_0.distcp": written("a"), "__1_0.distcp": written("b")}

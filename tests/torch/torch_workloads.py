@@ -197,3 +197,34 @@ def snapshot_with_no_temporary_directory(config: dict[str, Any]) -> bool:
         return handle.wait() is not None
     finally:
         tempfile.tempdir = None
+
+
+def dcp_save_by_reference(config: dict[str, Any]) -> None:
+    """Two DCP saves with cairn.torch.FileSystemWriter, each registered by reference:
+    ``config["route"]`` "no_upload" (a NO_UPLOAD report of ``writer.checkpoint()`` after
+    the save) or "upload_fn" (``async_save``, then an ASYNC report whose upload function
+    waits for the save and returns ``writer.checkpoint()``)."""
+    import torch.distributed.checkpoint as dcp
+
+    from cairn.torch import FileSystemWriter
+
+    torch.manual_seed(0)
+    state = {"w": torch.randn(128, 32), "step": 0}
+    for step in (1, 2):
+        state["step"] = step
+        writer = FileSystemWriter(os.path.join(config["root"], f"step_{step}"))
+        if config["route"] == "no_upload":
+            dcp.save(state, storage_writer=writer)
+            cairn.report({"step": step}, checkpoint=writer.checkpoint(),
+                         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+            continue
+        future = dcp.async_save(state, storage_writer=writer)
+
+        def registered(checkpoint: Any, dir_name: str, future: Any = future,
+                       writer: Any = writer) -> Any:
+            future.result()
+            return writer.checkpoint()
+
+        cairn.report({"step": step}, checkpoint=writer.checkpoint(),
+                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                     checkpoint_upload_fn=registered).wait()

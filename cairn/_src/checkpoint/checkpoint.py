@@ -30,6 +30,7 @@ from cairn._src.checkpoint.manifest import (
 )
 from cairn._src.checkpoint.verified import verify_local_once
 from cairn._src.errors import CheckpointNotFoundError, ManifestError, NotADirectoryCheckpointError
+from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, local_root, resolve
 from cairn._src.storage.options import StorageOptions
@@ -58,6 +59,10 @@ class Checkpoint:
         self._manifest_location = self._location
         self._options = StorageOptions()
         self._retry = self._options.retry
+        # What the process that wrote the files computed while writing them (relpath ->
+        # WrittenFile): a NO_UPLOAD report hands it to the commit, which takes each entry
+        # whose file is unchanged instead of reading the file again. Never pickled.
+        self._written: dict[str, WrittenFile] = {}
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
@@ -80,6 +85,14 @@ class Checkpoint:
         """
         checkpoint = cls.__new__(cls)
         checkpoint.__setstate__({"location": data, "manifest_location": manifest_location})
+        return checkpoint
+
+    @classmethod
+    def _as_written(cls, path: str, written: dict[str, WrittenFile]) -> Checkpoint:
+        """The local directory ``path`` with the entries its writer computed (see
+        ``cairn.torch.FileSystemWriter.checkpoint``)."""
+        checkpoint = cls.from_directory(path)
+        checkpoint._written = dict(written)
         return checkpoint
 
     def _with_options(self, options: StorageOptions) -> Checkpoint:
@@ -360,3 +373,4 @@ class Checkpoint:
         self._manifest_location = state.get("manifest_location", self._location)
         self._options = StorageOptions()
         self._retry = self._options.retry
+        self._written = {}

@@ -77,12 +77,9 @@ from cairn._src.storage.fileio import (
 )
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import (
-    check_directory_sizes,
-    compute_entries,
-    verify_directory,
-)
+from cairn._src.storage.transfer import check_directory_sizes, verify_directory
 from cairn._src.storage.tuning import TransferConfig
+from cairn._src.storage.written import entries_of
 
 logger = logging.getLogger(__name__)
 
@@ -241,15 +238,15 @@ class CheckpointManager:
             else:
                 check_persisted_uri(data.uri, what=f"The checkpoint of report {ready.index}")
                 target_uri = data.uri
-            # A reference is checksummed here, on the commit thread, so that restoring it
-            # later can be verified like any managed checkpoint.
+            # A reference is checksummed here, on the commit thread (or by the writer that
+            # wrote it), so that restoring it later is verified like any managed checkpoint.
             names = [n for n in list_files(data, self.retry) if n != METADATA_FILE_NAME]
-            entries = compute_entries(data, names, retry=self.retry)
+            entries = entries_of(data, names, ready.written, retry=self.retry)
             managed = self.run.contains(data, strictly=True)
         elif ready.reference is not None:
             names = [n for n in list_files(data, self.retry)
                      if n not in (METADATA_FILE_NAME, MANIFEST_NAME)]
-            entries = compute_entries(data, names, retry=self.retry)
+            entries = entries_of(data, names, ready.written, retry=self.retry)
         manifest = Manifest(
             files=entries,
             metadata=dict(ready.metadata),

@@ -7,10 +7,11 @@ and callbacks; :func:`checkpoint_from_view` turns it into the user's :class:`Che
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.transfer import FileEntry
@@ -51,3 +52,6 @@ class ReadyCheckpoint:
     bytes_uploaded: int
     # The validation task asked for by the lowest rank that asked for one, or None.
     validation: dict[str, object] | None = None
+    # Of a reference: the entries its ranks' writers computed while writing (relpath in
+    # the reference -> WrittenFile), taken where the file is unchanged (storage/written.py).
+    written: dict[str, WrittenFile] = field(default_factory=dict)

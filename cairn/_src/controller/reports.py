@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from cairn._src.checkpoint.views import ReadyCheckpoint
 from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError, ReportError
+from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
 from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
@@ -139,7 +140,8 @@ class ReportTracker:
         pending.intents[rank] = intent
         if intent.mode == "NO_UPLOAD":
             # The data is already where it will stay: nothing to wait for from this rank.
-            pending.uploaded[rank] = UploadedMessage(rank, index, {}, intent.reference, 0, 0.0)
+            pending.uploaded[rank] = UploadedMessage(rank, index, {}, intent.reference, 0, 0.0,
+                                                     written=intent.written)
         if pending.dir_name is None:
             pending.dir_name = intent.dir_name
             self._used.add(intent.dir_name)
@@ -366,10 +368,15 @@ class ReportTracker:
         entries: dict[str, FileEntry] = {}
         references: dict[int, StorageLocation] = {}
         metadata: dict[str, object] = {}
+        written: dict[str, WrittenFile] = {}
+        disputed: set[str] = set()  # two ranks' writers described one file differently
         for rank in sorted(pending.uploaded):
             uploaded = pending.uploaded[rank]
             if rank not in pending.replaced_by:
                 entries.update(uploaded.entries)
+            for rel, record in uploaded.written.items():
+                if written.setdefault(rel, record) != record:
+                    disputed.add(rel)
             reference = uploaded.reference or pending.intents[rank].reference
             if reference is not None:
                 references[rank] = reference
@@ -399,6 +406,7 @@ class ReportTracker:
             metadata=metadata,
             bytes_uploaded=sum(u.bytes_written for u in pending.uploaded.values()),
             validation=validation,
+            written={rel: w for rel, w in written.items() if rel not in disputed},
         )
 
     def overdue(self, timeout_s: float, now: float | None = None) -> tuple[int, list[int]] | None:

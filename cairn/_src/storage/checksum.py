@@ -48,6 +48,19 @@ class FileEntry:
     checksum: str
 
 
+@dataclass(frozen=True)
+class WrittenFile:
+    """A file's entry as the process that wrote it computed it while writing, with the
+    identity the file had when it was closed (``os.stat``'s ``st_mtime_ns`` and
+    ``st_ino``): a reader that finds the file with the same size and identity may take the
+    entry instead of reading the file again (see
+    :func:`cairn._src.checkpoint.references.reference_entries`)."""
+
+    entry: FileEntry
+    mtime_ns: int
+    inode: int
+
+
 def new_hasher(algorithm: str = CHECKSUM_ALGORITHM) -> Any:
     """A streaming hasher (``update(bytes)``, ``hexdigest()``) for ``algorithm``."""
     try:

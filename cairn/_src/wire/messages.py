@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src.checkpoint.views import CheckpointView
+from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
 from cairn._src.storage.tuning import TransferConfig
@@ -38,6 +39,9 @@ class CheckpointIntent:
     # Which directory of which machine the files are read from (local_dir_identity): ranks
     # that report one shared directory give the same value, and it is uploaded once.
     source: str | None = None
+    # Of a NO_UPLOAD reference: what this rank's writer computed while writing its files
+    # (relpath -> WrittenFile; cairn.torch.FileSystemWriter), checked and taken at commit.
+    written: dict[str, WrittenFile] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class UploadedMessage:
     bytes_written: int
     seconds: float
     duplicates: dict[str, FileEntry] = field(default_factory=dict)
+    # Of a reference returned by checkpoint_upload_fn: as CheckpointIntent.written.
+    written: dict[str, WrittenFile] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -282,11 +282,10 @@ class WorkerSession:
     ) -> ReportHandle:
         """An ASYNC checkpoint report whose files are written later, off the train loop.
 
-        ``files`` names the relative paths ``write(directory)`` will create; they are
-        claimed at once (so rank collisions are caught now), and ``write`` runs on the
-        upload thread: straight into storage (:mod:`.direct_write`), or into a private
-        temporary directory that is uploaded, then deleted.
-        The caller must hand ``write`` data it will not modify (a copy).
+        ``files`` names the relative paths ``write(directory)`` will create, claimed at
+        once (rank collisions are caught now); ``write`` runs on the upload thread:
+        straight into storage (:mod:`.direct_write`), or into a private temporary
+        directory that is uploaded, then deleted. It must get data never modified (a copy).
         """
         self._raise_async_error()
         clean = validate_metrics(metrics)
@@ -331,9 +330,10 @@ class WorkerSession:
         handle = ReportHandle(index, has_checkpoint=True)
         with self._state_lock:
             self._handles[index] = handle
-        intent = CheckpointIntent(name, CheckpointUploadMode.NO_UPLOAD.value, reference=location,
-                                  explicit_dir_name=dir_name is not None,
-                                  metadata=checkpoint.get_metadata(), validation=validation)
+        intent = CheckpointIntent(
+            name, CheckpointUploadMode.NO_UPLOAD.value, reference=location, validation=validation,
+            explicit_dir_name=dir_name is not None, metadata=checkpoint.get_metadata(),
+            written=checkpoint._written)
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 

@@ -191,7 +191,7 @@ def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedM
             "checkpoint_upload_fn must return a `ray.train.Checkpoint`: in Cairn, "
             f"the cairn.Checkpoint it uploaded; it returned {uploaded!r}.")
     return UploadedMessage(rank, job.index, {}, uploaded.location, 0,
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, written=uploaded._written)
 
 
 def upload_files(job: UploadJob, answer: object, destination: StorageLocation, rank: int,
