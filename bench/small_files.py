@@ -4,7 +4,7 @@
 Usage::
 
     python bench/small_files.py [--files 100000] [--file-kib 1] [--per-dir 1000] [--repeat 3]
-                                [--in-process]
+                                [--warmup 1] [--in-process]
 
 Writes ``--files`` random files of ``--file-kib`` KiB (``--per-dir`` per directory) and
 times, local storage to local storage:
@@ -19,7 +19,9 @@ times, local storage to local storage:
   reference the same ``copy_files``.
 
 The median of ``--repeat`` rounds (3; a round of 100,000 files takes about half a
-minute), Cairn and the reference taking turns to go first, each after ``os.sync()`` (the
+minute) after ``--warmup`` untimed ones (1: the first call of each side in a process pays
+for its imports and first allocations, a large part of a 1,000-file figure), Cairn and
+the reference taking turns to go first, each after ``os.sync()`` (the
 disk's write-back of one phase must not land in the next); ``run(args)`` returns the rows
 for ``bench/run_all.py`` (``quick``: 10,000 files, one round). ``--in-process`` adds a
 row per phase for the same call with ``max_workers=1``: the in-process
@@ -65,6 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--file-kib", type=float, default=1.0, help="size of each (KiB)")
     parser.add_argument("--per-dir", type=int, default=1000, help="files per directory")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds first (every phase of both sides, discarded)")
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--in-process", action="store_true",
                         help="also time each phase with max_workers=1 (the in-process "
@@ -97,7 +101,8 @@ def copy_files(src: str, dest: str) -> float:
 
 
 def measure(files: int, size: int, per_dir: int, scratch: str,
-            repeat: int = 1, in_process: bool = False) -> dict[str, list[float]]:
+            repeat: int = 1, in_process: bool = False, warmup: int = 0,
+            ) -> dict[str, list[float]]:
     """Each figure ``repeat`` times; within a round, Cairn and the reference take turns
     going first, and every output is deleted before the next round. ``in_process`` adds
     ``<phase>_in_process``: the same call with ``max_workers=1``, which copies every file
@@ -105,7 +110,7 @@ def measure(files: int, size: int, per_dir: int, scratch: str,
     src = os.path.join(scratch, "src")
     make_tree(src, files, size, per_dir)
     figures: dict[str, list[float]] = {}
-    for round_ in range(repeat):
+    for round_ in range(-warmup, repeat):
         stored = resolve(os.path.join(scratch, "run", "checkpoint_000001"))
 
         def upload(stored: Any = stored, workers: int | None = None) -> None:
@@ -145,7 +150,9 @@ def measure(files: int, size: int, per_dir: int, scratch: str,
                 if key == "upload" and not name.startswith("reference"):
                     # Each upload writes the checkpoint anew, as the first one does.
                     shutil.rmtree(os.path.join(scratch, "run"), ignore_errors=True)
-                figures.setdefault(name, []).append(take())
+                seconds = take()
+                if round_ >= 0:  # a warm-up round's figures are dropped
+                    figures.setdefault(name, []).append(seconds)
         for name in ("run", "copy"):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
     return figures
@@ -160,10 +167,11 @@ def run(args: Any = None) -> list[dict[str, Any]]:
     size = int(float(getattr(args, "file_kib", 1.0)) * 1024)
     per_dir = int(getattr(args, "per_dir", 1000))
     repeat = int(getattr(args, "repeat", 1 if quick else 3))
+    warmup = int(getattr(args, "warmup", 1))
     scratch = tempfile.mkdtemp(prefix="cairn-bench-small-", dir=getattr(args, "dir", None))
     try:
         runs = measure(files, size, per_dir, scratch, repeat,
-                       bool(getattr(args, "in_process", False)))
+                       bool(getattr(args, "in_process", False)), warmup)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     figures = {name: statistics.median(values) for name, values in runs.items()}
@@ -183,8 +191,8 @@ def run(args: Any = None) -> list[dict[str, Any]]:
             "note": (f"local -> local, median of {repeat} (Cairn "
                      f"{', '.join(f'{v:.2f}' for v in runs[key])}; reference "
                      f"{', '.join(f'{v:.2f}' for v in runs[f'reference_{key}'])} s), "
-                     "taking turns to go first, os.sync() before each; Cairn checksums "
-                     "every file (xxh3-128)"),
+                     f"after {warmup} untimed round(s), taking turns to go first, "
+                     "os.sync() before each; Cairn checksums every file (xxh3-128)"),
         })
         if f"{key}_in_process" in figures:
             rows.append({
