@@ -71,6 +71,7 @@ class FakeWorker:
         self.attempt = attempt
         self.pid = 10_000 + rank
         self.node_id = "node-0"
+        self.preempted = False
         self._exit_r, self._exit_w = os.pipe()
         self.exited = False
         self.peer: Connection | None = None  # the worker's end of its connection

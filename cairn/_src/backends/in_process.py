@@ -70,6 +70,7 @@ class InProcessWorker:
 
     rank = 0
     node_id = "local"
+    preempted = False
 
     def __init__(self, bootstrap: Bootstrap) -> None:
         self.bootstrap = bootstrap

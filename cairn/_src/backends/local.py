@@ -74,6 +74,7 @@ class WorkerProcess:
     """One worker process of the local backend."""
 
     node_id = "local"
+    preempted = False
 
     def __init__(self, rank: int, process: subprocess.Popen[bytes], forward_output: bool,
                  oom_kills_at_start: int | None = None) -> None:

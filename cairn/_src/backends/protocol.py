@@ -33,6 +33,11 @@ class WorkerHandle(Protocol):
     def node_id(self) -> str:
         """Which machine the worker runs on (ranks on one node share local ranks)."""
 
+    @property
+    def preempted(self) -> bool:
+        """Whether the worker was lost with a node its cluster says was preempted (the Ray
+        backend); False where the backend cannot tell."""
+
     def describe_exit(self) -> str:
         """How the worker ended, for error messages ("was killed by SIGKILL")."""
 

@@ -197,7 +197,7 @@ class AttemptLoop:
                 # (Ray reports a finished actor task through its own channel).
                 connection.poll(LAST_MESSAGE_GRACE_S)
                 self._read_connection(worker.rank, connection, everything=True)
-            if getattr(worker, "preempted", False):  # Ray: lost with a preempted node
+            if worker.preempted:  # Ray: lost with a preempted node
                 self._on_preemption_notice(PreemptionNoticeMessage(
                     worker.rank, None, PREEMPTED_SOURCE))
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
