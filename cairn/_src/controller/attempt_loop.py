@@ -15,7 +15,7 @@ failure, or a lost lease, ends the attempt at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -169,21 +169,13 @@ class AttemptLoop:
         timeout_s = self._parts.run_config.failure_config.collective_timeout_s
         watchers = {w.exit_watcher.fileno(): w for w in attempt.workers
                     if w.rank not in self.exited}
-        connections = {c: r for r, c in attempt.connections.items()}
         now = clock.monotonic()
         # A failure deadline already past while the report grace runs: wait for
         # messages, exits or the grace's own deadline instead of spinning.
         upcoming = [d for d in (self._failure_deadline, self._report_deadline)
                     if d is not None and d > now]
         deadline = min([*upcoming, self._next_flush, now + 1.0])
-        wake_r = self._parts.inbox.wake_r
-        ready = clock.wait([wake_r, *connections, *watchers], max(0.0, deadline - now))
-        if wake_r in ready:
-            self._parts.inbox.clear_wake()
-        self._drain_inbox()
-        for item in ready:
-            if item in connections:
-                self._read_connection(connections[item], item)
+        ready = self._wait_and_read(watchers, max(0.0, deadline - now))
         for item in ready:
             worker = watchers.get(item) if isinstance(item, int) else None
             if worker is None:
@@ -338,18 +330,25 @@ class AttemptLoop:
                 logger.warning("%s did not stop within %gs", describe_ranks(
                     sorted(ranks - self.stopped)), timeout_s)
                 return False
-            connections = {c: r for r, c in attempt.connections.items()}
-            wake_r = self._parts.inbox.wake_r
-            ready = clock.wait([wake_r, *connections, *watchers], min(1.0, deadline - now))
-            if wake_r in ready:
-                self._parts.inbox.clear_wake()
-            self._drain_inbox()
-            for item in ready:
-                if item in connections:
-                    self._read_connection(connections[item], item)
-                elif isinstance(item, int) and item in watchers:
+            for item in self._wait_and_read(watchers, min(1.0, deadline - now)):
+                if isinstance(item, int) and item in watchers:
                     self.exited.add(watchers[item])
         return True
+
+    def _wait_and_read(self, watchers: Collection[int], timeout_s: float) -> list[Any]:
+        """Wait up to ``timeout_s`` for a message, the inbox or the exit of one of
+        ``watchers`` (their exit watchers' file descriptors); handle the inbox and the
+        messages that arrived, and return what was ready (the exits are the caller's)."""
+        connections = {c: r for r, c in self.attempt.connections.items()}
+        wake_r = self._parts.inbox.wake_r
+        ready = self._clock.wait([wake_r, *connections, *watchers], timeout_s)
+        if wake_r in ready:
+            self._parts.inbox.clear_wake()
+        self._drain_inbox()
+        for item in ready:
+            if item in connections:
+                self._read_connection(connections[item], item)
+        return list(ready)
 
     def wait_for_commits(self) -> None:
         """Wait for the commits in flight (the attempt's workers are gone)."""
