@@ -128,6 +128,15 @@ class Pending:
         self.committed = threading.Event()
         self.committed_at: float | None = None
         self.restore_from: Any = None
+        # The sharded routes: when DCP's future was done here (its done-callback), so
+        # that what Cairn adds after it can be told from DCP's own time.
+        self.saved_at: float | None = None
+
+    def stamp_saved(self, future: Any) -> None:
+        def done(_: Any) -> None:
+            self.saved_at = time.perf_counter()
+
+        future.add_done_callback(done)
 
     def stamp(self) -> None:
         if self.committed_at is None:
@@ -363,17 +372,21 @@ class Rank:
         else:
             raise ValueError(f"side={side!r} is not one of {SIDES}")
         if side == SHARDED:
-            return ShardedPending(future, writer, tag)
+            sharded = ShardedPending(future, writer, tag)
+            sharded.stamp_saved(future)
+            return sharded
         if side == SHARDED_FN:
             import cairn
 
             # Reported at the call: Cairn's upload thread waits for the future and registers
             # the directory the moment DCP has written it, not at a step boundary.
-            return HandlePending(cairn.report(
+            registered = HandlePending(cairn.report(
                 tag, checkpoint=cairn.Checkpoint(path),
                 checkpoint_upload_mode=cairn.CheckpointUploadMode.ASYNC,
                 checkpoint_upload_fn=WaitForSave(future, writer),
                 delete_local_checkpoint_after_upload=False))
+            registered.stamp_saved(future)
+            return registered
         return FuturePending(future, path)
 
     def restore(self, side: str, restore_from: Any) -> float:
@@ -457,7 +470,9 @@ def timed_save(worker: Rank, side: str, tag: dict[str, Any], busy: bool,
     assert pending.committed_at is not None
     io_after = write_bytes([os.getpid()], driver)
     result = {"call": returned - started, "commit": pending.committed_at - started,
-              "steps": steps, "restore_from": pending.restore_from}
+              "steps": steps, "restore_from": pending.restore_from,
+              "after_save": None if pending.saved_at is None
+              else pending.committed_at - pending.saved_at}
     if not busy:
         result["write_bytes"] = worker.total(io_after[0] - io_before[0])
         result["cancelled_bytes"] = worker.total(io_after[1] - io_before[1])
@@ -489,6 +504,8 @@ def train_dcp_comparison(config: dict[str, Any]) -> dict[str, Any]:
                               fsync)
             for key in ("call", "commit", "write_bytes", "cancelled_bytes", "fsync"):
                 record(side, key, idle[key])
+            if idle["after_save"] is not None:
+                record(side, "after_save", idle["after_save"])
             record(side, "restore", worker.restore(side, idle["restore_from"]))
             worker.discard(side, idle["restore_from"])
             if side == DCP_SAVE:

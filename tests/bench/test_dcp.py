@@ -48,7 +48,8 @@ def fake_samples() -> dict[str, Any]:
             worker.DCP_PROCESS: side(0.1, 0.5, busy_commit=0.9, write_bytes=501e6,
                                      fsync=0.0, restore=1.7),
             worker.SHARDED: side(0.09, 0.63, busy_commit=0.96, restore=1.7),
-            worker.SHARDED_FN: side(0.09, 0.62, busy_commit=0.84, restore=1.7),
+            worker.SHARDED_FN: {**side(0.09, 0.62, busy_commit=0.84, restore=1.7),
+                                "after_save": [0.004, 0.006, 0.2]},
         },
         "idle_steps": [0.01] * 9 + [0.02],
         "state_bytes": 500e6,
@@ -186,8 +187,9 @@ def test_tiny_run_prints_every_figure() -> None:
     table = completed.stdout
     for _, metric, _, _ in dcp.FIGURES:
         assert metric in table, metric
-    assert table.count("sharded route:") == 5
-    assert table.count("sharded route, NO_UPLOAD at a step boundary:") == 5
+    # Five figures each, and Cairn's own part after DCP's future.
+    assert table.count("sharded route:") == 6
+    assert table.count("sharded route, NO_UPLOAD at a step boundary:") == 6
     assert "| error" not in table
     lines = [line for line in table.splitlines() if line.startswith("| dcp ")]
     ratios = [line.split("|")[7].strip() for line in lines]
@@ -216,3 +218,14 @@ def test_a_failed_commit_wakes_the_waiting_loop_and_is_raised() -> None:
     assert pending.ready()
     with pytest.raises(RuntimeError, match="commit failed: disk full"):
         pending.advance()
+
+
+def test_the_sharded_route_row_of_cairns_own_part_stands_beside_the_save_alone() -> None:
+    rows = rows_by_metric()
+    part = rows["sharded route: Cairn's part (DCP's future done to committed), loop idle"]
+    assert part.cairn == pytest.approx(0.006) and part.reference == pytest.approx(0.6)
+    assert part.note.startswith(
+        "async_save alone plus this part: 1.01x of it (target <= 1.1x: met)")
+    # A route without future-done times (none in these samples) gets no such row.
+    assert not any(m.startswith("sharded route, NO_UPLOAD at a step boundary: Cairn's part")
+                   for m in rows)
