@@ -47,6 +47,9 @@ class GoodputJob:
     crash_rank: int = 1
     checkpoint_mib: float = 4.0
     num_workers: int = 2
+    # Every rank waits for the others at the end of each step (``<api>.collective.barrier``),
+    # as a data-parallel step's gradient all-reduce makes it wait.
+    step_barrier: bool = False
 
     def __post_init__(self) -> None:
         for name in ("duration_s", "step_s", "checkpoint_every_s"):
@@ -168,6 +171,7 @@ def goodput_train_loop(config: Mapping[str, Any]) -> None:
     can write: step logs, crash markers, scratch checkpoint directories).
     """
     api = importlib.import_module(str(config["api"]))
+    collective = importlib.import_module(f"{config['api']}.collective")
     try:
         from _checkpoint_data import make_checkpoint_dir
     except ImportError:  # only the repo root on the path
@@ -195,6 +199,8 @@ def goodput_train_loop(config: Mapping[str, Any]) -> None:
                     log.flush()
                     os._exit(1)
             time.sleep(job.step_s)
+            if job.step_barrier:
+                collective.barrier()
             log.write(f"step {step}\n")
             log.flush()
             if not job.is_checkpoint_step(step):
