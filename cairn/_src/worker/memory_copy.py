@@ -14,7 +14,8 @@ manifest's before anything is served: a copy that is not exactly the committed c
 ``to_directory``, ``load_training_state``) restores through on a kept or replaced rank:
 the driver's :class:`RestorePlan` names the sources, in order: the rank's own memory copy,
 then the copies of surviving peers (fetched over :class:`PeerServer`'s socket and verified
-as they arrive), then storage for whatever file none of them holds verified. Each restore
+as they arrive; by a replacement rank from the start of its process, see
+:mod:`.peer_prefetch`), then storage for whatever file none of them holds verified. Each restore
 is reported to the controller (:class:`RestoredMessage`: bytes from each source, the
 reason storage was read), which records it in the event log.
 
@@ -37,7 +38,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
-from typing import Any
+from typing import Any, Protocol
 
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
@@ -263,6 +264,34 @@ class _Outcome:
     reasons: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Prefetched:
+    """A checkpoint's files fetched from peers before the restore asked for them
+    (:mod:`.peer_prefetch`): ``got`` lie verified under ``directory``, which whoever took
+    this owns (and removes); ``files`` is the manifest they were checked against, at
+    ``manifest_path``; ``outcome`` says what came from where and why not the rest;
+    ``seconds`` is what the transfer took."""
+
+    directory: str
+    manifest_path: str
+    files: dict[str, FileEntry]
+    got: set[str]
+    outcome: _Outcome
+    seconds: float
+
+
+class PrefetchSource(Protocol):
+    """What :class:`RestoreSources` needs of a prefetch (see :mod:`.peer_prefetch`)."""
+
+    @property
+    def base(self) -> str | None: ...
+
+    def take(self, manifest_location: StorageLocation,
+             manifest: Any) -> Prefetched | None: ...
+
+    def discard(self, *, join: bool) -> None: ...
+
+
 class RestoreSources:
     """A rank's restore of the checkpoint its :class:`RestorePlan` names (the ``LocalCopies``
     of its ``StorageOptions``): its memory copy, then peers, then storage for the rest.
@@ -270,7 +299,8 @@ class RestoreSources:
 
     def __init__(self, *, plan: RestorePlan | None, memory: MemoryCopies | None,
                  run: StorageLocation, authkey: bytes, rank: int, fallback: Any,
-                 send: Callable[[object], None]) -> None:
+                 send: Callable[[object], None], prefetch: PrefetchSource | None = None,
+                 ) -> None:
         self._plan = plan
         self._memory = memory
         self._run = run
@@ -278,11 +308,36 @@ class RestoreSources:
         self._rank = rank
         self._fallback = fallback
         self._send = send
+        # The planned checkpoint's files, fetched from a peer from the start of the attempt
+        # (a replacement rank); the first restore of that checkpoint takes them.
+        self._prefetch = prefetch
+
+    def committed(self, report_index: int) -> None:
+        """Report ``report_index`` committed (the receiver thread): the local tier drops
+        older copies; a prefetch not taken yet of an older checkpoint is not needed."""
+        if self._fallback is not None:
+            self._fallback.committed(report_index)
+        if (self._prefetch is not None and self._plan is not None
+                and report_index > self._plan.report_index):
+            self._prefetch.discard(join=False)
+
+    def close(self) -> None:
+        """The attempt ends: a prefetch not taken is stopped and its files removed."""
+        if self._prefetch is not None:
+            self._prefetch.discard(join=True)
 
     def scratch_directory(self, size: int) -> str | None:
         """Where a restore of ``size`` bytes from memory is written: ``/dev/shm`` (RAM)
-        when it has room for it twice over, else None (the temporary directory)."""
-        if self._plan is None or not os.path.isdir(SHARED_MEMORY):
+        when it has room for it twice over, else None (the temporary directory); where a
+        prefetch writes (so that its files move there without a copy) when there is one."""
+        if self._prefetch is not None:
+            return self._prefetch.base
+        return self.scratch_base(size) if self._plan is not None else None
+
+    @staticmethod
+    def scratch_base(size: int) -> str | None:
+        """``/dev/shm`` when it has room for ``size`` bytes twice over, else None."""
+        if not os.path.isdir(SHARED_MEMORY):
             return None
         try:
             free = shutil.disk_usage(SHARED_MEMORY).free
@@ -305,20 +360,35 @@ class RestoreSources:
             check_relative_path(rel, argument="manifest files")
         outcome = _Outcome()
         missing = set(files)
-        if plan.own_memory and self._memory is not None:
+        prefetched = (self._prefetch.take(manifest_location, manifest)
+                      if self._prefetch is not None else None)
+        if prefetched is not None:
+            # The peers were asked already, from the attempt's start: their verified
+            # files move into ``target``; the reasons and bytes are the prefetch's.
+            outcome = prefetched.outcome
+            started -= prefetched.seconds
+            try:
+                for rel in sorted(prefetched.got):
+                    final = os.path.join(target, *rel.split("/"))
+                    os.makedirs(os.path.dirname(final), exist_ok=True)
+                    shutil.move(os.path.join(prefetched.directory, *rel.split("/")), final)
+            finally:
+                shutil.rmtree(prefetched.directory, ignore_errors=True)
+            missing -= prefetched.got
+        elif plan.own_memory and self._memory is not None:
             missing -= self._from_memory(plan.report_index, files, missing, target, outcome)
         elif not plan.own_memory and plan.reason:
             outcome.reasons.append(plan.reason)
-        for peer_rank, host, port in plan.peers:
+        for peer_rank, host, port in plan.peers if prefetched is None else ():
             if not missing:
                 break
-            got = self._from_peer(peer_rank, (host, port), plan.report_index, files,
-                                  missing, target, outcome)
-            missing -= got
+            missing -= fetch_from_peer(self._authkey, peer_rank, (host, port),
+                                       plan.report_index, files, missing, target, outcome)
         if missing == set(files):
             # Nothing from memory: the usual restore (storage, a local path as it is).
             self._report(plan, outcome, started,
-                         storage_bytes=sum(e.size for e in files.values()))
+                         storage_bytes=sum(e.size for e in files.values()),
+                         prefetched=prefetched is not None)
             return self._fall_back(manifest_location, manifest, target, retry)
         if missing:
             rest = {rel: files[rel] for rel in sorted(missing)}
@@ -326,7 +396,8 @@ class RestoreSources:
                                retry=retry)
             outcome.storage_bytes = sum(e.size for e in rest.values())
             outcome.reasons.append(f"no verified copy of {sorted(rest)} in memory")
-        self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes)
+        self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes,
+                     prefetched=prefetched is not None)
         return True
 
     def verified_objects(self, manifest_location: StorageLocation, manifest: Any,
@@ -392,43 +463,8 @@ class RestoreSources:
             self._memory.release(copy)
         return got
 
-    def _from_peer(self, peer_rank: int, address: tuple[str, int], report_index: int,
-                   files: dict[str, FileEntry], wanted: set[str], target: str,
-                   outcome: _Outcome) -> set[str]:
-        got: set[str] = set()
-        try:
-            connection = Client(address, authkey=self._authkey)
-        except (OSError, EOFError, AuthenticationError) as exc:
-            outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
-            return got
-        try:
-            connection.send((report_index, sorted(wanted)))
-            names = _receive(connection)
-            for rel in names:
-                if rel not in wanted:
-                    raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
-
-                def fill(sink: Any) -> None:
-                    while chunk := _receive_bytes(connection):
-                        sink.write(chunk)
-
-                size = _write_verified(target, rel, files[rel], fill)
-                if size is None:
-                    outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
-                                           "not match the manifest's checksum")
-                    break
-                outcome.peer_bytes += size
-                outcome.peer_rank = peer_rank
-                got.add(rel)
-        except (OSError, EOFError, TimeoutError) as exc:
-            outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
-                                   f"{type(exc).__name__}: {exc}")
-        finally:
-            connection.close()
-        return got
-
     def _report(self, plan: RestorePlan, outcome: _Outcome, started: float,
-                storage_bytes: int) -> None:
+                storage_bytes: int, prefetched: bool = False) -> None:
         parts = [name for name, n in (("memory", outcome.memory_bytes),
                                       ("peer", outcome.peer_bytes)) if n]
         if storage_bytes or not parts:
@@ -445,20 +481,70 @@ class RestoreSources:
             self._send(RestoredMessage(
                 self._rank, plan.report_index, source, reason, outcome.memory_bytes,
                 outcome.peer_bytes, storage_bytes, time.perf_counter() - started,
-                outcome.peer_rank))
+                outcome.peer_rank, prefetched))
         except OSError:
             pass
 
 
-def _receive(connection: Connection) -> Any:
-    if not connection.poll(PEER_TIMEOUT_S):
-        raise TimeoutError(f"no answer within {PEER_TIMEOUT_S:g}s")
+def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
+                    report_index: int, files: dict[str, FileEntry], wanted: set[str],
+                    target: str, outcome: _Outcome,
+                    stop: threading.Event | None = None) -> set[str]:
+    """Ask ``peer_rank``'s :class:`PeerServer` for the files ``wanted`` of report
+    ``report_index`` and write each it sends under ``target``, verified against ``files``
+    (the manifest's entries); the names written. What went wrong goes to ``outcome``'s
+    reasons; ``stop`` (set by another thread) ends the transfer at its next chunk."""
+    got: set[str] = set()
+    try:
+        connection = Client(address, authkey=authkey)
+    except (OSError, EOFError, AuthenticationError) as exc:
+        outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
+        return got
+    try:
+        connection.send((report_index, sorted(wanted)))
+        names = _receive(connection, stop)
+        for rel in names:
+            if rel not in wanted:
+                raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
+
+            def fill(sink: Any) -> None:
+                while chunk := _receive_bytes(connection, stop):
+                    sink.write(chunk)
+
+            size = _write_verified(target, rel, files[rel], fill)
+            if size is None:
+                outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
+                                       "not match the manifest's checksum")
+                break
+            outcome.peer_bytes += size
+            outcome.peer_rank = peer_rank
+            got.add(rel)
+    except (OSError, EOFError, TimeoutError) as exc:
+        outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
+                               f"{type(exc).__name__}: {exc}")
+    finally:
+        connection.close()
+    return got
+
+
+def _wait_readable(connection: Connection, stop: threading.Event | None, what: str) -> None:
+    """Wait for ``connection`` to have data, at most PEER_TIMEOUT_S, and no longer than
+    ``stop`` stays unset."""
+    deadline = time.monotonic() + PEER_TIMEOUT_S
+    while not connection.poll(0.2 if stop is not None else PEER_TIMEOUT_S):
+        if stop is not None and stop.is_set():
+            raise OSError("stopped: the attempt no longer needs it")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} within {PEER_TIMEOUT_S:g}s")
+
+
+def _receive(connection: Connection, stop: threading.Event | None = None) -> Any:
+    _wait_readable(connection, stop, "no answer")
     return connection.recv()
 
 
-def _receive_bytes(connection: Connection) -> bytes:
-    if not connection.poll(PEER_TIMEOUT_S):
-        raise TimeoutError(f"no data within {PEER_TIMEOUT_S:g}s")
+def _receive_bytes(connection: Connection, stop: threading.Event | None = None) -> bytes:
+    _wait_readable(connection, stop, "no data")
     return connection.recv_bytes()
 
 
@@ -483,16 +569,6 @@ def _write_verified(target: str, rel: str, entry: FileEntry,
         if os.path.exists(partial):
             os.unlink(partial)
         raise
-
-
-def restore_sources(setup: Any, memory: MemoryCopies | None, tier: Any,
-                    send: Callable[[object], None]) -> Any:
-    """The ``LocalCopies`` a worker's checkpoints restore through: ``tier`` (the local
-    tier, or None) unless this process keeps memory copies (``keep_survivors``)."""
-    if memory is None:
-        return tier
-    return RestoreSources(plan=setup.restore, memory=memory, run=setup.run,
-                          authkey=memory.authkey, rank=setup.rank, fallback=tier, send=send)
 
 
 def serve_copy(memory: MemoryCopies | None) -> MemoryCopyInfo | None:
