@@ -56,7 +56,7 @@ from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
-from cairn._src.worker.memory_copy import MemoryCopies, serve_copy
+from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources, serve_copy
 from cairn._src.worker.peer_prefetch import restore_sources
 from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
@@ -540,7 +540,8 @@ class WorkerSession:
     def close(self) -> None:
         self._stopping = True
         self._uploads.put(_STOP)  # after a failure too: local mode's process goes on
-        getattr(self._copies, "close", lambda: None)()  # a prefetch no restore took
+        if isinstance(self._copies, RestoreSources):
+            self._copies.close()  # a peer transfer that no restore took: its files go
 
     def join(self) -> None:
         """Wait for the receiver and the uploader, once the connection is closed."""
