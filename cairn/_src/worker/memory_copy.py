@@ -35,10 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
-from typing import Any, Protocol
+from multiprocessing.connection import Connection, Listener
+from typing import Any
 
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
@@ -47,11 +47,15 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
+from cairn._src.worker.peer_fetch import (
+    Outcome,
+    PrefetchSource,
+    fetch_from_peer,
+    write_verified,
+)
 
 logger = logging.getLogger(__name__)
 
-# A peer that sends nothing for this long is taken as gone (its copy is not used).
-PEER_TIMEOUT_S = 30.0
 _CHUNK = 8 << 20
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
@@ -255,43 +259,6 @@ class PeerServer:
             self._copies.release(copy)
 
 
-@dataclass
-class _Outcome:
-    memory_bytes: int = 0
-    peer_bytes: int = 0
-    storage_bytes: int = 0
-    peer_rank: int | None = None
-    reasons: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Prefetched:
-    """A checkpoint's files fetched from peers before the restore asked for them
-    (:mod:`.peer_prefetch`): ``got`` lie verified under ``directory``, which whoever took
-    this owns (and removes); ``files`` is the manifest they were checked against, at
-    ``manifest_path``; ``outcome`` says what came from where and why not the rest;
-    ``seconds`` is what the transfer took."""
-
-    directory: str
-    manifest_path: str
-    files: dict[str, FileEntry]
-    got: set[str]
-    outcome: _Outcome
-    seconds: float
-
-
-class PrefetchSource(Protocol):
-    """What :class:`RestoreSources` needs of a prefetch (see :mod:`.peer_prefetch`)."""
-
-    @property
-    def base(self) -> str | None: ...
-
-    def take(self, manifest_location: StorageLocation,
-             manifest: Any) -> Prefetched | None: ...
-
-    def discard(self, *, join: bool) -> None: ...
-
-
 class RestoreSources:
     """A rank's restore of the checkpoint its :class:`RestorePlan` names (the ``LocalCopies``
     of its ``StorageOptions``): its memory copy, then peers, then storage for the rest.
@@ -359,7 +326,7 @@ class RestoreSources:
         files: dict[str, FileEntry] = dict(manifest.files)
         for rel in files:
             check_relative_path(rel, argument="manifest files")
-        outcome = _Outcome()
+        outcome = Outcome()
         missing = set(files)
         prefetched = (self._prefetch.take(manifest_location, manifest)
                       if self._prefetch is not None else None)
@@ -432,7 +399,7 @@ class RestoreSources:
             objects = {rel: deepcopy(value(rel)) for rel in wanted}
         finally:
             memory.release(copy)
-        outcome = _Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
+        outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
         self._report(plan, outcome, started, storage_bytes=0)
         return objects
 
@@ -443,7 +410,7 @@ class RestoreSources:
         return bool(self._fallback.restore(manifest_location, manifest, target, retry))
 
     def _from_memory(self, report_index: int, files: dict[str, FileEntry], wanted: set[str],
-                     target: str, outcome: _Outcome) -> set[str]:
+                     target: str, outcome: Outcome) -> set[str]:
         assert self._memory is not None
         copy = self._memory.acquire(report_index)
         if copy is None:
@@ -452,7 +419,7 @@ class RestoreSources:
         got: set[str] = set()
         try:
             for rel in sorted(wanted & set(copy.entries)):
-                size = _write_verified(target, rel, files[rel],
+                size = write_verified(target, rel, files[rel],
                                        functools.partial(_serialize_into, copy, rel))
                 if size is None:
                     outcome.reasons.append(f"this rank's memory copy of {rel!r} does not "
@@ -464,7 +431,7 @@ class RestoreSources:
             self._memory.release(copy)
         return got
 
-    def _report(self, plan: RestorePlan, outcome: _Outcome, started: float,
+    def _report(self, plan: RestorePlan, outcome: Outcome, started: float,
                 storage_bytes: int, prefetched: bool = False) -> None:
         parts = [name for name, n in (("memory", outcome.memory_bytes),
                                       ("peer", outcome.peer_bytes)) if n]
@@ -485,91 +452,6 @@ class RestoreSources:
                 outcome.peer_rank, prefetched))
         except OSError:
             pass
-
-
-def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
-                    report_index: int, files: dict[str, FileEntry], wanted: set[str],
-                    target: str, outcome: _Outcome,
-                    stop: threading.Event | None = None) -> set[str]:
-    """Ask ``peer_rank``'s :class:`PeerServer` for the files ``wanted`` of report
-    ``report_index`` and write each it sends under ``target``, verified against ``files``
-    (the manifest's entries); the names written. What went wrong goes to ``outcome``'s
-    reasons; ``stop`` (set by another thread) ends the transfer at its next chunk."""
-    got: set[str] = set()
-    try:
-        connection = Client(address, authkey=authkey)
-    except (OSError, EOFError, AuthenticationError) as exc:
-        outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
-        return got
-    try:
-        connection.send((report_index, sorted(wanted)))
-        names = _receive(connection, stop)
-        for rel in names:
-            if rel not in wanted:
-                raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
-
-            def fill(sink: Any) -> None:
-                while chunk := _receive_bytes(connection, stop):
-                    sink.write(chunk)
-
-            size = _write_verified(target, rel, files[rel], fill)
-            if size is None:
-                outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
-                                       "not match the manifest's checksum")
-                break
-            outcome.peer_bytes += size
-            outcome.peer_rank = peer_rank
-            got.add(rel)
-    except (OSError, EOFError, TimeoutError) as exc:
-        outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
-                               f"{type(exc).__name__}: {exc}")
-    finally:
-        connection.close()
-    return got
-
-
-def _wait_readable(connection: Connection, stop: threading.Event | None, what: str) -> None:
-    """Wait for ``connection`` to have data, at most PEER_TIMEOUT_S, and no longer than
-    ``stop`` stays unset."""
-    deadline = time.monotonic() + PEER_TIMEOUT_S
-    while not connection.poll(0.2 if stop is not None else PEER_TIMEOUT_S):
-        if stop is not None and stop.is_set():
-            raise OSError("stopped: the attempt no longer needs it")
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} within {PEER_TIMEOUT_S:g}s")
-
-
-def _receive(connection: Connection, stop: threading.Event | None = None) -> Any:
-    _wait_readable(connection, stop, "no answer")
-    return connection.recv()
-
-
-def _receive_bytes(connection: Connection, stop: threading.Event | None = None) -> bytes:
-    _wait_readable(connection, stop, "no data")
-    return connection.recv_bytes()
-
-
-def _write_verified(target: str, rel: str, entry: FileEntry,
-                    fill: Callable[[Any], None]) -> int | None:
-    """Write ``rel`` under ``target`` from ``fill(sink)``, hashing as it goes: its size,
-    or None (nothing left behind) when size or checksum differ from ``entry``."""
-    final = os.path.join(target, *rel.split("/"))
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    partial = final + ".cairn-partial"
-    try:
-        with open(partial, "wb") as raw:
-            sink = HashingSink(raw)
-            fill(sink)
-        got = sink.entry()
-        if got.size != entry.size or got.checksum != entry.checksum:
-            os.unlink(partial)
-            return None
-        os.replace(partial, final)
-        return got.size
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
 
 
 def serve_copy(memory: MemoryCopies | None) -> MemoryCopyInfo | None:

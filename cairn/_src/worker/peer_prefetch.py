@@ -10,7 +10,7 @@ verified comes from storage, as without a prefetch, and the ``RestoredMessage`` 
 
 The prefetch reads the checkpoint's manifest from storage itself (one small file): its
 names are checked with ``check_relative_path`` and every file is verified against its size
-and checksum as it arrives (``memory_copy.fetch_from_peer``), as a restore does. The
+and checksum as it arrives (``peer_fetch.fetch_from_peer``), as a restore does. The
 restore uses the files only for the same manifest (same location, same entries).
 
 Ownership: the thread owns its connection and its directory until it finishes; then the
@@ -36,14 +36,8 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.wire.messages import RestorePlan
-from cairn._src.worker.memory_copy import (
-    PEER_TIMEOUT_S,
-    MemoryCopies,
-    Prefetched,
-    RestoreSources,
-    _Outcome,
-    fetch_from_peer,
-)
+from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
+from cairn._src.worker.peer_fetch import PEER_TIMEOUT_S, Outcome, Prefetched, fetch_from_peer
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +130,7 @@ class PeerPrefetch:
         self._base = RestoreSources.scratch_base(sum(e.size for e in files.values()))
         self._base_known.set()
         directory = tempfile.mkdtemp(prefix="cairn-checkpoint-", dir=self._base)
-        outcome = _Outcome(reasons=[plan.reason] if plan.reason else [])
+        outcome = Outcome(reasons=[plan.reason] if plan.reason else [])
         missing = set(files)
         try:
             for peer_rank, host, port in plan.peers:
