@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any
@@ -48,6 +48,7 @@ from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
+    PEER_TIMEOUT_S,
     Outcome,
     PrefetchSource,
     fetch_from_peer,
@@ -68,6 +69,10 @@ class _Copy:
     entries: dict[str, FileEntry]
     readers: int = 0
     dropped: bool = False
+    # Files being sent to a peer now, and those sent in full: their entry as hashed
+    # while sending and when (time.monotonic()), for this rank's own restore to use once.
+    serving: set[str] = field(default_factory=set)
+    sent: dict[str, tuple[FileEntry, float]] = field(default_factory=dict)
 
 
 class MemoryCopies:
@@ -79,6 +84,7 @@ class MemoryCopies:
         self.authkey = authkey
         self.host = host
         self._lock = threading.Lock()
+        self._served = threading.Condition(self._lock)  # a file sent to a peer
         self._pending: dict[int, _Copy] = {}
         self._committed: _Copy | None = None
         self._server: PeerServer | None = None
@@ -156,6 +162,32 @@ class MemoryCopies:
             copy.readers += 1
             return copy
 
+    def sending(self, copy: _Copy, rel: str) -> None:
+        """The peer server starts sending ``rel`` of ``copy``."""
+        with self._served:
+            copy.serving.add(rel)
+
+    def sent(self, copy: _Copy, rel: str, entry: FileEntry | None) -> None:
+        """The peer server is done with ``rel``: ``entry`` is what it sent in full, as
+        hashed while sending (None: the send failed)."""
+        with self._served:
+            copy.serving.discard(rel)
+            if entry is not None:
+                copy.sent[rel] = (entry, time.monotonic())
+            self._served.notify_all()
+
+    def sent_entry(self, copy: _Copy, rel: str) -> FileEntry | None:
+        """The entry of ``rel`` of ``copy`` as just sent to a peer, once (after waiting
+        for a send in progress, at most a peer timeout); None when none was sent lately.
+        A send is a serialization of the same buffers: this rank's own restore need not
+        serialize them a second time to check them."""
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        with self._served:
+            while rel in copy.serving and time.monotonic() < deadline:
+                self._served.wait(deadline - time.monotonic())
+            entry, at = copy.sent.pop(rel, (None, 0.0))
+        return entry if time.monotonic() - at < PEER_TIMEOUT_S else None
+
     def release(self, copy: _Copy) -> None:
         with self._lock:
             copy.readers -= 1
@@ -182,17 +214,23 @@ def local_host_toward(address: tuple[str, int]) -> str:
 
 
 class _ConnectionSink:
-    """A write-only binary sink that sends what it is given in chunks on ``connection``."""
+    """A write-only binary sink that sends what it is given in chunks on ``connection``,
+    hashing it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._buffer = bytearray()
+        self._hashed = HashingSink(None)  # what was sent, as the manifest would list it
 
     def writable(self) -> bool:
         return True
 
+    def entry(self) -> FileEntry:
+        return self._hashed.entry()
+
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        self._hashed.write(view)
         if len(self._buffer) + len(view) < _CHUNK:
             self._buffer += view  # small records (pickle, zip headers) go together
             return len(view)
@@ -253,8 +291,14 @@ class PeerServer:
             connection.send(names)
             for rel in names:
                 sink = _ConnectionSink(connection)
-                _serialize_into(copy, rel, sink)
-                sink.finish()
+                self._copies.sending(copy, rel)
+                sent = None
+                try:
+                    _serialize_into(copy, rel, sink)
+                    sink.finish()
+                    sent = sink.entry()
+                finally:
+                    self._copies.sent(copy, rel, sent)
         finally:
             self._copies.release(copy)
 
@@ -390,6 +434,8 @@ class RestoreSources:
             if value is None or not all(n in copy.entries for n in wanted):
                 return None
             for rel in wanted:
+                if memory.sent_entry(copy, rel) == manifest.files[rel]:
+                    continue  # just serialized for a peer, and hashed as it went
                 sink = HashingSink(None)
                 _serialize_into(copy, rel, sink)
                 if sink.entry() != manifest.files[rel]:
