@@ -39,8 +39,8 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     (a rank), that rank first changes its memory copy of the checkpoint (the snapshot's
     buffers), as a bit flip would. Kind "kill_while_serving": the rank, kept into that
     attempt, SIGKILLs itself in the middle of sending its memory copy to a replacement
-    rank, once it has restored in that attempt itself (``ballast_mib`` of extra state
-    makes that copy large)."""
+    rank, once that rank's train function restores (``ballast_mib`` of extra state makes
+    that copy large)."""
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
     _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
@@ -59,6 +59,7 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
                 and planned["rank"] == rank):
             _kill_while_serving(config, int(later), rank)
     if checkpoint is not None:
+        _record(config, f"restoring_{attempt}_{rank}.json", True)
         step = load_training_state(checkpoint, model=model, optimizer=optimizer,
                                    data_loader=loader).step
         _record(config, f"resumed_{attempt}_{rank}.json", step)
@@ -112,8 +113,8 @@ def _corrupt_memory_copy() -> None:
 
 
 def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None:
-    """From now on, this process SIGKILLs itself once it has sent 1 MiB of a file of its
-    memory copy to a peer (waiting first until it has restored in ``attempt``)."""
+    """From now on, this process (rank ``rank`` of 2) SIGKILLs itself once it has sent
+    1 MiB of a file of its memory copy to a peer in ``attempt`` that is restoring."""
     from cairn._src.worker import memory_copy
 
     serialize = memory_copy._serialize_into
@@ -124,7 +125,8 @@ def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None
         if not isinstance(sink, memory_copy._ConnectionSink):
             serialize(copy, rel, sink)  # this rank's own restore
             return
-        _wait_for(config, f"resumed_{attempt}_{rank}.json")
+        # Once the replacement's train function restores (past the model's set-up).
+        _wait_for(config, f"restoring_{attempt}_{1 - rank}.json")
 
         class Dying:
             sent = 0

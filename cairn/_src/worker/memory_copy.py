@@ -332,11 +332,12 @@ class RestoreSources:
                 and report_index > self._plan.report_index):
             self._prefetch.discard(join=False)
 
-    def close(self, *, wait: bool = True) -> None:
-        """The attempt ends (or is stopping: any thread, ``wait=False``): a prefetch not
-        taken is stopped and its files removed; with ``wait``, once its thread is done."""
+    def close(self) -> None:
+        """The attempt ends: a prefetch not taken is stopped and its files removed. (Not
+        at the stop of an attempt: the train function may still restore until its next
+        report or collective, and the event log says what that restore used.)"""
         if self._prefetch is not None:
-            self._prefetch.discard(join=wait)
+            self._prefetch.discard(join=True)
 
     def scratch_directory(self, size: int) -> str | None:
         """Where a restore of ``size`` bytes from memory is written: ``/dev/shm`` (RAM)

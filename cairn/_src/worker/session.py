@@ -563,8 +563,6 @@ class WorkerSession:
             handle._resolve(None, stop)
         self._reported.stop(stop)
         self.collectives.stop(stop)
-        if isinstance(self._copies, RestoreSources):
-            self._copies.close(wait=False)  # a peer transfer not taken yet is not needed
         self._stop_event.set()
 
     def wait_to_rejoin(self, attempt: int) -> RejoinMessage | None:
