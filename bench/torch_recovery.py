@@ -50,7 +50,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes-mib", default="64,1024",
                         help="--survivors: training state sizes in MiB (comma-separated)")
     parser.add_argument("--warm-standby", action="store_true",
-                        help="--survivors: both sides with FailureConfig(warm_standby=True)")
+                        help="--survivors: both sides with FailureConfig(warm_standby=True), "
+                             "and a third side: the whole-group restart with the defaults")
     return parser.parse_args(argv)
 
 

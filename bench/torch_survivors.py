@@ -12,6 +12,12 @@ completed one ``all_reduce`` step. Also measured: the bytes the restore read fro
 summed over ranks: with keep_survivors from the event log's ``restored`` records (the
 survivor restores from its memory copy, the replacement from the survivor's); for the
 whole-group restart, every file each rank restored (all from storage).
+
+With ``--warm-standby`` both sides above use warm standby, and a third side is measured
+in the same run: today's whole-group restart with Cairn's defaults (no warm standby), the
+reference of the issue's target; a row gives keep_survivors against each. Each run prints
+where its recovery's time went: detection, stop and replace, connect, setup, then per
+rank the model build, the restore and (the replacement) the peer transfer.
 """
 
 from __future__ import annotations
@@ -83,7 +89,8 @@ def train(config: dict[str, Any]) -> None:
                                step=step).wait()
 
 
-def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[float, int]:
+def one_run(keep: bool, size_mib: int, scratch: str, standby: bool,
+            label: str = "") -> tuple[float, int]:
     from cairn.torch import TorchTrainer
 
     out = tempfile.mkdtemp(dir=scratch)
@@ -107,10 +114,12 @@ def one_run(keep: bool, size_mib: int, scratch: str, standby: bool) -> tuple[flo
         assert len(restored) == 2, restored
         storage_bytes = sum(int(e["bytes"]) for e in restored)
         sources = ", ".join(f"rank {e['rank']}: {e['kind']} in {e['seconds']:.2f}s"
+                            + (" (prefetched)" if e.get("prefetched") else "")
                             for e in restored)
         print(f"keep_survivors {size_mib} MiB: {seconds:.2f}s, restored from {sources}, "
               f"{storage_bytes} bytes from storage", flush=True)
-    print(f"{'keep' if keep else 'whole'} {size_mib} MiB: {_breakdown(result.path, read)}",
+    side = label or ("keep" if keep else "whole")
+    print(f"{side} {size_mib} MiB: {seconds:.2f}s; {_breakdown(result.path, read)}",
           flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return seconds, storage_bytes
@@ -128,10 +137,17 @@ def _breakdown(path: str, read: Any) -> str:
              ("connect", start, ready), ("setup", ready, train),
              ("model, restore", train, restored), ("first step", restored,
                                                   read("first_step"))]
+    # The peer transfer (from the event log): with a prefetch it ran from the worker's
+    # setup, beside the model build, and only its rest is on the restore's path.
+    peer = {e["rank"]: e for e in events if e["type"] == "restored"
+            and int(e.get("peer_bytes") or 0) > 0}
     ranks = "; ".join(
-        f"rank {rank}: enter {read(f'entered_{rank}') - train:.2f}, model "
+        f"rank {rank}: enter {read(f'entered_{rank}') - train:.2f}, model built "
         f"{read(f'built_{rank}') - read(f'entered_{rank}'):.2f}, restore "
-        f"{read(f'restored_{rank}') - read(f'built_{rank}'):.2f}" for rank in (0, 1))
+        f"{read(f'restored_{rank}') - read(f'built_{rank}'):.2f}"
+        + (f", peer transfer {peer[rank]['seconds']:.2f}"
+           + (" (prefetched)" if peer[rank].get("prefetched") else "")
+           if rank in peer else "") for rank in (0, 1))
     return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks) + (
         f" ({ranks})")
 
@@ -145,6 +161,22 @@ def _events(path: str) -> list[dict[str, Any]]:
     return records
 
 
+def _against_defaults(size: int, runs: int, kept: list[float],
+                      today: list[float]) -> dict[str, Any]:
+    """The row against today's whole-group restart (Cairn's defaults: no warm standby)."""
+    cairn_s, reference = statistics.median(kept), statistics.median(today)
+    return {
+        "benchmark": "torch_survivors",
+        "metric": f"crash of 1 of 2 ranks to first step after restore, {size} MiB state, "
+                  "keep_survivors, warm standby",
+        "cairn": cairn_s, "reference": reference, "ratio": cairn_s / reference, "unit": "s",
+        "reference_name": "whole-group restart with Cairn's defaults (no warm standby), "
+                          "same run",
+        "note": f"median of {runs}; kept {', '.join(f'{t:.2f}' for t in kept)} s, whole "
+                f"(defaults) {', '.join(f'{t:.2f}' for t in today)} s; target <= 0.3x",
+    }
+
+
 def run_survivors(args: Any) -> list[dict[str, Any]]:
     runs = getattr(args, "runs", None) or (1 if getattr(args, "quick", False) else 3)
     sizes = [int(s) for s in str(getattr(args, "sizes_mib", "64,1024")).split(",") if s]
@@ -154,12 +186,14 @@ def run_survivors(args: Any) -> list[dict[str, Any]]:
     kept_median: dict[int, float] = {}
     try:
         for size in sizes:
-            whole, kept, whole_bytes, kept_bytes = [], [], 0, 0
-            for _ in range(runs):  # alternate, so that load drifts hit both alike
+            whole, kept, today, whole_bytes, kept_bytes = [], [], [], 0, 0
+            for _ in range(runs):  # alternate, so that load drifts hit all sides alike
                 seconds, whole_bytes = one_run(False, size, scratch, standby)
                 whole.append(seconds)
                 seconds, kept_bytes = one_run(True, size, scratch, standby)
                 kept.append(seconds)
+                if standby:  # today's whole-group restart: Cairn's defaults
+                    today.append(one_run(False, size, scratch, False, "whole, defaults")[0])
             cairn_s, reference = statistics.median(kept), statistics.median(whole)
             kept_median[size] = cairn_s
             rows.append({
@@ -174,6 +208,8 @@ def run_survivors(args: Any) -> list[dict[str, Any]]:
                         f"{kept_bytes / 2**10:.0f} KiB (kept) and {whole_bytes / 2**20:.0f} "
                         "MiB (whole) from storage",
             })
+            if standby:
+                rows.append(_against_defaults(size, runs, kept, today))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if len(sizes) > 1:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import random
 import signal
-import tempfile
 import time
 from typing import Any
 
@@ -39,9 +37,10 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     ``every`` steps. ``faults`` maps an attempt to what one rank does at one step: "kill"
     (SIGKILL while its peers wait in the step's all_reduce) or "raise"; with "corrupt"
     (a rank), that rank first changes its memory copy of the checkpoint (the snapshot's
-    buffers), as a bit flip would. Kind "kill_during_restore": the rank kills itself once
-    its restore is done and another rank is restoring (``ballast_mib`` of extra state
-    makes that restore long)."""
+    buffers), as a bit flip would. Kind "kill_while_serving": the rank, kept into that
+    attempt, SIGKILLs itself in the middle of sending its memory copy to a replacement
+    rank, once that rank's train function restores (``ballast_mib`` of extra state makes
+    that copy large)."""
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
     _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
@@ -55,14 +54,15 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     step = 0
     checkpoint = cairn.get_checkpoint()
     fault = config.get("faults", {}).get(str(attempt))
+    for later, planned in config.get("faults", {}).items():
+        if (int(later) > attempt and planned["kind"] == "kill_while_serving"
+                and planned["rank"] == rank):
+            _kill_while_serving(config, int(later), rank)
     if checkpoint is not None:
-        if fault and fault["kind"] == "kill_during_restore" and rank != fault["rank"]:
-            _wait_for(config, f"resumed_{attempt}_{fault['rank']}.json")
+        _record(config, f"restoring_{attempt}_{rank}.json", True)
         step = load_training_state(checkpoint, model=model, optimizer=optimizer,
                                    data_loader=loader).step
         _record(config, f"resumed_{attempt}_{rank}.json", step)
-        if fault and fault["kind"] == "kill_during_restore" and rank == fault["rank"]:
-            _kill_during_restore()
     ballast = ({"ballast": torch.ones(config["ballast_mib"] * 2**18)}
                if config.get("ballast_mib") else None)
     handles: list[cairn.ReportHandle] = []
@@ -112,22 +112,44 @@ def _corrupt_memory_copy() -> None:
                 tensor.add_(1.0)
 
 
+def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None:
+    """From now on, this process (rank ``rank`` of 2) SIGKILLs itself once it has sent
+    1 MiB of a file of its memory copy to a peer in ``attempt`` that is restoring."""
+    from cairn._src.worker import memory_copy
+
+    serialize = memory_copy._serialize_into
+    if getattr(serialize, "kills", False):
+        return
+
+    def serialize_then_die(copy: Any, rel: str, sink: Any) -> None:
+        if not isinstance(sink, memory_copy._ConnectionSink):
+            serialize(copy, rel, sink)  # this rank's own restore
+            return
+        # Once the replacement's train function restores (past the model's set-up).
+        _wait_for(config, f"restoring_{attempt}_{1 - rank}.json")
+
+        class Dying:
+            sent = 0
+
+            def write(self, data: Any) -> int:
+                written = sink.write(data)
+                Dying.sent += written
+                if Dying.sent > 2**20:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return written
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(sink, name)
+
+        serialize(copy, rel, Dying())
+
+    serialize_then_die.kills = True  # type: ignore[attr-defined]
+    memory_copy._serialize_into = serialize_then_die
+
+
 def _wait_for(config: dict[str, Any], name: str) -> None:
     deadline = time.time() + 60
     while not os.path.exists(os.path.join(config["scratch"], name)):
         if time.time() > deadline:
             raise TimeoutError(f"{name} did not appear")
         time.sleep(0.01)
-
-
-def _kill_during_restore() -> None:
-    """SIGKILL this rank once another rank is receiving a file of its restore (a partial
-    file in a restore directory: this rank serves it)."""
-    patterns = [os.path.join(root, "cairn-checkpoint-*", "**", "*.cairn-partial")
-                for root in (tempfile.gettempdir(), "/dev/shm")]
-    deadline = time.time() + 60
-    while not any(glob.glob(pattern, recursive=True) for pattern in patterns):
-        if time.time() > deadline:
-            raise TimeoutError("no other rank restored from this one")
-        time.sleep(0.005)
-    os.kill(os.getpid(), signal.SIGKILL)

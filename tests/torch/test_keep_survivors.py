@@ -79,6 +79,8 @@ def test_the_survivor_keeps_its_process_and_resumes_bit_exact(
     assert restored[0]["kind"].startswith("memory"), restored
     assert restored[1]["kind"].startswith("peer") and restored[1]["peer"] == 0, restored
     assert restored[0]["memory_bytes"] > 0 and restored[1]["peer_bytes"] > 0
+    # The replacement fetched the peer's copy from its start, beside its train function.
+    assert restored[1].get("prefetched") is True and "prefetched" not in restored[0]
     # From storage: only the small per-rank state the other rank wrote (its RNGs).
     for rank in (0, 1):
         assert restored[rank]["bytes"] < 64 * 1024, restored
@@ -129,6 +131,7 @@ def test_a_corrupted_memory_copy_is_not_used_and_the_event_log_says_why(
     assert restored[1]["kind"] == "storage" and restored[1]["peer_bytes"] == 0, restored
     assert "peer rank 0's copy of 'model.pt' does not match the manifest's checksum" in (
         restored[1]["reason"])
+    assert restored[1].get("prefetched") is True, restored
     _assert_same_training(result.return_value, reference)
 
 
@@ -136,9 +139,9 @@ def test_a_peer_killed_during_the_transfer_falls_back_to_storage(
     run_config: Any, scratch: str, reference: dict[str, Any],
 ) -> None:
     # Attempt 0: rank 1 is killed; attempt 1: rank 0 (the peer serving rank 1's restore)
-    # is killed while rank 1 restores from it.
+    # is killed in the middle of sending its copy, which rank 1 fetches from its start.
     faults = {"0": {"rank": 1, "step": 13, "kind": "kill"},
-              "1": {"rank": 0, "kind": "kill_during_restore"}}
+              "1": {"rank": 0, "kind": "kill_while_serving"}}
     result = TorchTrainer(
         survivor_workloads.train,
         train_loop_config={**JOB, "scratch": scratch, "faults": faults, "ballast_mib": 64},
@@ -153,6 +156,7 @@ def test_a_peer_killed_during_the_transfer_falls_back_to_storage(
     # Rank 1 got what the peer sent before it died, the rest from storage, and says why.
     assert "storage" in first[2][1]["kind"], first
     assert "the transfer from peer rank 0 failed" in first[2][1]["reason"], first
+    assert first[2][1].get("prefetched") is True, first
     # Attempt 2: nobody holds the checkpoint in memory (rank 1 never snapshotted).
     assert {e["kind"] for e in second[1].values()} == {"storage"}, second
     _assert_same_training(result.return_value, reference)

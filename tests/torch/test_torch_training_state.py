@@ -102,3 +102,16 @@ def test_bad_arguments_and_foreign_directories_are_refused(tmp_path: Path) -> No
         load_training_state(tmp_path / "empty", model=model)
     with pytest.raises(cairn.ConfigError, match=r"checkpoint=3\)"):
         load_training_state(3, model=model)  # type: ignore[arg-type]
+
+
+def test_a_model_file_torch_cannot_map_is_read(tmp_path: Path) -> None:
+    # The model file is memory-mapped; one in torch's legacy format (not mappable) is read.
+    model, optimizer, _ = build(seed=1)
+    save_training_state(tmp_path, model=model, optimizer=optimizer, step=3)
+    path = tmp_path / "model.pt"
+    state = torch.load(path, weights_only=True)
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    fresh, fresh_optimizer, _ = build(seed=2)
+    assert load_training_state(str(tmp_path), model=fresh, optimizer=fresh_optimizer).step == 3
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name

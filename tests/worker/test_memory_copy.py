@@ -131,3 +131,51 @@ def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:
     assert not sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2),
                                str(target), retry=None)  # type: ignore[arg-type]
     assert sent[0].source == "storage" and "peer rank 0" in sent[0].reason
+
+
+class ValueWriter(Writer):
+    """A snapshot's writer that also hands out the held state, and counts serializations."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(files)
+        self.serialized: list[str] = []
+
+    def write_file(self, rel: str, sink: Any) -> None:
+        self.serialized.append(rel)
+        super().write_file(rel, sink)
+
+    def value(self, rel: str) -> Any:
+        return {"bytes": self.files[rel]}
+
+
+def test_a_file_just_sent_to_a_peer_is_not_serialized_again_for_the_own_restore(
+    tmp_path: Path,
+) -> None:
+    run = resolve(str(tmp_path / "run"))
+    stored = {"model.pt": b"weights" * 1000}
+    manifest = _manifest(stored, 2)
+    survivor = MemoryCopies(KEY, "127.0.0.1")
+    writer = ValueWriter(stored)
+    survivor.hold(2, writer, dict(manifest.files))
+    survivor.committed(2)
+    survivor.serve()
+    info = survivor.info()
+    assert info is not None and info.address is not None
+    replacement = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *info.address),), "a replaced rank"), memory=None,
+        run=run, authkey=KEY, rank=1, fallback=None, send=lambda _: None)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert replacement.restore(run.join("checkpoint_000002"), manifest, str(target),
+                               retry=None)  # type: ignore[arg-type]
+    assert writer.serialized == ["model.pt"]
+    sent: list[Any] = []
+    own = RestoreSources(plan=RestorePlan(2, True), memory=survivor, run=run, authkey=KEY,
+                         rank=0, fallback=None, send=sent.append)
+    objects = own.verified_objects(run.join("checkpoint_000002"), manifest, ["model.pt"])
+    assert objects == {"model.pt": {"bytes": stored["model.pt"]}}
+    # The send hashed what it serialized: checked against the manifest without a second
+    # serialization; a later restore serializes again (a send's entry is used once).
+    assert writer.serialized == ["model.pt"] and sent[0].source == "memory"
+    assert own.verified_objects(run.join("checkpoint_000002"), manifest, ["model.pt"])
+    assert writer.serialized == ["model.pt", "model.pt"]

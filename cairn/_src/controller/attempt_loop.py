@@ -402,7 +402,8 @@ class AttemptLoop:
                 t=parts.clock.time(), rank=message.rank, kind=message.source,
                 index=message.report_index, peer=message.peer_rank,
                 memory_bytes=message.memory_bytes, peer_bytes=message.peer_bytes,
-                bytes=message.storage_bytes, seconds=message.seconds, reason=message.reason))
+                bytes=message.storage_bytes, seconds=message.seconds, reason=message.reason,
+                prefetched=message.prefetched))
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request
         elif isinstance(message, ErrorMessage):

@@ -254,7 +254,8 @@ class RestorePlanned(Event):
 class Restored(Event):
     """A rank restored the checkpoint of report ``index`` (with ``keep_survivors``):
     ``kind`` names its sources ("memory", "peer", "storage", joined by "+"), the bytes
-    from each, ``seconds`` it took, ``reason``: why storage was read ("" if not)."""
+    from each, ``seconds`` it took, ``reason``: why storage was read ("" if not),
+    ``prefetched``: the peers were asked from the attempt's start."""
 
     TYPE: ClassVar[str] = "restored"
     rank: int | None = None
@@ -266,12 +267,18 @@ class Restored(Event):
     bytes: int | None = None  # read from storage
     seconds: float | None = None
     reason: str | None = None
+    # The peer's files were fetched from the attempt's start, beside the train function;
+    # ``seconds`` then counts from that start. Recorded only when true.
+    prefetched: bool = False
 
     def to_record(self) -> dict[str, Any]:
-        return {"type": self.type, "t": self.t, "rank": self.rank, "kind": self.kind,
-                "index": self.index, "peer": self.peer, "memory_bytes": self.memory_bytes,
-                "peer_bytes": self.peer_bytes, "bytes": self.bytes, "seconds": self.seconds,
-                "reason": self.reason or ""}
+        record = {"type": self.type, "t": self.t, "rank": self.rank, "kind": self.kind,
+                  "index": self.index, "peer": self.peer, "memory_bytes": self.memory_bytes,
+                  "peer_bytes": self.peer_bytes, "bytes": self.bytes,
+                  "seconds": self.seconds, "reason": self.reason or ""}
+        if self.prefetched:
+            record["prefetched"] = True
+        return record
 
     @classmethod
     def _from_record(cls, record: Mapping[str, Any]) -> Event:
@@ -279,7 +286,8 @@ class Restored(Event):
                    index=record.get("index"), peer=_count(record.get("peer")),
                    memory_bytes=_count(record.get("memory_bytes")),
                    peer_bytes=_count(record.get("peer_bytes")), bytes=record.get("bytes"),
-                   seconds=record.get("seconds"), reason=record.get("reason"))
+                   seconds=record.get("seconds"), reason=record.get("reason"),
+                   prefetched=record.get("prefetched") is True)
 
 
 @dataclass(frozen=True, kw_only=True)

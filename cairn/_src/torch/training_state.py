@@ -197,8 +197,16 @@ def _local_directory(checkpoint: object) -> Iterator[str]:
 
 
 def _load(directory: str, name: str, map_location: Any, weights_only: bool) -> Any:
-    return torch.load(os.path.join(directory, name), map_location=map_location,
-                      weights_only=weights_only)
+    path = os.path.join(directory, name)
+    if name == MODEL_FILE:
+        # Mapped, not read: load_state_dict copies each tensor into the module's own, so
+        # reading the file into new memory first would copy the model twice.
+        try:
+            return torch.load(path, map_location=map_location, weights_only=weights_only,
+                              mmap=True)
+        except RuntimeError:
+            pass  # a file torch cannot map (not its zip format): read as any other
+    return torch.load(path, map_location=map_location, weights_only=weights_only)
 
 
 def load_training_state(

@@ -315,6 +315,9 @@ class RestoredMessage:
     storage_bytes: int
     seconds: float
     peer_rank: int | None = None
+    # The peers' files were fetched from the attempt's start, beside the train function
+    # (see worker/peer_prefetch.py); ``seconds`` then counts from that start.
+    prefetched: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ manifest's before anything is served: a copy that is not exactly the committed c
 ``to_directory``, ``load_training_state``) restores through on a kept or replaced rank:
 the driver's :class:`RestorePlan` names the sources, in order: the rank's own memory copy,
 then the copies of surviving peers (fetched over :class:`PeerServer`'s socket and verified
-as they arrive), then storage for whatever file none of them holds verified. Each restore
+as they arrive; by a replacement rank from the start of its process, see
+:mod:`.peer_prefetch`), then storage for whatever file none of them holds verified. Each restore
 is reported to the controller (:class:`RestoredMessage`: bytes from each source, the
 reason storage was read), which records it in the event log.
 
@@ -36,7 +37,7 @@ from collections.abc import Callable, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from cairn._src.storage.checksum import FileEntry
@@ -46,11 +47,16 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
+from cairn._src.worker.peer_fetch import (
+    PEER_TIMEOUT_S,
+    Outcome,
+    PrefetchSource,
+    fetch_from_peer,
+    write_verified,
+)
 
 logger = logging.getLogger(__name__)
 
-# A peer that sends nothing for this long is taken as gone (its copy is not used).
-PEER_TIMEOUT_S = 30.0
 _CHUNK = 8 << 20
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
@@ -63,6 +69,10 @@ class _Copy:
     entries: dict[str, FileEntry]
     readers: int = 0
     dropped: bool = False
+    # Files being sent to a peer now, and those sent in full: their entry as hashed
+    # while sending and when (time.monotonic()), for this rank's own restore to use once.
+    serving: set[str] = field(default_factory=set)
+    sent: dict[str, tuple[FileEntry, float]] = field(default_factory=dict)
 
 
 class MemoryCopies:
@@ -74,6 +84,7 @@ class MemoryCopies:
         self.authkey = authkey
         self.host = host
         self._lock = threading.Lock()
+        self._served = threading.Condition(self._lock)  # a file sent to a peer
         self._pending: dict[int, _Copy] = {}
         self._committed: _Copy | None = None
         self._server: PeerServer | None = None
@@ -151,6 +162,32 @@ class MemoryCopies:
             copy.readers += 1
             return copy
 
+    def sending(self, copy: _Copy, rel: str) -> None:
+        """The peer server starts sending ``rel`` of ``copy``."""
+        with self._served:
+            copy.serving.add(rel)
+
+    def sent(self, copy: _Copy, rel: str, entry: FileEntry | None) -> None:
+        """The peer server is done with ``rel``: ``entry`` is what it sent in full, as
+        hashed while sending (None: the send failed)."""
+        with self._served:
+            copy.serving.discard(rel)
+            if entry is not None:
+                copy.sent[rel] = (entry, time.monotonic())
+            self._served.notify_all()
+
+    def sent_entry(self, copy: _Copy, rel: str) -> FileEntry | None:
+        """The entry of ``rel`` of ``copy`` as just sent to a peer, once (after waiting
+        for a send in progress, at most a peer timeout); None when none was sent lately.
+        A send is a serialization of the same buffers: this rank's own restore need not
+        serialize them a second time to check them."""
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        with self._served:
+            while rel in copy.serving and time.monotonic() < deadline:
+                self._served.wait(deadline - time.monotonic())
+            entry, at = copy.sent.pop(rel, (None, 0.0))
+        return entry if time.monotonic() - at < PEER_TIMEOUT_S else None
+
     def release(self, copy: _Copy) -> None:
         with self._lock:
             copy.readers -= 1
@@ -177,17 +214,23 @@ def local_host_toward(address: tuple[str, int]) -> str:
 
 
 class _ConnectionSink:
-    """A write-only binary sink that sends what it is given in chunks on ``connection``."""
+    """A write-only binary sink that sends what it is given in chunks on ``connection``,
+    hashing it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._buffer = bytearray()
+        self._hashed = HashingSink(None)  # what was sent, as the manifest would list it
 
     def writable(self) -> bool:
         return True
 
+    def entry(self) -> FileEntry:
+        return self._hashed.entry()
+
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        self._hashed.write(view)
         if len(self._buffer) + len(view) < _CHUNK:
             self._buffer += view  # small records (pickle, zip headers) go together
             return len(view)
@@ -248,19 +291,16 @@ class PeerServer:
             connection.send(names)
             for rel in names:
                 sink = _ConnectionSink(connection)
-                _serialize_into(copy, rel, sink)
-                sink.finish()
+                self._copies.sending(copy, rel)
+                sent = None
+                try:
+                    _serialize_into(copy, rel, sink)
+                    sink.finish()
+                    sent = sink.entry()
+                finally:
+                    self._copies.sent(copy, rel, sent)
         finally:
             self._copies.release(copy)
-
-
-@dataclass
-class _Outcome:
-    memory_bytes: int = 0
-    peer_bytes: int = 0
-    storage_bytes: int = 0
-    peer_rank: int | None = None
-    reasons: list[str] = field(default_factory=list)
 
 
 class RestoreSources:
@@ -270,7 +310,8 @@ class RestoreSources:
 
     def __init__(self, *, plan: RestorePlan | None, memory: MemoryCopies | None,
                  run: StorageLocation, authkey: bytes, rank: int, fallback: Any,
-                 send: Callable[[object], None]) -> None:
+                 send: Callable[[object], None], prefetch: PrefetchSource | None = None,
+                 ) -> None:
         self._plan = plan
         self._memory = memory
         self._run = run
@@ -278,11 +319,38 @@ class RestoreSources:
         self._rank = rank
         self._fallback = fallback
         self._send = send
+        # The planned checkpoint's files, fetched from a peer from the start of the attempt
+        # (a replacement rank); the first restore of that checkpoint takes them.
+        self._prefetch = prefetch
+
+    def committed(self, report_index: int) -> None:
+        """Report ``report_index`` committed (the receiver thread): the local tier drops
+        older copies; a prefetch not taken yet of an older checkpoint is not needed."""
+        if self._fallback is not None:
+            self._fallback.committed(report_index)
+        if (self._prefetch is not None and self._plan is not None
+                and report_index > self._plan.report_index):
+            self._prefetch.discard(join=False)
+
+    def close(self) -> None:
+        """The attempt ends: a prefetch not taken is stopped and its files removed. (Not
+        at the stop of an attempt: the train function may still restore until its next
+        report or collective, and the event log says what that restore used.)"""
+        if self._prefetch is not None:
+            self._prefetch.discard(join=True)
 
     def scratch_directory(self, size: int) -> str | None:
         """Where a restore of ``size`` bytes from memory is written: ``/dev/shm`` (RAM)
-        when it has room for it twice over, else None (the temporary directory)."""
-        if self._plan is None or not os.path.isdir(SHARED_MEMORY):
+        when it has room for it twice over, else None (the temporary directory); where a
+        prefetch writes (so that its files move there without a copy) when there is one."""
+        if self._prefetch is not None:
+            return self._prefetch.base
+        return self.scratch_base(size) if self._plan is not None else None
+
+    @staticmethod
+    def scratch_base(size: int) -> str | None:
+        """``/dev/shm`` when it has room for ``size`` bytes twice over, else None."""
+        if not os.path.isdir(SHARED_MEMORY):
             return None
         try:
             free = shutil.disk_usage(SHARED_MEMORY).free
@@ -303,22 +371,37 @@ class RestoreSources:
         files: dict[str, FileEntry] = dict(manifest.files)
         for rel in files:
             check_relative_path(rel, argument="manifest files")
-        outcome = _Outcome()
+        outcome = Outcome()
         missing = set(files)
-        if plan.own_memory and self._memory is not None:
+        prefetched = (self._prefetch.take(manifest_location, manifest)
+                      if self._prefetch is not None else None)
+        if prefetched is not None:
+            # The peers were asked already, from the attempt's start: their verified
+            # files move into ``target``; the reasons and bytes are the prefetch's.
+            outcome = prefetched.outcome
+            started -= prefetched.seconds
+            try:
+                for rel in sorted(prefetched.got):
+                    final = os.path.join(target, *rel.split("/"))
+                    os.makedirs(os.path.dirname(final), exist_ok=True)
+                    shutil.move(os.path.join(prefetched.directory, *rel.split("/")), final)
+            finally:
+                shutil.rmtree(prefetched.directory, ignore_errors=True)
+            missing -= prefetched.got
+        elif plan.own_memory and self._memory is not None:
             missing -= self._from_memory(plan.report_index, files, missing, target, outcome)
         elif not plan.own_memory and plan.reason:
             outcome.reasons.append(plan.reason)
-        for peer_rank, host, port in plan.peers:
+        for peer_rank, host, port in plan.peers if prefetched is None else ():
             if not missing:
                 break
-            got = self._from_peer(peer_rank, (host, port), plan.report_index, files,
-                                  missing, target, outcome)
-            missing -= got
+            missing -= fetch_from_peer(self._authkey, peer_rank, (host, port),
+                                       plan.report_index, files, missing, target, outcome)
         if missing == set(files):
             # Nothing from memory: the usual restore (storage, a local path as it is).
             self._report(plan, outcome, started,
-                         storage_bytes=sum(e.size for e in files.values()))
+                         storage_bytes=sum(e.size for e in files.values()),
+                         prefetched=prefetched is not None)
             return self._fall_back(manifest_location, manifest, target, retry)
         if missing:
             rest = {rel: files[rel] for rel in sorted(missing)}
@@ -326,7 +409,8 @@ class RestoreSources:
                                retry=retry)
             outcome.storage_bytes = sum(e.size for e in rest.values())
             outcome.reasons.append(f"no verified copy of {sorted(rest)} in memory")
-        self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes)
+        self._report(plan, outcome, started, storage_bytes=outcome.storage_bytes,
+                     prefetched=prefetched is not None)
         return True
 
     def verified_objects(self, manifest_location: StorageLocation, manifest: Any,
@@ -351,6 +435,8 @@ class RestoreSources:
             if value is None or not all(n in copy.entries for n in wanted):
                 return None
             for rel in wanted:
+                if memory.sent_entry(copy, rel) == manifest.files[rel]:
+                    continue  # just serialized for a peer, and hashed as it went
                 sink = HashingSink(None)
                 _serialize_into(copy, rel, sink)
                 if sink.entry() != manifest.files[rel]:
@@ -360,7 +446,7 @@ class RestoreSources:
             objects = {rel: deepcopy(value(rel)) for rel in wanted}
         finally:
             memory.release(copy)
-        outcome = _Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
+        outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
         self._report(plan, outcome, started, storage_bytes=0)
         return objects
 
@@ -371,7 +457,7 @@ class RestoreSources:
         return bool(self._fallback.restore(manifest_location, manifest, target, retry))
 
     def _from_memory(self, report_index: int, files: dict[str, FileEntry], wanted: set[str],
-                     target: str, outcome: _Outcome) -> set[str]:
+                     target: str, outcome: Outcome) -> set[str]:
         assert self._memory is not None
         copy = self._memory.acquire(report_index)
         if copy is None:
@@ -380,7 +466,7 @@ class RestoreSources:
         got: set[str] = set()
         try:
             for rel in sorted(wanted & set(copy.entries)):
-                size = _write_verified(target, rel, files[rel],
+                size = write_verified(target, rel, files[rel],
                                        functools.partial(_serialize_into, copy, rel))
                 if size is None:
                     outcome.reasons.append(f"this rank's memory copy of {rel!r} does not "
@@ -392,43 +478,8 @@ class RestoreSources:
             self._memory.release(copy)
         return got
 
-    def _from_peer(self, peer_rank: int, address: tuple[str, int], report_index: int,
-                   files: dict[str, FileEntry], wanted: set[str], target: str,
-                   outcome: _Outcome) -> set[str]:
-        got: set[str] = set()
-        try:
-            connection = Client(address, authkey=self._authkey)
-        except (OSError, EOFError, AuthenticationError) as exc:
-            outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
-            return got
-        try:
-            connection.send((report_index, sorted(wanted)))
-            names = _receive(connection)
-            for rel in names:
-                if rel not in wanted:
-                    raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
-
-                def fill(sink: Any) -> None:
-                    while chunk := _receive_bytes(connection):
-                        sink.write(chunk)
-
-                size = _write_verified(target, rel, files[rel], fill)
-                if size is None:
-                    outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
-                                           "not match the manifest's checksum")
-                    break
-                outcome.peer_bytes += size
-                outcome.peer_rank = peer_rank
-                got.add(rel)
-        except (OSError, EOFError, TimeoutError) as exc:
-            outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
-                                   f"{type(exc).__name__}: {exc}")
-        finally:
-            connection.close()
-        return got
-
-    def _report(self, plan: RestorePlan, outcome: _Outcome, started: float,
-                storage_bytes: int) -> None:
+    def _report(self, plan: RestorePlan, outcome: Outcome, started: float,
+                storage_bytes: int, prefetched: bool = False) -> None:
         parts = [name for name, n in (("memory", outcome.memory_bytes),
                                       ("peer", outcome.peer_bytes)) if n]
         if storage_bytes or not parts:
@@ -445,54 +496,9 @@ class RestoreSources:
             self._send(RestoredMessage(
                 self._rank, plan.report_index, source, reason, outcome.memory_bytes,
                 outcome.peer_bytes, storage_bytes, time.perf_counter() - started,
-                outcome.peer_rank))
+                outcome.peer_rank, prefetched))
         except OSError:
             pass
-
-
-def _receive(connection: Connection) -> Any:
-    if not connection.poll(PEER_TIMEOUT_S):
-        raise TimeoutError(f"no answer within {PEER_TIMEOUT_S:g}s")
-    return connection.recv()
-
-
-def _receive_bytes(connection: Connection) -> bytes:
-    if not connection.poll(PEER_TIMEOUT_S):
-        raise TimeoutError(f"no data within {PEER_TIMEOUT_S:g}s")
-    return connection.recv_bytes()
-
-
-def _write_verified(target: str, rel: str, entry: FileEntry,
-                    fill: Callable[[Any], None]) -> int | None:
-    """Write ``rel`` under ``target`` from ``fill(sink)``, hashing as it goes: its size,
-    or None (nothing left behind) when size or checksum differ from ``entry``."""
-    final = os.path.join(target, *rel.split("/"))
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    partial = final + ".cairn-partial"
-    try:
-        with open(partial, "wb") as raw:
-            sink = HashingSink(raw)
-            fill(sink)
-        got = sink.entry()
-        if got.size != entry.size or got.checksum != entry.checksum:
-            os.unlink(partial)
-            return None
-        os.replace(partial, final)
-        return got.size
-    except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
-        raise
-
-
-def restore_sources(setup: Any, memory: MemoryCopies | None, tier: Any,
-                    send: Callable[[object], None]) -> Any:
-    """The ``LocalCopies`` a worker's checkpoints restore through: ``tier`` (the local
-    tier, or None) unless this process keeps memory copies (``keep_survivors``)."""
-    if memory is None:
-        return tier
-    return RestoreSources(plan=setup.restore, memory=memory, run=setup.run,
-                          authkey=memory.authkey, rank=setup.rank, fallback=tier, send=send)
 
 
 def serve_copy(memory: MemoryCopies | None) -> MemoryCopyInfo | None:

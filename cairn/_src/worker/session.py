@@ -56,7 +56,8 @@ from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
-from cairn._src.worker.memory_copy import MemoryCopies, restore_sources, serve_copy
+from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources, serve_copy
+from cairn._src.worker.peer_prefetch import restore_sources
 from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
@@ -107,9 +108,10 @@ class WorkerSession:
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # What this worker's transfers and the checkpoints it hands out use.
         self._memory = memory
-        self.storage_options = StorageOptions(
-            transfer=setup.transfer, retry=retry, fsync=setup.fsync,
-            local_tier=restore_sources(setup, memory, self._tier, self.send))
+        # keep_survivors: a replacement rank's peer transfer starts in there, now.
+        self._copies = restore_sources(setup, memory, self._tier, self.send, retry)
+        self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
+                                              fsync=setup.fsync, local_tier=self._copies)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._next_index = setup.first_report_index
@@ -184,16 +186,10 @@ class WorkerSession:
 
     # --- checkpoint reports ----------------------------------------------------------------
 
-    def _report_checkpoint(
-        self,
-        metrics: dict[str, Any],
-        checkpoint: Checkpoint,
-        dir_name: str | None,
-        mode: CheckpointUploadMode,
-        delete_local: bool | None,
-        upload_fn: UploadFn | None,
-        validation: dict[str, Any] | None = None,
-    ) -> ReportHandle:
+    def _report_checkpoint(self, metrics: dict[str, Any], checkpoint: Checkpoint,
+                           dir_name: str | None, mode: CheckpointUploadMode,
+                           delete_local: bool | None, upload_fn: UploadFn | None,
+                           validation: dict[str, Any] | None = None) -> ReportHandle:
         if not isinstance(checkpoint, Checkpoint):
             raise ReportError(
                 f"report(checkpoint={checkpoint!r}) must be a cairn.Checkpoint or None, not "
@@ -511,7 +507,7 @@ class WorkerSession:
                 self.preemption.on_message(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
-        for copies in (self._tier, self._memory) if message.checkpoint is not None else ():
+        for copies in (self._copies, self._memory) if message.checkpoint is not None else ():
             if copies is not None and message.checkpoint is not None:
                 copies.committed(message.checkpoint.report_index)
         with self._state_lock:
@@ -544,6 +540,8 @@ class WorkerSession:
     def close(self) -> None:
         self._stopping = True
         self._uploads.put(_STOP)  # after a failure too: local mode's process goes on
+        if isinstance(self._copies, RestoreSources):
+            self._copies.close()  # a peer transfer that no restore took: its files go
 
     def join(self) -> None:
         """Wait for the receiver and the uploader, once the connection is closed."""

@@ -1,0 +1,148 @@
+"""The receiving end of a peer transfer (``keep_survivors``): ask a surviving rank's
+``PeerServer`` (:mod:`.memory_copy`) for files of a committed checkpoint and write each
+one under a directory, hashed as it arrives, kept only when its size and checksum are the
+manifest's. Used by a restore (``RestoreSources``) and by a replacement rank's prefetch
+(:mod:`.peer_prefetch`); each call owns its connection."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from typing import Any, Protocol
+
+from cairn._src.storage.checksum import FileEntry
+from cairn._src.storage.location import StorageLocation
+from cairn._src.worker.direct_write import HashingSink
+
+# A peer that sends nothing for this long is taken as gone (its copy is not used).
+PEER_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Outcome:
+    """What one restore got from where (bytes), the peer it used, and why it read
+    storage (``reasons``, in order)."""
+
+    memory_bytes: int = 0
+    peer_bytes: int = 0
+    storage_bytes: int = 0
+    peer_rank: int | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Prefetched:
+    """A checkpoint's files fetched from peers before the restore asked for them
+    (:mod:`.peer_prefetch`): ``got`` lie verified under ``directory``, which whoever took
+    this owns (and removes); ``files`` is the manifest they were checked against, at
+    ``manifest_path``; ``outcome`` says what came from where and why not the rest;
+    ``seconds`` is what the transfer took."""
+
+    directory: str
+    manifest_path: str
+    files: dict[str, FileEntry]
+    got: set[str]
+    outcome: Outcome
+    seconds: float
+
+
+class PrefetchSource(Protocol):
+    """What :class:`RestoreSources` needs of a prefetch (see :mod:`.peer_prefetch`)."""
+
+    @property
+    def base(self) -> str | None: ...
+
+    def take(self, manifest_location: StorageLocation,
+             manifest: Any) -> Prefetched | None: ...
+
+    def discard(self, *, join: bool) -> None: ...
+
+
+def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
+                    report_index: int, files: dict[str, FileEntry], wanted: set[str],
+                    target: str, outcome: Outcome,
+                    stop: threading.Event | None = None) -> set[str]:
+    """Ask ``peer_rank``'s :class:`PeerServer` for the files ``wanted`` of report
+    ``report_index`` and write each it sends under ``target``, verified against ``files``
+    (the manifest's entries); the names written. What went wrong goes to ``outcome``'s
+    reasons; ``stop`` (set by another thread) ends the transfer at its next chunk."""
+    got: set[str] = set()
+    try:
+        connection = Client(address, authkey=authkey)
+    except (OSError, EOFError, AuthenticationError) as exc:
+        outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
+        return got
+    try:
+        connection.send((report_index, sorted(wanted)))
+        names = _receive(connection, stop)
+        for rel in names:
+            if rel not in wanted:
+                raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
+
+            def fill(sink: Any) -> None:
+                while chunk := _receive_bytes(connection, stop):
+                    sink.write(chunk)
+
+            size = write_verified(target, rel, files[rel], fill)
+            if size is None:
+                outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
+                                       "not match the manifest's checksum")
+                break
+            outcome.peer_bytes += size
+            outcome.peer_rank = peer_rank
+            got.add(rel)
+    except (OSError, EOFError, TimeoutError) as exc:
+        outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
+                               f"{type(exc).__name__}: {exc}")
+    finally:
+        connection.close()
+    return got
+
+
+def _wait_readable(connection: Connection, stop: threading.Event | None, what: str) -> None:
+    """Wait for ``connection`` to have data, at most PEER_TIMEOUT_S, and no longer than
+    ``stop`` stays unset."""
+    deadline = time.monotonic() + PEER_TIMEOUT_S
+    while not connection.poll(0.2 if stop is not None else PEER_TIMEOUT_S):
+        if stop is not None and stop.is_set():
+            raise OSError("stopped: the attempt no longer needs it")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} within {PEER_TIMEOUT_S:g}s")
+
+
+def _receive(connection: Connection, stop: threading.Event | None = None) -> Any:
+    _wait_readable(connection, stop, "no answer")
+    return connection.recv()
+
+
+def _receive_bytes(connection: Connection, stop: threading.Event | None = None) -> bytes:
+    _wait_readable(connection, stop, "no data")
+    return connection.recv_bytes()
+
+
+def write_verified(target: str, rel: str, entry: FileEntry,
+                    fill: Callable[[Any], None]) -> int | None:
+    """Write ``rel`` under ``target`` from ``fill(sink)``, hashing as it goes: its size,
+    or None (nothing left behind) when size or checksum differ from ``entry``."""
+    final = os.path.join(target, *rel.split("/"))
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    partial = final + ".cairn-partial"
+    try:
+        with open(partial, "wb") as raw:
+            sink = HashingSink(raw)
+            fill(sink)
+        got = sink.entry()
+        if got.size != entry.size or got.checksum != entry.checksum:
+            os.unlink(partial)
+            return None
+        os.replace(partial, final)
+        return got.size
+    except BaseException:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise

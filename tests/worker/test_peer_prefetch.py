@@ -1,0 +1,124 @@
+"""A replacement rank's peer transfer started before its restore (keep_survivors): the
+restore takes the prefetched, verified files; a prefetch nobody takes leaves nothing
+behind (real sockets on loopback, a plain writer, a run directory on local disk)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from test_memory_copy import KEY, Writer, entry
+
+from cairn._src.checkpoint.manifest import Manifest, write_manifest
+from cairn._src.checkpoint.views import CheckpointView
+from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.retry import DEFAULT_RETRY
+from cairn._src.wire.messages import RestoredMessage, RestorePlan
+from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
+from cairn._src.worker.peer_prefetch import PeerPrefetch, start_prefetch
+
+STORED = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
+DIR = "checkpoint_000002"
+
+
+def _committed_run(tmp_path: Path) -> tuple[StorageLocation, Manifest]:
+    run = resolve(str(tmp_path / "run"))
+    for rel, data in STORED.items():
+        (tmp_path / "run" / DIR / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "run" / DIR / rel).write_bytes(data)
+    manifest = Manifest(files={rel: entry(data) for rel, data in STORED.items()},
+                        report_index=2)
+    write_manifest(run.join(DIR), manifest)
+    return run, manifest
+
+
+def _serving_peer() -> tuple[MemoryCopies, RestorePlan]:
+    peer = MemoryCopies(KEY, "127.0.0.1")
+    peer.hold(2, Writer({"model.pt": STORED["model.pt"]}),
+              {"model.pt": entry(STORED["model.pt"])})
+    peer.committed(2)
+    peer.serve()
+    info = peer.info()
+    assert info is not None and info.address is not None
+    return peer, RestorePlan(2, False, ((0, *info.address),), "a replaced rank")
+
+
+def _prefetch(run: StorageLocation, plan: RestorePlan) -> PeerPrefetch:
+    view = CheckpointView(DIR, 2, run.join(DIR), run.join(DIR), {})
+    prefetch = start_prefetch(plan, view, run, KEY, DEFAULT_RETRY, rank=1)
+    assert prefetch is not None
+    return prefetch
+
+
+def test_the_restore_takes_the_files_fetched_before_it_asked(tmp_path: Path) -> None:
+    run, manifest = _committed_run(tmp_path)
+    peer, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    peer.committed(3)  # the peer no longer serves report 2: only the prefetch holds it
+    sent: list[object] = []
+    sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
+                             fallback=None, send=sent.append, prefetch=prefetch)
+    base = sources.scratch_directory(10)
+    assert base == prefetch.base
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join(DIR), manifest, str(target), DEFAULT_RETRY)
+    assert {p: (target / p).read_bytes() for p in STORED} == STORED
+    [message] = sent
+    assert isinstance(message, RestoredMessage) and message.prefetched
+    assert (message.source, message.peer_rank) == ("peer+storage", 0)
+    assert message.peer_bytes == len(STORED["model.pt"]) and message.storage_bytes == 3
+    assert message.reason.startswith("a replaced rank; no verified copy of")
+    assert prefetch.take(run.join(DIR), manifest) is None  # taken once
+
+
+def test_a_prefetch_nobody_takes_is_removed_when_the_attempt_ends(tmp_path: Path) -> None:
+    run, _ = _committed_run(tmp_path)
+    _, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    assert prefetch._result is not None
+    directory = prefetch._result.directory
+    assert os.path.isfile(os.path.join(directory, "model.pt"))
+    sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
+                             fallback=None, send=lambda _: None, prefetch=prefetch)
+    sources.close()
+    assert not os.path.exists(directory)
+
+
+def test_a_later_commit_drops_a_prefetch_not_taken(tmp_path: Path) -> None:
+    run, _ = _committed_run(tmp_path)
+    _, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    assert prefetch._result is not None
+    directory = prefetch._result.directory
+    sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
+                             fallback=None, send=lambda _: None, prefetch=prefetch)
+    sources.committed(2)  # the planned checkpoint itself: kept
+    assert os.path.isdir(directory)
+    sources.committed(3)
+    assert not os.path.exists(directory)
+
+
+def test_a_prefetch_of_another_manifest_is_not_used(tmp_path: Path) -> None:
+    run, manifest = _committed_run(tmp_path)
+    _, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    assert prefetch._result is not None
+    directory = prefetch._result.directory
+    other = Manifest(files={**manifest.files, "extra.pt": entry(b"x")}, report_index=2)
+    assert prefetch.take(run.join(DIR), other) is None
+    assert not os.path.exists(directory)
+
+
+def test_no_prefetch_without_peers_or_for_a_rank_restoring_its_own_copy(
+    tmp_path: Path,
+) -> None:
+    run = resolve(str(tmp_path / "run"))
+    view = CheckpointView(DIR, 2, run.join(DIR), run.join(DIR), {})
+    for plan in (None, RestorePlan(2, True, ((0, "127.0.0.1", 1),)),
+                 RestorePlan(2, False, ()), RestorePlan(3, False, ((0, "127.0.0.1", 1),))):
+        assert start_prefetch(plan, view, run, KEY, DEFAULT_RETRY, rank=1) is None
