@@ -4,8 +4,13 @@ and what a restore and a peer get from it (real sockets on loopback, a plain wri
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cairn._src.checkpoint.manifest import Manifest
 from cairn._src.storage.checksum import FileEntry, new_hasher
@@ -179,3 +184,22 @@ def test_a_file_just_sent_to_a_peer_is_not_serialized_again_for_the_own_restore(
     assert writer.serialized == ["model.pt"] and sent[0].source == "memory"
     assert own.verified_objects(run.join("checkpoint_000002"), manifest, ["model.pt"])
     assert writer.serialized == ["model.pt", "model.pt"]
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_choosing_the_ram_file_system_removes_what_killed_workers_left_there() -> None:
+    from cairn._src.storage import scratch
+    from cairn._src.worker.memory_copy import SHARED_MEMORY
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    stale = os.path.join(SHARED_MEMORY, f"{scratch.PREFIX}{scratch._namespace()}-"
+                                        f"{process.pid}-test")
+    os.makedirs(os.path.join(stale, "sub"))
+    with open(os.path.join(stale, "sub", "model.pt"), "wb") as f:
+        f.write(b"x" * 4096)
+    try:
+        assert RestoreSources.scratch_base(1) == SHARED_MEMORY
+        assert not os.path.exists(stale)
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)

@@ -34,6 +34,7 @@ from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, local_root, resolve
 from cairn._src.storage.options import StorageOptions
+from cairn._src.storage.scratch import make_directory
 from cairn._src.storage.transfer import download_directory, verify_directory
 from cairn._src.storage.uris import local_os_join
 
@@ -266,8 +267,8 @@ class Checkpoint:
             return None
         # Into memory (a RAM file system) where the copies say it fits.
         scratch = getattr(copies, "scratch_directory", None)
-        target = tempfile.mkdtemp(prefix="cairn-checkpoint-", dir=scratch(
-            sum(e.size for e in manifest.files.values())) if scratch else None)
+        target = make_directory(scratch(sum(e.size for e in manifest.files.values()))
+                                if scratch else None)
         try:
             if copies.restore(self._manifest_location, manifest, target, self._retry):
                 return target

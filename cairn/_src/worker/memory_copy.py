@@ -44,6 +44,7 @@ from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.scratch import sweep_stale
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
@@ -349,14 +350,16 @@ class RestoreSources:
 
     @staticmethod
     def scratch_base(size: int) -> str | None:
-        """``/dev/shm`` when it has room for ``size`` bytes twice over, else None."""
-        if not os.path.isdir(SHARED_MEMORY):
+        """``/dev/shm`` when it has room for ``size`` bytes twice over (after removing what
+        killed processes left there: :func:`.scratch.sweep_stale`), else None."""
+        if not os.path.isdir(SHARED_MEMORY) or not os.access(SHARED_MEMORY, os.W_OK):
             return None
+        sweep_stale(SHARED_MEMORY)
         try:
             free = shutil.disk_usage(SHARED_MEMORY).free
         except OSError:
             return None
-        return SHARED_MEMORY if free > 2 * size and os.access(SHARED_MEMORY, os.W_OK) else None
+        return SHARED_MEMORY if free > 2 * size else None
 
     def restore(self, manifest_location: StorageLocation, manifest: Any, target: str,
                 retry: RetryPolicy) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.scratch import make_directory
 from cairn._src.wire.messages import RestorePlan
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_fetch import PEER_TIMEOUT_S, Outcome, Prefetched, fetch_from_peer
@@ -129,7 +129,7 @@ class PeerPrefetch:
             check_relative_path(rel, argument="manifest files")
         self._base = RestoreSources.scratch_base(sum(e.size for e in files.values()))
         self._base_known.set()
-        directory = tempfile.mkdtemp(prefix="cairn-checkpoint-", dir=self._base)
+        directory = make_directory(self._base)
         outcome = Outcome(reasons=[plan.reason] if plan.reason else [])
         missing = set(files)
         try:

@@ -1,0 +1,73 @@
+"""Restore directories in a RAM file system: named after their process, and removed once
+that process is gone, and nothing else removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn._src.storage import scratch
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def named(base: Path, pid: int, namespace: str | None = None) -> Path:
+    return base / f"{scratch.PREFIX}{namespace or scratch._namespace()}-{pid}-abc"
+
+
+def test_a_directory_is_named_after_its_process_and_private(tmp_path: Path) -> None:
+    directory = Path(scratch.make_directory(str(tmp_path)))
+    assert directory.parent == tmp_path
+    assert directory.name.startswith(
+        f"{scratch.PREFIX}{scratch._namespace()}-{os.getpid()}-")
+    assert directory.stat().st_mode & 0o777 == 0o700
+
+
+def test_only_directories_of_processes_that_are_gone_are_removed(tmp_path: Path) -> None:
+    gone = dead_pid()
+    stale = named(tmp_path, gone)
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.pt").write_bytes(b"x" * 100)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (stale / "link").symlink_to(outside)  # removed as a link, never followed
+    alive = named(tmp_path, os.getppid())
+    alive.mkdir()
+    mine = named(tmp_path, os.getpid())
+    mine.mkdir()
+    other_namespace = named(tmp_path, gone, namespace="999999")
+    other_namespace.mkdir()
+    link = named(tmp_path, dead_pid())
+    link.symlink_to(outside)
+    a_file = named(tmp_path, dead_pid())
+    a_file.write_text("not a directory")
+    unrelated = tmp_path / f"cairn-checkpoint-{gone}-xyz"  # no namespace: not ours
+    unrelated.mkdir()
+
+    assert scratch.sweep_stale(str(tmp_path)) == [stale.name]
+    assert not stale.exists()
+    for kept in (alive, mine, other_namespace, unrelated, outside / "keep.txt"):
+        assert kept.exists(), kept
+    assert link.is_symlink() and a_file.is_file()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
+def test_a_directory_of_another_user_is_left_alone(tmp_path: Path) -> None:
+    theirs = named(tmp_path, dead_pid())
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    assert scratch.sweep_stale(str(tmp_path)) == []
+    assert theirs.exists()
+
+
+def test_a_base_that_cannot_be_listed_removes_nothing(tmp_path: Path) -> None:
+    assert scratch.sweep_stale(str(tmp_path / "missing")) == []
