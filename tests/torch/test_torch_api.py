@@ -31,6 +31,7 @@ from cairn.torch import (
 def test_public_names_are_pinned_and_sorted() -> None:
     assert cairn.torch.__all__ == sorted(cairn.torch.__all__)
     assert cairn.torch.__all__ == [
+        "FileSystemWriter",
         "PreparedDataLoader",
         "TorchConfig",
         "TorchTrainer",
