@@ -47,6 +47,17 @@ def entry(data: bytes) -> FileEntry:
     return FileEntry(len(data), hasher.hexdigest())
 
 
+def serving_peer(authkey: bytes, files: dict[str, bytes]) -> tuple[MemoryCopies, tuple[str, int]]:
+    """A kept rank holding ``files`` as the committed copy of report 2, serving it on
+    loopback with ``authkey``; it and its address."""
+    peer = MemoryCopies(authkey, "127.0.0.1")
+    peer.hold(2, Writer(files), {rel: entry(data) for rel, data in files.items()})
+    peer.committed(2)
+    peer.serve()
+    info = peer.info()
+    assert info is not None and info.address is not None
+    return peer, info.address
+
 def test_a_copy_is_kept_from_its_commit_until_a_later_one_and_freed_after_its_reader() -> None:
     copies = MemoryCopies(KEY, None)
     first, second = Writer({"a": b"1"}), Writer({"a": b"2"})
@@ -92,16 +103,10 @@ def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage
     for rel, data in stored.items():
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
         (directory / rel).write_bytes(data)
-    peer = MemoryCopies(KEY, "127.0.0.1")
-    peer.hold(2, Writer({"model.pt": stored["model.pt"]}),
-              {"model.pt": entry(stored["model.pt"])})
-    peer.committed(2)
-    peer.serve()
-    info = peer.info()
-    assert info is not None and info.address is not None
+    _, address = serving_peer(KEY, {"model.pt": stored["model.pt"]})
     sent: list[object] = []
     sources = RestoreSources(
-        plan=RestorePlan(2, False, ((0, *info.address),), "a replaced rank"), memory=None,
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank"), memory=None,
         run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
     target = tmp_path / "restored"
     target.mkdir()
@@ -120,15 +125,10 @@ def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:
     stored = {"model.pt": b"weights"}
     (tmp_path / "run" / "checkpoint_000002").mkdir(parents=True)
     (tmp_path / "run" / "checkpoint_000002" / "model.pt").write_bytes(stored["model.pt"])
-    peer = MemoryCopies(b"x" * 32, "127.0.0.1")
-    peer.hold(2, Writer(stored), {"model.pt": entry(stored["model.pt"])})
-    peer.committed(2)
-    peer.serve()
-    info = peer.info()
-    assert info is not None and info.address is not None
+    _, address = serving_peer(b"x" * 32, stored)
     sent: list[Any] = []
     sources = RestoreSources(
-        plan=RestorePlan(2, False, ((0, *info.address),), "a replaced rank"), memory=None,
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank"), memory=None,
         run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
     target = tmp_path / "restored"
     target.mkdir()

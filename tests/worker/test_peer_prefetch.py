@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from test_memory_copy import KEY, Writer, entry
+from test_memory_copy import KEY, entry, serving_peer
 
 from cairn._src.checkpoint.manifest import Manifest, write_manifest
 from cairn._src.checkpoint.views import CheckpointView
@@ -33,14 +33,8 @@ def _committed_run(tmp_path: Path) -> tuple[StorageLocation, Manifest]:
 
 
 def _serving_peer() -> tuple[MemoryCopies, RestorePlan]:
-    peer = MemoryCopies(KEY, "127.0.0.1")
-    peer.hold(2, Writer({"model.pt": STORED["model.pt"]}),
-              {"model.pt": entry(STORED["model.pt"])})
-    peer.committed(2)
-    peer.serve()
-    info = peer.info()
-    assert info is not None and info.address is not None
-    return peer, RestorePlan(2, False, ((0, *info.address),), "a replaced rank")
+    peer, address = serving_peer(KEY, {"model.pt": STORED["model.pt"]})
+    return peer, RestorePlan(2, False, ((0, *address),), "a replaced rank")
 
 
 def _prefetch(run: StorageLocation, plan: RestorePlan) -> PeerPrefetch:
@@ -48,6 +42,18 @@ def _prefetch(run: StorageLocation, plan: RestorePlan) -> PeerPrefetch:
     prefetch = start_prefetch(plan, view, run, KEY, DEFAULT_RETRY, rank=1)
     assert prefetch is not None
     return prefetch
+
+
+def _fetched(tmp_path: Path) -> tuple[StorageLocation, Manifest, RestorePlan, PeerPrefetch,
+                                      str]:
+    """A committed run, a serving peer and a prefetch of its copy that has finished: the
+    run, its manifest, the plan, the prefetch and the directory it fetched into."""
+    run, manifest = _committed_run(tmp_path)
+    _, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    assert prefetch._result is not None
+    return run, manifest, plan, prefetch, prefetch._result.directory
 
 
 def test_the_restore_takes_the_files_fetched_before_it_asked(tmp_path: Path) -> None:
@@ -74,12 +80,7 @@ def test_the_restore_takes_the_files_fetched_before_it_asked(tmp_path: Path) -> 
 
 
 def test_a_prefetch_nobody_takes_is_removed_when_the_attempt_ends(tmp_path: Path) -> None:
-    run, _ = _committed_run(tmp_path)
-    _, plan = _serving_peer()
-    prefetch = _prefetch(run, plan)
-    prefetch._done.wait(60)
-    assert prefetch._result is not None
-    directory = prefetch._result.directory
+    run, _, plan, prefetch, directory = _fetched(tmp_path)
     assert os.path.isfile(os.path.join(directory, "model.pt"))
     sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
                              fallback=None, send=lambda _: None, prefetch=prefetch)
@@ -88,12 +89,7 @@ def test_a_prefetch_nobody_takes_is_removed_when_the_attempt_ends(tmp_path: Path
 
 
 def test_a_later_commit_drops_a_prefetch_not_taken(tmp_path: Path) -> None:
-    run, _ = _committed_run(tmp_path)
-    _, plan = _serving_peer()
-    prefetch = _prefetch(run, plan)
-    prefetch._done.wait(60)
-    assert prefetch._result is not None
-    directory = prefetch._result.directory
+    run, _, plan, prefetch, directory = _fetched(tmp_path)
     sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
                              fallback=None, send=lambda _: None, prefetch=prefetch)
     sources.committed(2)  # the planned checkpoint itself: kept
@@ -103,12 +99,7 @@ def test_a_later_commit_drops_a_prefetch_not_taken(tmp_path: Path) -> None:
 
 
 def test_a_prefetch_of_another_manifest_is_not_used(tmp_path: Path) -> None:
-    run, manifest = _committed_run(tmp_path)
-    _, plan = _serving_peer()
-    prefetch = _prefetch(run, plan)
-    prefetch._done.wait(60)
-    assert prefetch._result is not None
-    directory = prefetch._result.directory
+    run, manifest, _, prefetch, directory = _fetched(tmp_path)
     other = Manifest(files={**manifest.files, "extra.pt": entry(b"x")}, report_index=2)
     assert prefetch.take(run.join(DIR), other) is None
     assert not os.path.exists(directory)
