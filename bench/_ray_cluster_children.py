@@ -150,7 +150,8 @@ def train_faults(config: dict[str, Any]) -> None:
 
 
 def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, name: str,
-         max_failures: int, warm_standby: bool = False) -> tuple[float, float, str | None]:
+         max_failures: int, failure: dict[str, bool] | None = None,
+         ) -> tuple[float, float, str | None]:
     """(wall time at the ``fit()`` call, seconds it took, Cairn's run path or None)."""
     config = {**config, "library": library}
     if library == "cairn":
@@ -164,7 +165,7 @@ def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, 
                 name=name,
                 storage_path=str(storage),
                 failure_config=cairn.FailureConfig(max_failures=max_failures,
-                                                   warm_standby=warm_standby),
+                                                   **(failure or {})),
             ),
         )
     else:
@@ -214,7 +215,7 @@ def _wait_for(path: Path, timeout_s: float) -> None:
 
 
 def run_once(library: str, run_dir: Path, index: int,
-             warm_standby: bool = False) -> dict[str, Any]:
+             failure: dict[str, bool] | None = None) -> dict[str, Any]:
     """The start-up and both faults of one run; times are wall times (``time.time()``)."""
     out, scratch, storage = run_dir / "out", run_dir / "scratch", run_dir / "storage"
     for folder in (out, scratch, storage):
@@ -222,7 +223,7 @@ def run_once(library: str, run_dir: Path, index: int,
     config = {"out": str(out), "scratch": str(scratch)}
     fit_wall, fit_s, run_path = _fit(library, train_faults, config, storage=storage,
                                      name=f"faults-{index}", max_failures=len(FAULTS),
-                                     warm_standby=warm_standby)
+                                     failure=failure)
     starts = [r["t"] - fit_wall for r in _read_rank_files(out, "first")]
     if len(starts) != NUM_WORKERS:
         raise RuntimeError(f"{len(starts)} of {NUM_WORKERS} ranks wrote their first line")
@@ -254,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--warm-standby", action="store_true",
                         help="Cairn with FailureConfig(warm_standby=True)")
+    parser.add_argument("--keep-survivors", action="store_true",
+                        help="Cairn with FailureConfig(keep_survivors=True)")
     args = parser.parse_args(argv)
+    failure = {"warm_standby": args.warm_standby, "keep_survivors": args.keep_survivors}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("cairn").setLevel(logging.WARNING)
     backend_times = _BackendTimes()
@@ -275,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             if index > 0:
                 _wait_for(work / f"go_{index}", GO_TIMEOUT_S)
             logger.info("%s run %d of %d", args.library, index + 1, args.repeats)
-            run = run_once(args.library, work / f"run{index}", index, args.warm_standby)
+            run = run_once(args.library, work / f"run{index}", index, failure)
             run["backend_times"] = {k: list(v) for k, v in backend_times.times.items()}
             for times in backend_times.times.values():
                 times.clear()

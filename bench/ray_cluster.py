@@ -3,6 +3,7 @@
 Usage::
 
     python bench/ray_cluster.py [--quick] [--no-ray] [--repeats N] [--warm-standby]
+                                [--keep-survivors]
 
 This process starts a ``ray.cluster_utils.Cluster`` on this machine (a head node and two
 more, one CPU and an 80 MiB object store each; so two workers always land on two nodes)
@@ -34,9 +35,11 @@ every run. The runs go in rounds, one run a side per round in a driver of its ow
 order alternating between rounds, so that the machine's load falls on both sides alike;
 the node-loss note gives each side's worst run and the load average at each removal.
 Cairn's restart is broken down into phases (:data:`PHASES`). ``--warm-standby`` runs
-Cairn with ``FailureConfig(warm_standby=True)``. With ``--no-ray`` only Cairn's side runs
-(on the same cluster); without Ray installed the benchmark is skipped with a note, since
-both sides need it.
+Cairn with ``FailureConfig(warm_standby=True)``, ``--keep-survivors`` with
+``FailureConfig(keep_survivors=True)`` (the rank that did not fail keeps its actor; only
+the failed one is replaced, in its bundle of the placement group). With ``--no-ray``
+only Cairn's side runs (on the same cluster); without Ray installed the benchmark is
+skipped with a note, since both sides need it.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
 
 
 def run_side(cluster: _Cluster, library: str, repeats: int, work: Path,
-             warm_standby: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             options: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The child's result (``connect_s``, ``runs``) and the node removals, one a run."""
     work.mkdir(parents=True)
     log_path = work / "driver.log"
@@ -201,8 +204,8 @@ def run_side(cluster: _Cluster, library: str, repeats: int, work: Path,
     env["RAY_ADDRESS"] = cluster.address
     command = [sys.executable, str(Path(children.__file__).resolve()), "--library", library,
                "--repeats", str(repeats), "--work-dir", str(work)]
-    if warm_standby and library == "cairn":
-        command.append("--warm-standby")
+    if library == "cairn":
+        command += [f"--{option.replace('_', '-')}" for option in options]
     started = time.perf_counter()
     removals: list[dict[str, Any]] = []
     with open(log_path, "wb") as log:
@@ -325,7 +328,7 @@ def _list(values: list[float]) -> str:
 
 
 def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int,
-          warm_standby: bool = False) -> list[Row]:
+          options: tuple[str, ...] = ()) -> list[Row]:
     cairn, ray = sides.get("cairn"), sides.get("ray")
 
     def value(side: dict[str, Any] | None, key: str = "times") -> float | None:
@@ -336,8 +339,8 @@ def _rows(kind: str, sides: dict[str, dict[str, Any]], repeats: int,
 
     listed = "; ".join(p for p in (runs("Cairn", cairn), runs("Ray", ray)) if p)
     note = f"median of {repeats} ({listed} s)"
-    if warm_standby and cairn is not None:
-        note += "; Cairn with FailureConfig(warm_standby=True)"
+    if options and cairn is not None:
+        note += f"; Cairn with FailureConfig({', '.join(o + '=True' for o in options)})"
     if kind == "startup":
         connects = [f"{name} {side['connect_s']:.2f}" for name, side in
                     (("Cairn", cairn), ("Ray", ray)) if side is not None]
@@ -417,7 +420,7 @@ def measure(args: Any) -> list[Row]:
                         cluster.restore()
                         result, removals = run_side(
                             cluster, library, 1, Path(tmp, library, f"round{index}"),
-                            warm_standby=bool(getattr(args, "warm_standby", False)))
+                            options=_options(args))
                         merged[library] = _merge(merged.get(library), result, removals)
                     except Exception as exc:  # one side failing must not lose the other
                         logger.exception("%s failed", library)
@@ -434,10 +437,16 @@ def measure(args: Any) -> list[Row]:
             side["result"]["connect_s"] = _harness.median(side["connects"])
             for kind in KINDS:
                 sides[kind][library] = _figures(kind, side["result"], side["removals"])
-    standby = bool(getattr(args, "warm_standby", False))
     rows = [row for kind in KINDS if sides[kind]
-            for row in _rows(kind, sides[kind], repeats, standby)]
+            for row in _rows(kind, sides[kind], repeats, _options(args))]
     return rows + errors
+
+
+def _options(args: Any) -> tuple[str, ...]:
+    """The Cairn ``FailureConfig`` options turned on (``--warm-standby``,
+    ``--keep-survivors``)."""
+    return tuple(name for name in ("warm_standby", "keep_survivors")
+                 if getattr(args, name, False))
 
 
 def _side_name(library: str) -> str:
@@ -459,7 +468,8 @@ def run(args: Any = None) -> list[Row]:
 
 
 def _own_options(argv: list[str] | None) -> tuple[list[str], Any]:
-    """This module's own options (``--repeats N``, ``--warm-standby``) and the rest."""
+    """This module's own options (``--repeats N``, ``--warm-standby``,
+    ``--keep-survivors``) and the rest."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -467,6 +477,8 @@ def _own_options(argv: list[str] | None) -> tuple[list[str], Any]:
                         help="runs a side (default 3, 1 with --quick)")
     parser.add_argument("--warm-standby", action="store_true",
                         help="Cairn's side with FailureConfig(warm_standby=True)")
+    parser.add_argument("--keep-survivors", action="store_true",
+                        help="Cairn's side with FailureConfig(keep_survivors=True)")
     own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if own.repeats is not None and own.repeats < 1:
         raise SystemExit(f"--repeats {own.repeats}: give at least 1 run a side")
@@ -478,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_with_options(args: Any) -> list[Row]:
         args.repeats, args.warm_standby = own.repeats, own.warm_standby
+        args.keep_survivors = own.keep_survivors
         return run(args)
 
     return _module.module_main(__doc__, run_with_options, rest)

@@ -19,11 +19,13 @@ import ray_cluster  # noqa: E402
 
 
 def test_own_options_are_taken_out_of_the_command_line() -> None:
-    rest, own = ray_cluster._own_options(["--quick", "--repeats", "5", "--warm-standby"])
+    rest, own = ray_cluster._own_options(["--quick", "--repeats", "5", "--warm-standby",
+                                          "--keep-survivors"])
     assert rest == ["--quick"]
-    assert (own.repeats, own.warm_standby) == (5, True)
+    assert (own.repeats, own.warm_standby, own.keep_survivors) == (5, True, True)
     rest, own = ray_cluster._own_options(["--no-ray"])
-    assert rest == ["--no-ray"] and (own.repeats, own.warm_standby) == (None, False)
+    assert rest == ["--no-ray"]
+    assert (own.repeats, own.warm_standby, own.keep_survivors) == (None, False, False)
     with pytest.raises(SystemExit, match=r"--repeats 0: give at least 1 run a side"):
         ray_cluster._own_options(["--repeats", "0"])
 
@@ -66,10 +68,10 @@ def test_node_loss_note_gives_the_worst_runs_and_the_load() -> None:
 
     rows = ray_cluster._rows("node_loss", {"cairn": side([1.0, 3.0, 2.0], [9.0, 10.0, 11.0]),
                                            "ray": side([6.0, 5.0, 7.0], [9.5, 10.5, 11.5])},
-                             3, warm_standby=True)
+                             3, options=("warm_standby", "keep_survivors"))
     note = rows[0].note
     assert rows[0].cairn == 2.0 and rows[0].reference == 6.0
-    assert "Cairn with FailureConfig(warm_standby=True)" in note
+    assert "Cairn with FailureConfig(warm_standby=True, keep_survivors=True)" in note
     assert "worst Cairn 3.00, Ray 7.00 s" in note
     assert "Cairn's worst / Ray's median 0.50" in note
     assert "load average at each removal: Cairn 9.00, 10.00, 11.00; Ray 9.50, 10.50, 11.50" in note

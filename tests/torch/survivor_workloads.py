@@ -40,7 +40,9 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     buffers), as a bit flip would. Kind "kill_while_serving": the rank, kept into that
     attempt, SIGKILLs itself in the middle of sending its memory copy to a replacement
     rank, once that rank's train function restores (``ballast_mib`` of extra state makes
-    that copy large)."""
+    that copy large). Kind "lose_node" (Ray backend): every rank records its node; the
+    highest rank off the head node (``fault["head"]``) holds there for its node to be
+    removed, the others go on into the step's all_reduce."""
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
     _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
@@ -76,7 +78,11 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
                 for handle in handles:
                     handle.wait()
                 _corrupt_memory_copy()
-            if fault and rank == fault["rank"] and step + 1 == fault.get("step"):
+            if fault and fault["kind"] == "lose_node" and step + 1 == fault["step"]:
+                for handle in handles:
+                    handle.wait()
+                _hold_if_lost(config, fault, rank, context.get_world_size())
+            elif fault and rank == fault.get("rank") and step + 1 == fault.get("step"):
                 for handle in handles:
                     handle.wait()  # the resume is from a committed checkpoint
                 if fault["kind"] == "raise":
@@ -97,6 +103,26 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     final = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return {"step": step, "model": {k: v.clone() for k, v in final.state_dict().items()},
             "next_draw": torch.rand(2)}
+
+
+def _hold_if_lost(config: dict[str, Any], fault: dict[str, Any], rank: int,
+                  world_size: int) -> None:
+    import ray
+
+    _record(config, f"node_{rank}.json", ray.get_runtime_context().get_node_id())
+    for other in range(world_size):
+        _wait_for(config, f"node_{other}.json")
+    nodes = [_read(config, f"node_{other}.json") for other in range(world_size)]
+    lost = max(r for r in range(world_size) if nodes[r] != fault["head"])
+    if rank == lost:
+        _record(config, "holding.json", rank)
+        while True:  # until this node is removed
+            time.sleep(1)
+
+
+def _read(config: dict[str, Any], name: str) -> Any:
+    with open(os.path.join(config["scratch"], name)) as f:
+        return json.load(f)
 
 
 def _corrupt_memory_copy() -> None:

@@ -73,7 +73,7 @@ class WorkerBackend(Protocol):
 @runtime_checkable
 class RankReplacer(Protocol):
     """A backend that can replace some ranks of a running group and keep the others'
-    processes (``FailureConfig(keep_survivors=True)``); the local backend is one."""
+    processes (``FailureConfig(keep_survivors=True)``): the local and Ray backends."""
 
     def kill_ranks(self, ranks: Collection[int]) -> None:
         """Kill the processes of ``ranks`` (and what they started); reap them."""

@@ -30,6 +30,11 @@ imports, as with the local backend; on a multi-node cluster ship the code with R
 set by the actor too: an actor without a runtime environment can run in a worker process
 Ray prestarted. ``FailureConfig(warm_standby=True)`` keeps spare actors booted while an
 attempt trains, for the next attempt (:mod:`ray_standby`).
+
+``FailureConfig(keep_survivors=True)``: :meth:`RayBackend.kill_ranks` and
+:meth:`RayBackend.replace` replace the actors of the failed ranks only, each in its own
+bundle of the placement group (which Ray places again when its node was lost), and keep
+the others' actors running.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import ray
@@ -235,6 +241,8 @@ class RayBackend:
         if placement_timeout_s is None:
             read_placement_timeout()
         self.workers: list[RayWorker] = []
+        # Each rank's bundle in the placement group (a replaced rank runs in its own).
+        self._bundle_of: dict[int, int] = {}
         self._group: PlacementGroup | None = None
         # FailureConfig(warm_standby=True): spare actors, and what the last start asked for
         # (the bundle, the modules to preload, the group's size) to prepare them.
@@ -363,36 +371,12 @@ class RayBackend:
         logger.debug("Ray placement group of %d bundles ready in %.2fs", num_workers,
                      time.monotonic() - started)
         path = [p for p in sys.path if p]
-        # The actor sets these variables itself as its run starts (with the per-rank ones,
-        # known then), in the driver's sys.path order. No runtime environment unless
-        # RunConfig.worker_env asks for variables set at the process's start: an actor
-        # with one never runs in a worker process Ray prestarted (Ray starts a fresh one
-        # through its runtime environment agent, seconds on a loaded node, at Ray's low
-        # worker priority), and the attempt's own variables (MASTER_PORT) would make
-        # each attempt's environment a new one.
-        base_env = {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
-                    "CAIRN_WORLD_SIZE": str(num_workers)}
-        spares = self._spares_for(group, bundle, num_workers)
+        base_env = self._base_env(num_workers, env, path)
+        spares = self._spares_for(group, bundle, range(num_workers))
         preload = [m for m in base_env.get("CAIRN_PRELOAD", "").split(",") if m.strip()]
         self._last_start = (bundle, preload, num_workers)
-        actors = []
-        for index in range(num_workers):
-            spare = spares[index]
-            if spare is not None:
-                actors.append(spare)
-                continue
-            options: dict[str, Any] = {
-                "num_cpus": bundle.get("CPU", 0.0),
-                "num_gpus": bundle.get("GPU", 0.0),
-                "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index),
-                "max_restarts": 0,
-            }
-            if self._env:
-                options["runtime_env"] = {"env_vars": dict(self._env)}
-            actors.append(_WorkerActor.options(**options).remote())  # type: ignore[attr-defined]
+        actors = [spares[index] or self._new_actor(group, bundle, index)
+                  for index in range(num_workers)]
         described = self._describe(actors, timeout_s)
         logger.debug("%d Ray worker actors started in %.2fs", num_workers,
                      time.monotonic() - started)
@@ -404,14 +388,15 @@ class RayBackend:
                         key=lambda item: (node_order[item[1][2]], item[1][0]))
         per_node = {node: sum(1 for _, (_, _, n) in placed if n == node) for node in node_order}
         self.workers = []
+        self._bundle_of = {}
         local_ranks: dict[str, int] = {}
-        for rank, (actor, (_, pid, node_id)) in enumerate(placed):
+        for rank, (actor, (index, pid, node_id)) in enumerate(placed):
             local_rank = local_ranks.get(node_id, 0)
             local_ranks[node_id] = local_rank + 1
-            rank_env = {**base_env, "CAIRN_RANK": str(rank), "CAIRN_LOCAL_RANK": str(local_rank),
-                        "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}
-            ref = actor.run.remote(bootstrap.body(rank), rank_env, path)
-            self.workers.append(RayWorker(rank, actor, ref, pid, node_id))
+            self._bundle_of[rank] = index
+            self.workers.append(self._run(actor, rank, pid, node_id, bootstrap, path, {
+                **base_env, "CAIRN_LOCAL_RANK": str(local_rank),
+                "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
         if any(spare is not None for spare in spares):
             # Spares used up: new ones boot now, while this attempt restores, ready for a
@@ -419,22 +404,105 @@ class RayBackend:
             self.prepare_standby()
         return list(self.workers)
 
+    def _base_env(self, num_workers: int, env: dict[str, str] | None,
+                  path: list[str]) -> dict[str, str]:
+        """The variables every rank's actor sets as its run starts.
+
+        The actor sets them itself (with the per-rank ones, known then), in the driver's
+        sys.path order. No runtime environment unless RunConfig.worker_env asks for
+        variables set at the process's start: an actor with one never runs in a worker
+        process Ray prestarted (Ray starts a fresh one through its runtime environment
+        agent, seconds on a loaded node, at Ray's low worker priority), and the attempt's
+        own variables (MASTER_PORT) would make each attempt's environment a new one."""
+        return {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
+                "CAIRN_WORLD_SIZE": str(num_workers)}
+
+    def _new_actor(self, group: PlacementGroup, bundle: dict[str, float], index: int) -> Any:
+        """A fresh worker actor in bundle ``index`` of ``group``."""
+        options: dict[str, Any] = {
+            "num_cpus": bundle.get("CPU", 0.0),
+            "num_gpus": bundle.get("GPU", 0.0),
+            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index),
+            "max_restarts": 0,
+        }
+        if self._env:
+            options["runtime_env"] = {"env_vars": dict(self._env)}
+        return _WorkerActor.options(**options).remote()  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _run(actor: Any, rank: int, pid: int, node_id: str, bootstrap: Bootstrap,
+             path: list[str], env: dict[str, str]) -> RayWorker:
+        """Start rank ``rank``'s run in ``actor``; its handle."""
+        ref = actor.run.remote(bootstrap.body(rank), {**env, "CAIRN_RANK": str(rank)}, path)
+        return RayWorker(rank, actor, ref, pid, node_id)
+
+    def kill_ranks(self, ranks: Collection[int]) -> None:
+        """Kill the actors of ``ranks`` (FailureConfig(keep_survivors=True): the other
+        ranks' actors run the next attempt); their bundles stay in the placement group."""
+        for worker in self.workers:
+            if worker.rank in ranks:
+                ray.kill(worker.actor, no_restart=True)
+        for worker in self.workers:
+            if worker.rank in ranks:
+                worker.wait_exit(10.0)
+                worker.exit_watcher.close()
+
+    def replace(self, ranks: Collection[int], bootstrap: Bootstrap, *,
+                env: dict[str, str] | None = None) -> list[WorkerHandle]:
+        """A new actor for each of ``ranks`` (killed by :meth:`kill_ranks`), in that
+        rank's bundle of the placement group, handed ``bootstrap``; the other ranks'
+        actors stay. Every rank's handle.
+
+        A bundle on a lost node is placed again by Ray where the cluster has room: the
+        actor waits for that up to the placement timeout, as a start of the whole group
+        does (:class:`PlacementTimeoutError` past it)."""
+        group = self._group
+        if group is None or not self.workers:
+            raise RuntimeError("replace() needs a running group: start() it first")
+        timeout_s = (read_placement_timeout() if self._placement_timeout_s is None
+                     else self._placement_timeout_s)
+        started = time.monotonic()
+        bundle = self._bundle()
+        path = [p for p in sys.path if p]
+        base_env = self._base_env(len(self.workers), env, path)
+        order = sorted(ranks)
+        spares = self._spares_for(group, bundle, [self._bundle_of[r] for r in order])
+        actors = [spare or self._new_actor(group, bundle, self._bundle_of[rank])
+                  for rank, spare in zip(order, spares, strict=True)]
+        described = self._describe(actors, timeout_s)
+        for rank, actor, (_, pid, node_id) in zip(order, actors, described, strict=True):
+            # Its local rank among the ranks on its node (a kept rank keeps its own); the
+            # controller sends every rank its node's ranks again for the attempt.
+            sharing = sum(1 for w in self.workers if w.node_id == node_id and w.rank not in ranks)
+            self.workers[rank] = self._run(actor, rank, pid, node_id, bootstrap, path, {
+                **base_env, "CAIRN_LOCAL_RANK": str(sharing),
+                "CAIRN_LOCAL_WORLD_SIZE": str(sharing + 1)})
+        logger.info("Replaced the Ray workers of ranks %s in %.2fs (nodes %s); kept ranks %s",
+                    order, time.monotonic() - started,
+                    ", ".join(self.workers[r].node_id[:12] for r in order),
+                    [w.rank for w in self.workers if w.rank not in ranks])
+        return list(self.workers)
+
     def _spares_for(self, group: PlacementGroup, bundle: dict[str, float],
-                    num_workers: int) -> list[Any | None]:
-        """For each bundle, the warm standby actor on its node, if one is there."""
+                    indices: Iterable[int]) -> list[Any | None]:
+        """For each bundle of ``indices``, the warm standby actor on its node, if one is
+        there."""
+        wanted = list(indices)
         if self._standby is None or not RayStandby.applies(bundle):
-            return [None] * num_workers
+            return [None] * len(wanted)
         try:
             table = ray.util.placement_group_table(group)
             nodes = {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()}
         except Exception as exc:
             logger.debug("No bundle nodes for the placement group: %s", exc)
-            return [None] * num_workers
-        spares = [self._standby.take(nodes[i]) if i in nodes else None
-                  for i in range(num_workers)]
+            return [None] * len(wanted)
+        spares = [self._standby.take(nodes[i]) if i in nodes else None for i in wanted]
         if any(spare is not None for spare in spares):
             logger.info("Running %d of %d ranks in warm standby Ray actors",
-                        sum(spare is not None for spare in spares), num_workers)
+                        sum(spare is not None for spare in spares), len(wanted))
         return spares
 
     def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:

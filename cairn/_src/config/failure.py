@@ -26,15 +26,15 @@ class FailureConfig:
       interpreter start-up and imports. Costs one idle process per rank (no effect with
       ``max_failures=0``). The Ray backend keeps spare actors instead (one per rank on the
       group's nodes and one on another node; none for GPU workers).
-    * ``keep_survivors``: when one rank fails (raises, exits, is killed), the local
-      backend keeps the other ranks' processes: their train functions are stopped (at
-      their next ``report()`` or collective, or by the failed collective itself), their
-      ``torch.distributed`` group is ended, and they call the train function again, in
-      the same process, for the next attempt, while only the failed rank is started
-      afresh. Off by default: the train function then runs twice in one process, so
-      module-level state and threads it started outlive an attempt. The whole group
-      restarts as before when more than one rank fails at once, a rank does not stop
-      within ``stop_timeout_s``, or the backend cannot replace one rank (Ray).
+    * ``keep_survivors``: when one rank fails (raises, exits, is killed, is lost with
+      its node), the backend keeps the other ranks' processes (on Ray, their actors):
+      their train functions are stopped (at their next ``report()`` or collective, or by
+      the failed collective itself), their ``torch.distributed`` group is ended, and they
+      call the train function again, in the same process, for the next attempt, while
+      only the failed rank is started afresh. Off by default: the train function then
+      runs twice in one process, so module-level state and threads it started outlive
+      an attempt. The whole group restarts as before when more than one rank fails at
+      once, or a rank does not stop within ``stop_timeout_s``.
     * ``stop_timeout_s``: with ``keep_survivors``, how long a surviving rank may take to
       stop its train function before the whole group is killed and restarted.
     * ``max_preemption_failures``: how many restarts after a preemption notice (a node

@@ -9,7 +9,7 @@ runs the train function for that attempt in the same process.
 
 The whole group restarts, as without the option, when:
 
-* the backend cannot replace one rank (the Ray backend);
+* the backend cannot replace one rank (a backend that is no :class:`RankReplacer`);
 * the failure is fatal, or more than one rank failed on its own (two failures overlap);
 * not every rank had connected, or no rank is left to keep;
 * a kept rank does not stop within ``FailureConfig.stop_timeout_s``, or dies meanwhile.

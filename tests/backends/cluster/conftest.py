@@ -22,7 +22,7 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The workloads and checks of the local backend's suites, reused on the cluster.
-for folder in ("fault", "train", "support"):
+for folder in ("fault", "train", "support", "torch"):
     path = os.path.join(TESTS, folder)
     if path not in sys.path:
         sys.path.insert(0, path)

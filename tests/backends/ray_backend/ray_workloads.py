@@ -7,10 +7,14 @@ from typing import Any
 
 import cairn
 
+# The attempts whose train function ran in this process (a kept survivor runs several).
+_ATTEMPTS_HERE: list[int] = []
 
-def train(config: dict[str, Any]) -> dict[str, int]:
+
+def train(config: dict[str, Any]) -> dict[str, Any]:
     context = cairn.get_context()
     rank = context.get_world_rank()
+    _ATTEMPTS_HERE.append(context.get_attempt())
     start = 0
     checkpoint = cairn.get_checkpoint()
     if checkpoint is not None:
@@ -24,7 +28,8 @@ def train(config: dict[str, Any]) -> dict[str, int]:
         if config.get("crash_at") == step and rank == 1 and context.get_attempt() == 0:
             os._exit(1)
     return {"start": start, "local_rank": context.get_local_rank(),
-            "local_world_size": context.get_local_world_size()}
+            "local_world_size": context.get_local_world_size(),
+            "attempts_here": list(_ATTEMPTS_HERE)}
 
 
 def environment(config: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ def test_fit_on_ray_actors(run_config: Callable[..., cairn.RunConfig]) -> None:
         scaling_config=cairn.ScalingConfig(num_workers=2, backend="ray"),
         run_config=run_config(),
     ).fit()
-    assert result.return_value == {"start": 0, "local_rank": 0, "local_world_size": 2}
+    assert result.return_value == {"start": 0, "local_rank": 0, "local_world_size": 2,
+                                   "attempts_here": [0]}
     assert result.metrics == {"step": 2}
     assert result.checkpoint is not None
     result.checkpoint.verify()
@@ -43,12 +44,15 @@ def test_actor_death_restarts_and_resumes(run_config: Callable[..., cairn.RunCon
     # Rank 1 exited right after report 2 (step 1) returned: resumed from it, not before.
     assert result.return_value["start"] == 2
     assert result.goodput.failures == 1
+    # The whole group restarted: rank 0 ran attempt 1 in a new actor.
+    assert result.return_value["attempts_here"] == [1]
 
 
-def test_keep_survivors_restarts_the_whole_group_on_ray(
+def test_keep_survivors_keeps_the_surviving_actor_on_ray(
     run_config: Callable[..., cairn.RunConfig], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The Ray backend cannot replace one rank: the option falls back to today's restart.
+    # Only rank 1's actor is replaced, in its bundle of the placement group; rank 0 runs
+    # attempt 1 in the actor (the process) that ran attempt 0.
     with caplog.at_level(logging.INFO, logger="cairn"):
         result = cairn.Trainer(
             ray_workloads.train, train_loop_config={"steps": 4, "crash_at": 1},
@@ -57,8 +61,10 @@ def test_keep_survivors_restarts_the_whole_group_on_ray(
                 max_failures=1, keep_survivors=True)),
         ).fit()
     assert result.return_value["start"] == 2
+    assert result.return_value["attempts_here"] == [0, 1]
     assert result.goodput.failures == 1
-    assert "kept ranks" not in caplog.text
+    assert "kept ranks [0], replacing [1]" in caplog.text
+    assert "Replaced the Ray workers of ranks [1]" in caplog.text
 
 
 @pytest.mark.parametrize("worker_env", [None, {"CAIRN_TEST_VAR": "x"}])
