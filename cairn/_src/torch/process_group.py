@@ -7,6 +7,9 @@ worker, :class:`ProcessGroupSetup` exports the variables ``torchrun`` would
 ``LOCAL_WORLD_SIZE``), picks the device and initializes the default process group;
 :func:`destroy_process_group` ends it after the train function returned.
 
+When the ranks run on several machines (the Ray backend), they meet at rank 0's node
+instead (:func:`rendezvous_at_rank_zero`).
+
 Why a collective never hangs a restart: when any worker raises, exits or is killed, the
 controller kills every process of the group at once (SIGKILL) and starts a new group with
 a new port. A rank blocked in an allreduce with a dead peer is killed with it; nothing
@@ -28,6 +31,8 @@ import torch.distributed as dist
 from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.placement import set_worker_device
+from cairn._src.wire.bootstrap import NODE_ADDRESS_ENV
+from cairn._src.worker.session import get_session
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +117,8 @@ class ProcessGroupSetup:
                 "MASTER_ADDR/MASTER_PORT are not set in this worker: the process group set-up "
                 "of cairn.torch.TorchTrainer runs only in its own workers."
             )
+        if context.get_local_world_size() < world_size:
+            rendezvous_at_rank_zero(rank)
         backend = choose_backend(self.config, self.use_gpu, rank)
         device = torch.device("cpu")
         if self.use_gpu:
@@ -134,6 +141,24 @@ class ProcessGroupSetup:
         )
         logger.debug("Rank %d: torch.distributed %s process group of %d on %s", rank, backend,
                      world_size, device)
+
+
+def rendezvous_at_rank_zero(rank: int) -> None:
+    """Ranks on several machines (the Ray backend): meet at rank 0's node, on a port free
+    there, instead of the driver's loopback address.
+
+    Rank 0 picks its address toward the driver (``CAIRN_NODE_ADDRESS``, which the worker
+    runtime sets) and a free port on it, and every rank gets both through Cairn's own
+    broadcast (the control channel), before ``init_process_group``."""
+    chosen = ("", 0)
+    if rank == 0:
+        host = os.environ.get(NODE_ADDRESS_ENV, MASTER_ADDR)
+        chosen = (host, free_port(host))
+    host, port = get_session("TorchTrainer").collectives.broadcast_from_rank_zero(chosen)
+    os.environ.update({"MASTER_ADDR": host, "MASTER_PORT": str(port)})
+    if rank == 0:
+        logger.info("torch.distributed rendezvous at rank 0's node, %s:%d (the ranks run on "
+                    "several nodes)", host, port)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ class TorchTrainer(Trainer):
     initialized (``torch.distributed.is_initialized()``): ``gloo`` on CPUs, ``nccl`` with
     ``ScalingConfig(use_gpu=True)`` (one GPU per worker, ``cuda:<local rank>``), or
     ``TorchConfig(backend=...)``. The workers also get the variables ``torchrun`` sets
-    (``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    (``MASTER_ADDR=127.0.0.1``, or rank 0's node address when the ranks run on several
+    nodes, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``), and, unless the driver's environment or
     ``RunConfig.worker_env`` sets it, ``OMP_NUM_THREADS`` = CPU cores // workers.
 

@@ -32,6 +32,10 @@ class Bootstrap:
         return json.dumps(body).encode() + b"\n"
 
 
+# The worker runtime sets it to its address toward the driver: where peers on other
+# machines reach this worker (cairn.torch's rendezvous at rank 0 on a cluster).
+NODE_ADDRESS_ENV = "CAIRN_NODE_ADDRESS"
+
 # Variables an attempt sets afresh (cairn.torch's rendezvous address), which a standby
 # process started during the previous attempt receives in its bootstrap instead.
 ATTEMPT_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})

@@ -27,6 +27,7 @@ import cloudpickle
 from cairn._src.errors import AttemptStopped, CheckpointCollisionError, ConfigError, ReportError
 from cairn._src.run.storage_check import check_storage_marker
 from cairn._src.storage.registry import import_registrations
+from cairn._src.wire.bootstrap import NODE_ADDRESS_ENV
 from cairn._src.wire.code_locations import failing_frame, loads_located
 from cairn._src.wire.messages import (
     DoneMessage,
@@ -247,10 +248,12 @@ def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None,
     given, in this same process. ``notices`` tells the controller when this worker's node
     is about to be reclaimed."""
     # A kept rank's snapshots, across its attempts (keep_survivors; not in local mode).
-    memory = None if in_driver is not None else MemoryCopies(
-        bytes.fromhex(boot["authkey"]),
-        None if boot.get("tls_certificate") else local_host_toward(
-            (boot["address"][0], int(boot["address"][1]))))
+    memory = None
+    if in_driver is None:
+        host = local_host_toward((boot["address"][0], int(boot["address"][1])))
+        os.environ[NODE_ADDRESS_ENV] = host
+        memory = MemoryCopies(bytes.fromhex(boot["authkey"]),
+                              None if boot.get("tls_certificate") else host)
     try:
         while True:
             connection, tunnel = _connect(boot)

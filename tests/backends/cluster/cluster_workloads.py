@@ -59,3 +59,20 @@ def hold_after(config: dict[str, Any]) -> None:
         if attempt == 0 and step == config["hold_at"]:
             _note(config, f"holding_{rank}", step)
             threading.Event().wait()
+
+
+def torch_rendezvous(config: dict[str, Any]) -> None:
+    """Under ``TorchTrainer``: each rank records the rendezvous it joined, its node and the
+    sum of an all_reduce over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    rank = cairn.get_context().get_world_rank()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    _note(config, f"rendezvous_{rank}", {
+        "master": [os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]],
+        "node_address": os.environ["CAIRN_NODE_ADDRESS"],
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "sum": float(total),
+    })
