@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from controller_fakes import FakeWorker, Harness, make_harness
 
-from cairn._src.controller.attempt_loop import WORKER_START_TIMEOUT_S
+from cairn._src.controller.attempt_loop import FAILURE_GRACE_S, WORKER_START_TIMEOUT_S
 from cairn._src.controller.state import (
     ControllerState,
     StateMachine,
@@ -110,6 +110,33 @@ def test_an_error_message_fails_the_attempt_with_the_ranks_error(make) -> None:
     change = harness.controller.step()
     assert change.new is S.RESTARTING
     assert change.reason == "[rank 1] ValueError: boom"
+
+
+def test_the_failure_grace_waits_for_the_other_ranks_errors(make) -> None:
+    harness = make(max_failures=2, workers=3)
+    workers = _start_and_connect(harness)
+    failed = harness.clock.now
+    workers[2].end()
+    harness.error(workers[0])
+    # Rank 1 neither failed nor exited: its error may still come, so the attempt ends
+    # only once the grace has passed, with every error that arrived within it.
+    change = harness.controller.step()
+    assert change.new is S.RESTARTING
+    assert harness.clock.now - failed >= FAILURE_GRACE_S
+    assert change.reason == "[rank 0] ValueError: boom (and 1 more)"
+
+
+def test_the_failure_grace_ends_once_every_rank_failed_or_exited(make) -> None:
+    harness = make(max_failures=2)
+    workers = _start_and_connect(harness)
+    failed = harness.clock.now
+    workers[1].end()
+    harness.error(workers[0])  # the survivor's collective lost its peer, say
+    # No rank is left whose error could still come: nothing to wait for.
+    change = harness.controller.step()
+    assert change.new is S.RESTARTING
+    assert harness.clock.now - failed < FAILURE_GRACE_S
+    assert change.reason == "[rank 0] ValueError: boom (and 1 more)"
 
 
 def test_workers_that_never_connect_fail_the_attempt_after_the_start_timeout(make) -> None:

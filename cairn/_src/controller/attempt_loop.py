@@ -80,7 +80,8 @@ from cairn._src.wire.preemption import (
 logger = logging.getLogger(__name__)
 
 # How long to wait, after the first failure of an attempt, for other ranks' errors to
-# arrive so they are reported together.
+# arrive so they are reported together (not past the moment every rank has failed, exited
+# or finished).
 FAILURE_GRACE_S = 0.2
 # How long, after a rank failed, the surviving ranks may take to finish the reports up to
 # the failed rank's last report, so that those are committed before the teardown.
@@ -213,8 +214,10 @@ class AttemptLoop:
             if (self._report_deadline is not None and clock.monotonic() < self._report_deadline
                     and self._reports_still_coming()):
                 return
+            # Every rank failed, exited or finished: no other error can still come.
+            accounted = self.exited | {f.rank for f in attempt.failures} | set(attempt.done)
             if (clock.monotonic() >= self._failure_deadline
-                    or len(self.exited) == len(attempt.workers)):
+                    or len(accounted) == len(attempt.workers)):
                 preempted = self.preemption.caused(attempt.failures, self.exited)
                 self.ended = AttemptFailure(
                     # The rank that caused the failure first (a killed rank before the
