@@ -37,7 +37,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -137,11 +136,21 @@ def train_faults(config: dict[str, Any]) -> None:
                 (out / "node_loss.happened").touch()
                 _write_json(out / f"holding_{rank}.json",
                             {"t": time.time(), "step": step, "node": _node_id()})
-                # Until the node is removed and the group torn down; bounded.
-                threading.Event().wait(HOLD_S)
-                raise RuntimeError(f"rank {rank}: the node was not removed in {HOLD_S:g} s")
+                # Until the node is removed; the ranks left then go on training, as a
+                # real job's would, and meet the loss at their next report (bounded).
+                if not _wait_for_file(out / "node_removed", HOLD_S):
+                    raise RuntimeError(f"rank {rank}: the node was not removed in {HOLD_S:g} s")
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _wait_for_file(path: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 # --------------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ system). Cairn, then Ray, each run measuring three figures in one ``fit()``:
 * **node loss**: the same loop goes on in the restarted attempt, and every rank holds
   right after the report of step 6 returned; this process then removes the node of the
   highest rank not on the head node (``cluster.remove_node``, Ray's default graceful stop
-  of the node's processes), and adds a node back at once, so the cluster's capacity
-  returns (a replaced node). Figure: the wall time just before ``remove_node`` to every
-  rank of the next attempt restored.
+  of the node's processes), marks the removal done (the ranks left then go on with their
+  next step, and meet the loss at its report, as a real job's would), and adds a node
+  back at once, so the cluster's capacity returns (a replaced node). Figure: the wall
+  time just before ``remove_node`` to every rank of the next attempt restored.
 
 Both fault rows have a "checkpoints behind" row: the step of the last SYNC report that
 returned against the step the run resumed from (one checkpoint per step). Each figure is
@@ -125,8 +126,9 @@ class _Cluster:
             self.cluster.add_node(**NODE_ARGS)
         self.cluster.wait_for_nodes(timeout=120)
 
-    def replace(self, node_id: str) -> dict[str, float]:
-        """Remove the worker node ``node_id``, then add one back; wall time of the removal."""
+    def replace(self, node_id: str, removed_marker: Path) -> dict[str, float]:
+        """Remove the worker node ``node_id``, create ``removed_marker`` (the ranks left go
+        on training), then add a node back; wall time of the removal."""
         node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
         if node is None:
             raise ClusterBenchError(f"node {node_id} is not a worker node of the cluster")
@@ -135,6 +137,7 @@ class _Cluster:
         started = time.perf_counter()
         self.cluster.remove_node(node)
         removed_s = time.perf_counter() - started
+        removed_marker.touch()
         self.restore()
         return {"t": removed_t, "remove_s": removed_s, "load": load,
                 "add_s": time.perf_counter() - started - removed_s}
@@ -183,7 +186,7 @@ def _remove_nodes(cluster: _Cluster, proc: subprocess.Popen[bytes], work: Path,
                          None)
         if lost_rank is None:
             raise ClusterBenchError(f"every rank runs on the head node: {nodes}")
-        removal = cluster.replace(nodes[lost_rank])
+        removal = cluster.replace(nodes[lost_rank], out / "node_removed")
         removal.update(rank=lost_rank, node=nodes[lost_rank])
         removals.append(removal)
         logger.info("run %d: removed node %s (rank %d) in %.1f s, added one in %.1f s",

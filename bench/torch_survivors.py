@@ -76,8 +76,9 @@ def train(config: dict[str, Any]) -> None:
         loss = model.small(data).pow(2).mean()
         loss.backward()
         if attempt == 0 and step == CRASH_AT and rank == 1:
-            _write(os.path.join(config["out"], "crash"), time.time())
             time.sleep(0.2)  # rank 0 is in this step's all_reduce by now
+            # The crash is the kill: the wait before it is not part of the recovery.
+            _write(os.path.join(config["out"], "crash"), time.time())
             os.kill(os.getpid(), signal.SIGKILL)
         total = loss.detach().clone()
         dist.all_reduce(total)

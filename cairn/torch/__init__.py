@@ -13,9 +13,10 @@ try:
 except ImportError as _missing:
     raise ImportError("cairn.torch needs PyTorch: pip install 'cairn-train[torch]'") from _missing
 
+from typing import TYPE_CHECKING, Any
+
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.data_loader import PreparedDataLoader, prepare_data_loader
-from cairn._src.torch.dcp_writer import FileSystemWriter
 from cairn._src.torch.model import prepare_model
 from cairn._src.torch.placement import get_device, get_devices
 from cairn._src.torch.reproducibility import enable_reproducibility
@@ -26,6 +27,20 @@ from cairn._src.torch.training_state import (
     load_training_state,
     save_training_state,
 )
+
+if TYPE_CHECKING:
+    from cairn._src.torch.dcp_writer import FileSystemWriter
+
+
+def __getattr__(name: str) -> Any:
+    # FileSystemWriter is imported on first use: torch.distributed.checkpoint, which it
+    # extends, takes about half a second to import, on the path of every worker's start.
+    if name == "FileSystemWriter":
+        from cairn._src.torch.dcp_writer import FileSystemWriter
+
+        return FileSystemWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FileSystemWriter",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -47,6 +49,19 @@ def test_public_names_are_pinned_and_sorted() -> None:
     ]
     for name in cairn.torch.__all__:
         assert getattr(cairn.torch, name).__module__.startswith("cairn._src.torch.")
+
+
+def test_importing_cairn_torch_leaves_the_dcp_writer_for_its_first_use() -> None:
+    # torch.distributed.checkpoint takes about half a second to import, on the path of
+    # every worker's start: only FileSystemWriter needs it.
+    code = ("import sys, cairn.torch; print('torch.distributed.checkpoint' in sys.modules); "
+            "from cairn.torch import FileSystemWriter; "
+            "print('torch.distributed.checkpoint' in sys.modules, FileSystemWriter.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["False", "True", "FileSystemWriter"]
+    with pytest.raises(AttributeError, match=r"module 'cairn.torch' has no attribute 'Nope'"):
+        cairn.torch.Nope  # noqa: B018
 
 
 @pytest.mark.parametrize(
