@@ -5,8 +5,11 @@ training-state size. Run through ``bench/torch_recovery.py --survivors``.
 
 Each rank holds a model whose state is ``size`` MiB (one large parameter, rank 0 writes
 it: ``report_snapshot``, waited on) and a small layer trained with one gloo
-``all_reduce`` per step. One checkpoint is committed at step 1; at step 3 rank 1 writes
-the wall time and SIGKILLs itself while rank 0 waits in that step's ``all_reduce``. The
+``all_reduce`` per step. One checkpoint is committed at step 1; at step 3 rank 1 waits
+:data:`CRASH_DELAY_S` (the spares of warm standby, started at the checkpoint's report, are
+ready by then, as they are for a crash that does not follow the first checkpoint within a
+second), then writes the wall time and SIGKILLs itself while rank 0 waits in that step's
+``all_reduce``. The
 next attempt writes the wall time once rank 0 has restored the checkpoint and both ranks
 completed one ``all_reduce`` step. Also measured: the bytes the restore read from storage,
 summed over ranks: with keep_survivors from the event log's ``restored`` records (the
@@ -34,6 +37,7 @@ import cairn
 
 CRASH_AT = 3
 CHECKPOINT_AT = 1
+CRASH_DELAY_S = 4.0
 
 
 def _write(path: str, value: Any) -> None:
@@ -76,7 +80,10 @@ def train(config: dict[str, Any]) -> None:
         loss = model.small(data).pow(2).mean()
         loss.backward()
         if attempt == 0 and step == CRASH_AT and rank == 1:
-            time.sleep(0.2)  # rank 0 is in this step's all_reduce by now
+            # Rank 0 waits in this step's all_reduce meanwhile. A crash comes seconds
+            # after the last checkpoint, not within the second after the first one, when
+            # the warm standby spares (started at that report) are still importing torch.
+            time.sleep(CRASH_DELAY_S)
             # The crash is the kill: the wait before it is not part of the recovery.
             _write(os.path.join(config["out"], "crash"), time.time())
             os.kill(os.getpid(), signal.SIGKILL)

@@ -102,6 +102,21 @@ def test_threads_per_worker_yield_to_the_users_setting(monkeypatch: pytest.Monke
     assert "OMP_NUM_THREADS" not in user._attempt_env(0)
 
 
+def test_a_spare_preloads_what_the_first_optimizer_would_import() -> None:
+    # A warm standby spare imports CAIRN_PRELOAD while it waits; the first optimizer a
+    # process builds imports torch._dynamo (about 800 modules), which must not be left on
+    # the path of a replacement rank's first step.
+    preload = AttemptEnvironment()(0)["CAIRN_PRELOAD"]
+    code = ("import importlib, sys, torch\n"
+            f"for name in {preload!r}.split(','): importlib.import_module(name)\n"
+            "before = set(sys.modules)\n"
+            "torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)\n"
+            "print(len(set(sys.modules) - before))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["0"]
+
+
 def test_backend_choice_and_its_errors() -> None:
     assert choose_backend(TorchConfig(), use_gpu=False, rank=0) == "gloo"
     with pytest.raises(cairn.ConfigError, match=r"backend='nccl'\) needs GPUs"):
