@@ -37,7 +37,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict cairn
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=30
 
 test: lint typecheck unit
 
