@@ -473,13 +473,18 @@ class RayBackend:
         actors = [spare or self._new_actor(group, bundle, self._bundle_of[rank])
                   for rank, spare in zip(order, spares, strict=True)]
         described = self._describe(actors, timeout_s)
+        # Local ranks after those of the kept ranks on each node (a kept rank keeps its
+        # own); the controller sends every rank its node's ranks again for the attempt.
+        on_node: dict[str, int] = {}
+        for worker in self.workers:
+            if worker.rank not in ranks:
+                on_node[worker.node_id] = on_node.get(worker.node_id, 0) + 1
         for rank, actor, (_, pid, node_id) in zip(order, actors, described, strict=True):
-            # Its local rank among the ranks on its node (a kept rank keeps its own); the
-            # controller sends every rank its node's ranks again for the attempt.
-            sharing = sum(1 for w in self.workers if w.node_id == node_id and w.rank not in ranks)
+            local_rank = on_node.get(node_id, 0)
+            on_node[node_id] = local_rank + 1
             self.workers[rank] = self._run(actor, rank, pid, node_id, bootstrap, path, {
-                **base_env, "CAIRN_LOCAL_RANK": str(sharing),
-                "CAIRN_LOCAL_WORLD_SIZE": str(sharing + 1)})
+                **base_env, "CAIRN_LOCAL_RANK": str(local_rank),
+                "CAIRN_LOCAL_WORLD_SIZE": str(local_rank + 1)})
         logger.info("Replaced the Ray workers of ranks %s in %.2fs (nodes %s); kept ranks %s",
                     order, time.monotonic() - started,
                     ", ".join(self.workers[r].node_id[:12] for r in order),
@@ -495,7 +500,12 @@ class RayBackend:
             return [None] * len(wanted)
         try:
             table = ray.util.placement_group_table(group)
-            nodes = {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()}
+            alive = {str(n["NodeID"]) for n in ray.nodes()  # type: ignore[no-untyped-call]
+                     if n.get("Alive")}
+            # A bundle of a lost node may still name it until Ray places the bundle
+            # again: no spare of that node (it is gone with it).
+            nodes = {int(k): str(v) for k, v in table.get("bundles_to_node_id", {}).items()
+                     if str(v) in alive}
         except Exception as exc:
             logger.debug("No bundle nodes for the placement group: %s", exc)
             return [None] * len(wanted)

@@ -49,9 +49,10 @@ def _trainer(config: cairn.RunConfig, scratch: str, faults: dict[str, Any]) -> T
         run_config=config)
 
 
+@pytest.mark.parametrize("warm_standby", [False, True])
 def test_node_loss_keeps_the_survivor_and_restores_the_lost_rank_from_its_peer(
     cluster: RayCluster, run_config: RunConfigFactory, tmp_path: Any,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, warm_standby: bool,
 ) -> None:
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
@@ -61,8 +62,10 @@ def test_node_loss_keeps_the_survivor_and_restores_the_lost_rank_from_its_peer(
     scratch = str(tmp_path / "lost")
     os.mkdir(scratch)
     head = cluster.cluster.head_node.node_id
-    config = run_config(name="lost", failure_config=FailureConfig(max_failures=1,
-                                                                  keep_survivors=True),
+    # With warm standby, the spare on the lost node is gone with it: the lost rank's new
+    # actor is a fresh one, or a spare of the node its bundle is placed on again.
+    config = run_config(name="lost", failure_config=FailureConfig(
+                            max_failures=1, keep_survivors=True, warm_standby=warm_standby),
                         checkpoint_config=CheckpointConfig(num_to_keep=2))
     outcome: dict[str, Any] = {}
     ended = threading.Event()
