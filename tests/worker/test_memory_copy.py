@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from cairn._src.storage.checksum import FileEntry, new_hasher
 from cairn._src.storage.location import resolve
 from cairn._src.wire.messages import RestoredMessage, RestorePlan
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
+from cairn._src.worker.peer_fetch import PEER_CHUNK, Outcome, fetch_from_peer
 
 KEY = b"k" * 32
 
@@ -136,6 +139,30 @@ def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:
     assert not sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2),
                                str(target), retry=None)  # type: ignore[arg-type]
     assert sent[0].source == "storage" and "peer rank 0" in sent[0].reason
+
+
+def test_a_peer_that_sends_more_than_a_chunk_at_once_is_not_used(tmp_path: Path) -> None:
+    files = {"model.pt": entry(b"weights")}
+    listener = Listener(("127.0.0.1", 0), authkey=KEY)
+
+    def misbehave() -> None:
+        with listener.accept() as connection:
+            connection.recv()
+            connection.send(("model.pt",))
+            connection.send_bytes(b"w" * (PEER_CHUNK + 1))
+
+    thread = threading.Thread(target=misbehave, daemon=True)
+    thread.start()
+    outcome = Outcome()
+    got = fetch_from_peer(KEY, 0, listener.address, 2, files, {"model.pt"}, str(tmp_path),
+                          outcome)
+    thread.join(30)
+    listener.close()
+    assert got == set() and outcome.peer_bytes == 0
+    assert outcome.reasons == [
+        f"the transfer from peer rank 0 failed: OSError: peer rank 0 sent a message over "
+        f"{PEER_CHUNK} bytes, more than a peer sends at once"]
+    assert os.listdir(tmp_path) == []  # nothing of the file is left behind
 
 
 class ValueWriter(Writer):

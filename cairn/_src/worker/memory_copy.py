@@ -49,6 +49,7 @@ from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
+    PEER_CHUNK,
     PEER_TIMEOUT_S,
     Outcome,
     PrefetchSource,
@@ -58,7 +59,6 @@ from cairn._src.worker.peer_fetch import (
 
 logger = logging.getLogger(__name__)
 
-_CHUNK = 8 << 20
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
 
@@ -232,14 +232,14 @@ class _ConnectionSink:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self._hashed.write(view)
-        if len(self._buffer) + len(view) < _CHUNK:
+        if len(self._buffer) + len(view) < PEER_CHUNK:
             self._buffer += view  # small records (pickle, zip headers) go together
             return len(view)
         if self._buffer:
             self._connection.send_bytes(self._buffer)
             self._buffer = bytearray()
-        for start in range(0, len(view), _CHUNK):  # a tensor's bytes, without a copy
-            self._connection.send_bytes(view[start:start + _CHUNK])
+        for start in range(0, len(view), PEER_CHUNK):  # a tensor's bytes, without a copy
+            self._connection.send_bytes(view[start:start + PEER_CHUNK])
         return len(view)
 
     def flush(self) -> None:
