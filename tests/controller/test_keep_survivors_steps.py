@@ -4,6 +4,7 @@ rejoin; every fallback restarts the whole group."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -127,6 +128,32 @@ def test_a_fatal_error_never_keeps_survivors(make) -> None:
     harness.error(first[1], fatal=True)
     assert harness.controller.step().new is S.ERRORED
     assert _of(_until_closed(first[0]), StopMessage) == []
+
+
+def test_a_backend_that_refuses_for_this_run_restarts_the_whole_group(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        harness = make_harness(tmp_path, max_failures=1, keep_survivors=True,
+                               replace_refusal="the group is elastic")
+    try:
+        assert ("FailureConfig(keep_survivors=True) does not apply to this run: the group "
+                "is elastic") in caplog.text
+        first = _start(harness)
+        first[1].end()
+        assert harness.controller.step().new is S.RESTARTING
+        assert harness.backend.kills == 1  # the whole group, no rank stopped and kept
+        assert harness.controller.step().new is S.STARTING
+        backend = harness.backend
+        assert isinstance(backend, ReplacingFakeBackend) and backend.replaced == []
+        second = backend.groups[-1]
+        for worker in second:
+            harness.connect(worker)
+        assert harness.controller.step().new is S.RUNNING
+        setup = _of(harness.received(second[0]), SetupMessage)
+        assert setup and not setup[0].keep_survivors  # type: ignore[attr-defined]
+    finally:
+        harness.close()
 
 
 def _failure(rank: int, summary: str, traceback: str = "tb") -> WorkerFailure:

@@ -138,6 +138,10 @@ class ReplacingFakeBackend(FakeBackend):
 
     killed_ranks: list[set[int]] = field(default_factory=list)
     replaced: list[set[int]] = field(default_factory=list)
+    refusal: str | None = None
+
+    def replace_refusal(self) -> str | None:
+        return self.refusal
 
     def kill_ranks(self, ranks: Any) -> None:
         self.killed_ranks.append(set(ranks))
@@ -209,10 +213,12 @@ class Harness:
 
 def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
                  observers: Sequence[Observer] = (), keep_survivors: bool = False,
-                 failure_config: FailureConfig | None = None) -> Harness:
+                 failure_config: FailureConfig | None = None,
+                 replace_refusal: str | None = None) -> Harness:
     """A controller over fakes, opened; ``observers`` follow its events after the real
     ones (the event log, the metrics history, the live view, the callbacks).
-    ``failure_config`` replaces ``FailureConfig(max_failures=max_failures)``."""
+    ``failure_config`` replaces ``FailureConfig(max_failures=max_failures)``;
+    ``replace_refusal``: what the replacing backend answers ``replace_refusal()``."""
     run = resolve(str(tmp_path)).join("run")
     retry = RetryPolicy()
     failure = failure_config or FailureConfig(max_failures=max_failures,
@@ -221,7 +227,8 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
     scaling = ScalingConfig(num_workers=workers)
     history = SegmentLog(run.join(METRICS_DIR), retry)
     events = SegmentLog(run.join(EVENTS_DIR), retry)
-    backend = ReplacingFakeBackend() if keep_survivors else FakeBackend()
+    backend = (ReplacingFakeBackend(refusal=replace_refusal) if keep_survivors
+               else FakeBackend())
     clock = FakeClock()
     inbox = Inbox()
     channels = WorkerChannels("127.0.0.1", inbox=inbox)

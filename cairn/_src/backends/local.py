@@ -317,6 +317,10 @@ class LocalBackend:
                     ", ".join(str(w.pid) for w in self.workers))
         return list(self.workers)
 
+    def replace_refusal(self) -> str | None:
+        """The local backend always replaces single ranks."""
+        return None
+
     def kill_ranks(self, ranks: Collection[int]) -> None:
         """Kill the processes of ``ranks`` (FailureConfig(keep_survivors=True): the other
         ranks' processes run the next attempt)."""

@@ -75,6 +75,10 @@ class RankReplacer(Protocol):
     """A backend that can replace some ranks of a running group and keep the others'
     processes (``FailureConfig(keep_survivors=True)``): the local and Ray backends."""
 
+    def replace_refusal(self) -> str | None:
+        """Why this backend restarts the whole group for this run instead of replacing
+        ranks (None: it replaces them); asked once, when the controller is built."""
+
     def kill_ranks(self, ranks: Collection[int]) -> None:
         """Kill the processes of ``ranks`` (and what they started); reap them."""
 

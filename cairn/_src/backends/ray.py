@@ -439,6 +439,15 @@ class RayBackend:
         ref = actor.run.remote(bootstrap.body(rank), {**env, "CAIRN_RANK": str(rank)}, path)
         return RayWorker(rank, actor, ref, pid, node_id)
 
+    def replace_refusal(self) -> str | None:
+        """An elastic range restarts the whole group: a replaced rank's bundle whose node
+        is gone waits for room there, where a new group can start smaller at once."""
+        low, high = self._scaling.min_workers, self._scaling.max_workers
+        if low < high:
+            return (f"ScalingConfig(num_workers=({low}, {high})) is elastic: the whole group "
+                    "restarts, so that it can start with fewer workers when a node is gone")
+        return None
+
     def kill_ranks(self, ranks: Collection[int]) -> None:
         """Kill the actors of ``ranks`` (FailureConfig(keep_survivors=True): the other
         ranks' actors run the next attempt); their bundles stay in the placement group."""

@@ -25,3 +25,12 @@ def test_resources_per_worker_are_kept_and_the_accelerator_added() -> None:
 
 def test_without_accelerator_type_the_bundle_is_unchanged() -> None:
     assert RayBackend(ScalingConfig(backend="ray"))._bundle() == {"CPU": 1.0}
+
+
+def test_an_elastic_group_is_not_kept_around_a_replaced_rank() -> None:
+    # FailureConfig(keep_survivors=True): a fixed size replaces single ranks; an elastic
+    # range restarts the whole group, which can start smaller when a node is gone.
+    assert RayBackend(ScalingConfig(num_workers=2, backend="ray")).replace_refusal() is None
+    refusal = RayBackend(ScalingConfig(num_workers=(1, 3), backend="ray")).replace_refusal()
+    assert refusal == ("ScalingConfig(num_workers=(1, 3)) is elastic: the whole group "
+                       "restarts, so that it can start with fewer workers when a node is gone")
