@@ -98,3 +98,35 @@ def damaged_elsewhere(config: dict[str, Any]) -> None:
         return
     _note(config, f"damaged_elsewhere_{cairn.get_context().get_attempt()}", 1)
     raise ChecksumMismatchError("a dataset shard failed its checksum")
+
+
+# keep_survivors: a weak reference to each attempt's cyclic garbage, in this process.
+_ATTEMPT_GARBAGE: dict[int, Any] = {}
+
+
+def leaves_cyclic_garbage(config: dict[str, Any]) -> dict[str, Any]:
+    """Each attempt makes an object held only by a reference cycle of its frames, notes
+    what a later attempt in the same process finds of the earlier ones, and (attempt 0,
+    rank 1) exits after its report, so that rank 0 is kept and stopped."""
+    import gc
+    import weakref
+
+    context = cairn.get_context()
+    rank, attempt = context.get_world_rank(), context.get_attempt()
+
+    class Held:
+        pass
+
+    held = Held()
+    cycle: list[Any] = [held]
+    cycle.append(cycle)
+    _ATTEMPT_GARBAGE[attempt] = weakref.ref(held)
+    seen = {"frozen": gc.get_freeze_count() > 0, "attempts_here": sorted(_ATTEMPT_GARBAGE),
+            "earlier_alive": [a for a, ref in sorted(_ATTEMPT_GARBAGE.items())
+                              if a < attempt and ref() is not None]}
+    del held
+    cairn.report({"step": attempt})
+    if attempt == 0 and rank == 1:
+        os._exit(1)
+    cairn.collective.barrier()  # rank 0 is stopped here in attempt 0
+    return seen

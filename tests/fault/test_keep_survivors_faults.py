@@ -62,3 +62,19 @@ def test_a_survivor_that_does_not_stop_in_time_is_killed_with_the_group(
     check_run(run_dir(config), scratch)
     assert "restarting the whole group: a kept rank did not stop" in caplog.text
     assert len(_pids(caplog.text, r"Started 2 local workers \(pids ([\d, ]+)\)")) == 2
+
+
+def test_what_a_stopped_attempt_made_is_collected_before_the_next(
+    run_config: Callable[..., cairn.RunConfig],
+) -> None:
+    # The imports are frozen out of collections in a rank that may be kept; the attempt's
+    # own objects are not: a reference cycle the stopped train function left is gone by
+    # the time the kept process runs the next attempt.
+    config = run_config(failure_config=cairn.FailureConfig(max_failures=1,
+                                                           keep_survivors=True))
+    result = Trainer(fault_workloads.leaves_cyclic_garbage,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.error is None
+    # Rank 0's process ran both attempts; attempt 0's garbage did not outlive it.
+    assert result.return_value == {"frozen": True, "attempts_here": [0, 1],
+                                   "earlier_alive": []}
