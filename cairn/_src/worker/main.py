@@ -126,15 +126,16 @@ def run_worker(connection: Connection, rank: int, attempt: int,
                 f"{type(exc).__name__}: {exc}. Define it in a module the workers can import "
                 "(the driver's sys.path is passed on) or in the script you run."
             ) from exc
-        for hook in hooks:
-            hook(session.context)
         if in_driver is None and setup.keep_survivors:
             # What exists now (the imported modules: about 300,000 objects with torch)
             # is left out of later collections: the collection that releases a stopped
-            # train function's frames then looks at what the attempt made only (0.12 s
-            # with torch loaded, against well under a millisecond). Nothing is freed
-            # early: frozen objects keep what they refer to alive, as any live one does.
+            # attempt's frames then looks at what the attempt made only (0.12 s with
+            # torch loaded, against well under a millisecond). Before the set-up hooks,
+            # so that the attempt's process group is among what that collection sees.
+            # Nothing is freed early: frozen objects keep what they refer to alive.
             gc.freeze()
+        for hook in hooks:
+            hook(session.context)
         # Start-up and recovery end here, for goodput.
         session.send(TimingMessage(rank, "train_start", 0.0, time.time()))
         value = train_fn(config) if setup.pass_config else train_fn()
