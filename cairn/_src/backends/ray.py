@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -60,6 +59,7 @@ from cairn._src.backends.ray_resources import (
     worker_bundle,
 )
 from cairn._src.backends.ray_standby import RayStandby
+from cairn._src.backends.ray_worker import RayWorker, WorkerActor
 from cairn._src.config.run import ScalingConfig
 from cairn._src.errors import ConfigError, PlacementTimeoutError
 from cairn._src.wire.bootstrap import Bootstrap
@@ -93,138 +93,6 @@ def read_placement_timeout() -> float:
     return value
 
 
-@ray.remote
-class _WorkerActor:
-    def describe(self) -> tuple[int, str]:
-        return os.getpid(), ray.get_runtime_context().get_node_id()
-
-    def warm(self, modules: list[str], path: list[str]) -> tuple[int, str]:
-        """A warm standby spare's imports, done before a rank runs here (ray_standby)."""
-        import importlib
-
-        import cairn._src.worker.main  # noqa: F401
-
-        sys.path[:0] = [entry for entry in path if entry not in sys.path]
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:  # the train function's own import says what is wrong
-                logger.debug("Could not preload %s: %s", name, exc)
-        return self.describe()
-
-    def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str]) -> int:
-        # Set here rather than in a runtime environment, so that Ray can start the actor
-        # in one of its prestarted worker processes (see RayBackend.start).
-        os.environ.update(env)
-        # The driver's sys.path, so that a train function pickled by reference imports.
-        missing = [entry for entry in path if entry not in sys.path]
-        sys.path[:0] = missing
-        from cairn._src.backends.ray_drain import DrainNotice, drain_poll_s
-        from cairn._src.worker.main import run_from_bootstrap
-
-        # A drain of this node is the preemption notice; one worker per node watches.
-        notices = (DrainNotice(ray.get_runtime_context().get_node_id(),
-                               drain_poll_s(dict(os.environ)))
-                   if env.get("CAIRN_LOCAL_RANK") == "0" else None)
-        return run_from_bootstrap(boot, notices=notices)
-
-
-def _node_is_alive(node_id: str) -> bool | None:
-    """Whether the cluster still counts ``node_id`` alive; None if it cannot tell."""
-    try:
-        nodes = ray.nodes()  # type: ignore[no-untyped-call]
-    except Exception:
-        return None
-    for node in nodes:
-        if node.get("NodeID") == node_id:
-            return bool(node.get("Alive"))
-    return False
-
-
-def _reason(exc: BaseException) -> str:
-    """The sentence of a Ray error that says why: "The actor is dead because its node has
-    died." rather than its first line, which is the same for every death."""
-    text = str(exc)
-    marker = text.find("The actor is dead because")
-    if marker >= 0:
-        sentence = text[marker:].split(". ", 1)[0].split("\n", 1)[0]
-        return sentence if sentence.endswith(".") else sentence + "."
-    return text.splitlines()[0] if text else ""
-
-
-class _RefWatcher:
-    """A pipe that becomes readable when the actor's ``run`` task ends, however it ends."""
-
-    def __init__(self, ref: Any, name: str, node_id: str) -> None:
-        self._read_fd, self._write_fd = os.pipe()
-        self.outcome: str | None = None
-        # Ray says the actor died because its node was preempted (RayActorError.preempted:
-        # a node drained for preemption, then lost): a preemption, noticed or not.
-        self.preempted = False
-        self._node_id = node_id
-        self._done = threading.Event()
-        threading.Thread(target=self._wait, args=(ref,), name=name, daemon=True).start()
-
-    def _wait(self, ref: Any) -> None:
-        try:
-            code = ray.get(ref)
-            self.outcome = f"exited with code {code}"
-        except ray.exceptions.RayActorError as exc:
-            self.preempted = bool(getattr(exc, "preempted", False))
-            if self.preempted:
-                self.outcome = (f"was lost with its Ray node {self._node_id[:12]}, which was "
-                                "preempted")
-            elif self._node_id and _node_is_alive(self._node_id) is False:
-                self.outcome = (f"was lost with its Ray node {self._node_id[:12]} "
-                                "(the cluster no longer counts that node alive)")
-            else:
-                self.outcome = f"died ({type(exc).__name__}: {_reason(exc)})"
-        except Exception as exc:
-            self.outcome = f"failed ({type(exc).__name__}: {_reason(exc)})"
-        self._done.set()
-        try:
-            os.write(self._write_fd, b"x")
-        except OSError:
-            pass
-
-    def fileno(self) -> int:
-        return self._read_fd
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
-
-    def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-class RayWorker:
-    def __init__(self, rank: int, actor: Any, ref: Any, pid: int, node_id: str) -> None:
-        self.rank = rank
-        self.actor = actor
-        self.node_id = node_id
-        self._pid = pid
-        self.exit_watcher = _RefWatcher(ref, f"cairn-ray-exit-{rank}", node_id)
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    def describe_exit(self) -> str:
-        return self.exit_watcher.outcome or "is still running"
-
-    @property
-    def preempted(self) -> bool:
-        """Whether the worker was lost with a node Ray says was preempted."""
-        return self.exit_watcher.preempted
-
-    def wait_exit(self, timeout: float) -> bool:
-        return self.exit_watcher.wait(timeout)
-
-
 class RayBackend:
     """Starts workers as Ray actors; connects to a running cluster or starts a local one."""
 
@@ -246,7 +114,7 @@ class RayBackend:
         self._group: PlacementGroup | None = None
         # FailureConfig(warm_standby=True): spare actors, and what the last start asked for
         # (the bundle, the modules to preload, the group's size) to prepare them.
-        self._standby = RayStandby(_WorkerActor) if warm_standby else None
+        self._standby = RayStandby(WorkerActor) if warm_standby else None
         self._last_start: tuple[dict[str, float], list[str], int] | None = None
 
     def advertise_host(self) -> str:
@@ -430,7 +298,7 @@ class RayBackend:
         }
         if self._env:
             options["runtime_env"] = {"env_vars": dict(self._env)}
-        return _WorkerActor.options(**options).remote()  # type: ignore[attr-defined]
+        return WorkerActor.options(**options).remote()  # type: ignore[attr-defined]
 
     @staticmethod
     def _run(actor: Any, rank: int, pid: int, node_id: str, bootstrap: Bootstrap,
