@@ -44,6 +44,12 @@ def test_invalid_leases_are_never_live(changes: dict[str, object], problem: str)
     assert not is_live(lease(**changes), now=NOW)
 
 
+def test_a_pid_past_the_os_range_on_this_host_is_not_a_live_driver() -> None:
+    # Read back from storage: a pid no process can have answers "gone", not an error.
+    assert not is_live(lease(host=socket.gethostname(), pid=10**30), now=NOW)
+    assert is_live(lease(host=socket.gethostname(), pid=os.getppid()), now=NOW)
+
+
 def test_a_heartbeat_slightly_ahead_is_clock_skew_not_an_invalid_lease() -> None:
     assert lease_problem(lease(heartbeat_at=NOW + 5), now=NOW) is None
 

@@ -52,9 +52,14 @@ def test_only_directories_of_processes_that_are_gone_are_removed(tmp_path: Path)
     a_file.write_text("not a directory")
     unrelated = tmp_path / f"cairn-checkpoint-{gone}-xyz"  # no namespace: not ours
     unrelated.mkdir()
+    # A pid no process can have (past the OS's range, or 0): gone, not an error.
+    impossible = [named(tmp_path, pid) for pid in (10**30, 0)]
+    for directory in impossible:
+        directory.mkdir()
 
-    assert scratch.sweep_stale(str(tmp_path)) == [stale.name]
-    assert not stale.exists()
+    assert sorted(scratch.sweep_stale(str(tmp_path))) == sorted(
+        [stale.name, *(d.name for d in impossible)])
+    assert not stale.exists() and not any(d.exists() for d in impossible)
     for kept in (alive, mine, other_namespace, unrelated, outside / "keep.txt"):
         assert kept.exists(), kept
     assert link.is_symlink() and a_file.is_file()

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from cairn._src.errors import CairnError, ManifestError, RunLeaseError
+from cairn._src.processes import process_exists
 from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.schema import parse_lease
 from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, write_bytes_atomic
@@ -86,16 +87,6 @@ def lease_problem(lease: LeaseInfo, *, now: float | None = None) -> str | None:
     return None
 
 
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def is_live(lease: LeaseInfo, *, now: float | None = None) -> bool:
     """Whether the driver named by ``lease`` may still be running.
 
@@ -108,7 +99,7 @@ def is_live(lease: LeaseInfo, *, now: float | None = None) -> bool:
     if now - lease.heartbeat_at >= lease.ttl_s:
         return False
     if lease.host == socket.gethostname() and lease.pid != os.getpid():
-        return _process_exists(lease.pid)
+        return process_exists(lease.pid)
     return True
 
 

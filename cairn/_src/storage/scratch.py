@@ -23,6 +23,8 @@ import shutil
 import stat
 import tempfile
 
+from cairn._src.processes import process_exists
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "cairn-checkpoint-"
@@ -39,16 +41,6 @@ def make_directory(base: str | None) -> str:
     """A new private directory under ``base`` (None: the temporary directory) named after
     this process (see the module docstring)."""
     return tempfile.mkdtemp(prefix=f"{PREFIX}{_namespace()}-{os.getpid()}-", dir=base)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # someone else's process: it exists
-    return False
 
 
 def sweep_stale(base: str) -> list[str]:
@@ -70,7 +62,7 @@ def sweep_stale(base: str) -> list[str]:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
-        if not _gone(int(match.group(1))):
+        if process_exists(int(match.group(1))):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.name)
