@@ -115,15 +115,13 @@ class Controller:
         self._opened = False
         # FailureConfig(keep_survivors=True) with a backend that can replace one rank.
         failure_config = parts.run_config.failure_config
-        backend = parts.backend
-        self._keep_survivors = (failure_config.keep_survivors
-                                and isinstance(backend, RankReplacer))
-        refusal = (backend.replace_refusal()
-                   if self._keep_survivors and isinstance(backend, RankReplacer) else None)
-        if refusal is not None:
-            logger.warning("FailureConfig(keep_survivors=True) does not apply to this run: %s",
-                           refusal)
-            self._keep_survivors = False
+        self._keep_survivors = False
+        if failure_config.keep_survivors and isinstance(parts.backend, RankReplacer):
+            refusal = parts.backend.replace_refusal()
+            self._keep_survivors = refusal is None
+            if refusal is not None:
+                logger.warning("FailureConfig(keep_survivors=True) does not apply to this "
+                               "run: %s", refusal)
         # The ranks kept across the restart in progress (None: the whole group restarts).
         self._kept: KeptRanks | None = None
 
