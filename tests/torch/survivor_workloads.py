@@ -140,37 +140,43 @@ def _corrupt_memory_copy() -> None:
 
 def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None:
     """From now on, this process (rank ``rank`` of 2) SIGKILLs itself once it has sent
-    1 MiB of a file of its memory copy to a peer in ``attempt`` that is restoring."""
+    1 MiB of a file of its memory copy to a peer in ``attempt`` that is restoring (over
+    the socket, or into the peer's file on this machine)."""
     from cairn._src.worker import memory_copy
 
-    serialize = memory_copy._serialize_into
-    if getattr(serialize, "kills", False):
+    send = memory_copy._send_file
+    if getattr(send, "kills", False):
         return
 
-    def serialize_then_die(copy: Any, rel: str, sink: Any) -> None:
-        if not isinstance(sink, memory_copy._ConnectionSink):
-            serialize(copy, rel, sink)  # this rank's own restore
-            return
+    def send_then_die(connection: Any, copy: Any, rel: str, offer: object) -> Any:
         # Once the replacement's train function restores (past the model's set-up).
         _wait_for(config, f"restoring_{attempt}_{1 - rank}.json")
 
         class Dying:
-            sent = 0
+            def __init__(self, sink: Any) -> None:
+                self.sink, self.sent = sink, 0
 
             def write(self, data: Any) -> int:
-                written = sink.write(data)
-                Dying.sent += written
-                if Dying.sent > 2**20:
+                written = self.sink.write(data)
+                self.sent += written
+                if self.sent > 2**20:
                     os.kill(os.getpid(), signal.SIGKILL)
-                return written
+                return int(written)
 
             def __getattr__(self, name: str) -> Any:
-                return getattr(sink, name)
+                return getattr(self.sink, name)
 
-        serialize(copy, rel, Dying())
+        class DyingWriter:
+            def write_file(self, name: str, sink: Any) -> None:
+                copy.writer.write_file(name, Dying(sink))
 
-    serialize_then_die.kills = True  # type: ignore[attr-defined]
-    memory_copy._serialize_into = serialize_then_die
+        class DyingCopy:
+            writer = DyingWriter()
+
+        return send(connection, DyingCopy(), rel, offer)
+
+    send_then_die.kills = True  # type: ignore[attr-defined]
+    memory_copy._send_file = send_then_die
 
 
 def _wait_for(config: dict[str, Any], name: str) -> None:

@@ -18,6 +18,7 @@ from cairn._src.checkpoint.manifest import Manifest
 from cairn._src.storage.checksum import FileEntry, new_hasher
 from cairn._src.storage.location import resolve
 from cairn._src.wire.messages import RestoredMessage, RestorePlan
+from cairn._src.worker import memory_copy
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_fetch import PEER_CHUNK, Outcome, fetch_from_peer
 
@@ -30,11 +31,13 @@ class Writer:
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
         self.closed = False
+        self.sinks: list[str] = []  # what each file was serialized into
 
     def names(self) -> list[str]:
         return sorted(self.files)
 
     def write_file(self, rel: str, sink: Any) -> None:
+        self.sinks.append(type(sink).__name__)
         sink.write(self.files[rel])
 
     def retain(self) -> bool:
@@ -50,11 +53,12 @@ def entry(data: bytes) -> FileEntry:
     return FileEntry(len(data), hasher.hexdigest())
 
 
-def serving_peer(authkey: bytes, files: dict[str, bytes]) -> tuple[MemoryCopies, tuple[str, int]]:
-    """A kept rank holding ``files`` as the committed copy of report 2, serving it on
-    loopback with ``authkey``; it and its address."""
+def serving_peer(authkey: bytes, files: dict[str, bytes],
+                 writer: Writer | None = None) -> tuple[MemoryCopies, tuple[str, int]]:
+    """A kept rank holding ``files`` (through ``writer``) as the committed copy of report
+    2, serving it on loopback with ``authkey``; it and its address."""
     peer = MemoryCopies(authkey, "127.0.0.1")
-    peer.hold(2, Writer(files), {rel: entry(data) for rel, data in files.items()})
+    peer.hold(2, writer or Writer(files), {rel: entry(data) for rel, data in files.items()})
     peer.committed(2)
     peer.serve()
     info = peer.info()
@@ -97,16 +101,20 @@ def _manifest(files: dict[str, bytes], index: int) -> Manifest:
                     report_index=index)
 
 
+@pytest.mark.parametrize("route", ["same machine", "socket"])
 def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
 ) -> None:
+    if route == "socket":  # a peer on another machine: the offered files are not there
+        monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
     run = resolve(str(tmp_path / "run"))
     stored = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
     directory = tmp_path / "run" / "checkpoint_000002"
     for rel, data in stored.items():
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
         (directory / rel).write_bytes(data)
-    _, address = serving_peer(KEY, {"model.pt": stored["model.pt"]})
+    writer = Writer({"model.pt": stored["model.pt"]})
+    _, address = serving_peer(KEY, writer.files, writer)
     sent: list[object] = []
     sources = RestoreSources(
         plan=RestorePlan(2, False, ((0, *address),), "a replaced rank"), memory=None,
@@ -120,7 +128,10 @@ def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage
     assert isinstance(message, RestoredMessage)
     assert (message.source, message.peer_rank) == ("peer+storage", 0)
     assert message.peer_bytes == len(stored["model.pt"]) and message.storage_bytes == 3
-    assert not [n for n in os.listdir(target) if n.endswith(".cairn-partial")]
+    # Written by the peer into the file offered, or sent over the socket.
+    assert writer.sinks == ["HashingSink" if route == "same machine" else "_ConnectionSink"]
+    left = [str(p) for p in target.rglob("*") if p.is_file()]
+    assert sorted(left) == sorted(str(target / p) for p in stored)  # no partial files
 
 
 def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:

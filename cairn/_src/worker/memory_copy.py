@@ -49,13 +49,17 @@ from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
+    FAILED,
     PEER_CHUNK,
     PEER_TIMEOUT_S,
+    STREAMED,
+    WRITTEN,
     Outcome,
     PrefetchSource,
     fetch_from_peer,
     write_verified,
 )
+from cairn._src.worker.peer_shared import open_offered
 
 logger = logging.getLogger(__name__)
 
@@ -287,21 +291,44 @@ class PeerServer:
         if copy is None:
             connection.send(())
             return
+        offers = request[2] if len(request) > 2 and isinstance(request[2], dict) else {}
         try:
             names = tuple(n for n in wanted if n in copy.entries)
             connection.send(names)
             for rel in names:
-                sink = _ConnectionSink(connection)
                 self._copies.sending(copy, rel)
                 sent = None
                 try:
-                    _serialize_into(copy, rel, sink)
-                    sink.finish()
-                    sent = sink.entry()
+                    sent = _send_file(connection, copy, rel, offers.get(rel))
                 finally:
                     self._copies.sent(copy, rel, sent)
         finally:
             self._copies.release(copy)
+
+
+def _send_file(connection: Connection, copy: _Copy, rel: str,
+               offer: object) -> FileEntry | None:
+    """Serialize ``rel`` of ``copy`` again for a peer: into the file it offered when this
+    process can write it (one machine, see :mod:`.peer_shared`), else over ``connection``.
+    What was sent, as hashed while sending; None when writing the offered file failed."""
+    file = open_offered(offer)
+    if file is None:
+        connection.send_bytes(STREAMED)
+        sink = _ConnectionSink(connection)
+        _serialize_into(copy, rel, sink)
+        sink.finish()
+        return sink.entry()
+    with file:
+        connection.send_bytes(WRITTEN)
+        hashed = HashingSink(file)
+        try:
+            _serialize_into(copy, rel, hashed)
+        except OSError as exc:
+            logger.info("Writing %r into a peer's file failed: %s", rel, exc)
+            connection.send_bytes(FAILED)
+            return None
+    connection.send_bytes(WRITTEN)
+    return hashed.entry()
 
 
 class RestoreSources:

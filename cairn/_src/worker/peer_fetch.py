@@ -18,6 +18,13 @@ from typing import Any, Protocol
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
 from cairn._src.worker.direct_write import HashingSink
+from cairn._src.worker.peer_shared import Offer, offer_files
+
+# What a peer sends before each file: its bytes follow on the socket, or it writes them
+# into the file offered (and then sends WRITTEN again, or FAILED).
+STREAMED = b"stream"
+WRITTEN = b"written"
+FAILED = b"failed"
 
 # A peer that sends nothing for this long is taken as gone (its copy is not used).
 PEER_TIMEOUT_S = 30.0
@@ -82,18 +89,29 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
         return got
     buffer = bytearray(PEER_CHUNK)
     view = memoryview(buffer)
+    offers: dict[str, Offer] = {}
     try:
-        connection.send((report_index, sorted(wanted)))
+        # A peer on this machine writes into these files (see :mod:`.peer_shared`).
+        offers = offer_files(target, sorted(wanted))
+        connection.send((report_index, sorted(wanted),
+                         {rel: offer.wire for rel, offer in offers.items()}))
         names = _receive(connection, stop)
         for rel in names:
             if rel not in wanted:
                 raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
+            route = bytes(view[:_receive_into(connection, buffer, stop, peer_rank)])
+            if route == WRITTEN and rel in offers:
+                _wait_written(connection, offers[rel], stop)
+                size = offers.pop(rel).take(files[rel])
+            elif route == STREAMED:
 
-            def fill(sink: Any) -> None:
-                while size := _receive_into(connection, buffer, stop, peer_rank):
-                    sink.write(view[:size])
+                def fill(sink: Any) -> None:
+                    while size := _receive_into(connection, buffer, stop, peer_rank):
+                        sink.write(view[:size])
 
-            size = write_verified(target, rel, files[rel], fill)
+                size = write_verified(target, rel, files[rel], fill)
+            else:
+                raise OSError(f"peer rank {peer_rank} answered {route[:64]!r} for {rel!r}")
             if size is None:
                 outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
                                        "not match the manifest's checksum")
@@ -106,6 +124,8 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
                                f"{type(exc).__name__}: {exc}")
     finally:
         connection.close()
+        for offer in offers.values():
+            offer.discard()
     return got
 
 
@@ -118,6 +138,23 @@ def _wait_readable(connection: Connection, stop: threading.Event | None, what: s
             raise OSError("stopped: the attempt no longer needs it")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} within {PEER_TIMEOUT_S:g}s")
+
+
+def _wait_written(connection: Connection, offer: Offer, stop: threading.Event | None) -> None:
+    """Wait for the peer's word that it wrote ``offer``'s file: as long as the file keeps
+    growing (a large file takes longer than a peer timeout), and no longer than ``stop``
+    stays unset."""
+    size, deadline = -1, 0.0
+    while not connection.poll(0.2):
+        if stop is not None and stop.is_set():
+            raise OSError("stopped: the attempt no longer needs it")
+        now, grown = time.monotonic(), offer.size()
+        if grown != size:
+            size, deadline = grown, now + PEER_TIMEOUT_S
+        elif now >= deadline:
+            raise TimeoutError(f"no data within {PEER_TIMEOUT_S:g}s")
+    if connection.recv_bytes(len(WRITTEN)) != WRITTEN:
+        raise OSError("the peer could not finish writing the file")
 
 
 def _receive(connection: Connection, stop: threading.Event | None = None) -> Any:
