@@ -17,7 +17,7 @@ from cairn._src.controller.state import (
     allowed_transitions,
 )
 from cairn._src.errors import WorkerGroupError
-from cairn._src.wire.messages import ReportMessage, SetupMessage
+from cairn._src.wire.messages import CollectiveMessage, ReportMessage, SetupMessage
 
 S = ControllerState
 
@@ -137,6 +137,34 @@ def test_the_failure_grace_ends_once_every_rank_failed_or_exited(make) -> None:
     assert change.new is S.RESTARTING
     assert harness.clock.now - failed < FAILURE_GRACE_S
     assert change.reason == "[rank 0] ValueError: boom (and 1 more)"
+
+
+def test_the_failure_grace_ends_once_the_other_ranks_wait_in_a_collective_call(make) -> None:
+    harness = make(max_failures=2, workers=3)
+    workers = _start_and_connect(harness)
+    for worker in workers[:2]:  # ranks 0 and 1 reach a barrier that rank 2 never will
+        assert worker.peer is not None
+        worker.peer.send(CollectiveMessage(worker.rank, 1, "barrier", 0))
+    failed = harness.clock.now
+    workers[2].end()
+    # Inside the barrier, ranks 0 and 1 run nothing that could fail: nothing to wait for.
+    change = harness.controller.step()
+    assert change.new is S.RESTARTING
+    assert harness.clock.now - failed < FAILURE_GRACE_S
+    assert change.reason.startswith("[rank 2] Worker rank 2")
+
+
+def test_the_failure_grace_waits_for_a_rank_outside_the_collective_call(make) -> None:
+    harness = make(max_failures=2, workers=3)
+    workers = _start_and_connect(harness)
+    assert workers[0].peer is not None
+    workers[0].peer.send(CollectiveMessage(0, 1, "barrier", 0))
+    failed = harness.clock.now
+    workers[2].end()
+    # Rank 1 still runs its train function: its error may still come.
+    change = harness.controller.step()
+    assert change.new is S.RESTARTING
+    assert harness.clock.now - failed >= FAILURE_GRACE_S
 
 
 def test_workers_that_never_connect_fail_the_attempt_after_the_start_timeout(make) -> None:

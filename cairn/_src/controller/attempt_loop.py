@@ -80,8 +80,8 @@ from cairn._src.wire.preemption import (
 logger = logging.getLogger(__name__)
 
 # How long to wait, after the first failure of an attempt, for other ranks' errors to
-# arrive so they are reported together (not past the moment every rank has failed, exited
-# or finished).
+# arrive so they are reported together (not past the moment every rank has failed, exited,
+# finished or waits inside a collective call).
 FAILURE_GRACE_S = 0.2
 # How long, after a rank failed, the surviving ranks may take to finish the reports up to
 # the failed rank's last report, so that those are committed before the teardown.
@@ -214,8 +214,10 @@ class AttemptLoop:
             if (self._report_deadline is not None and clock.monotonic() < self._report_deadline
                     and self._reports_still_coming()):
                 return
-            # Every rank failed, exited or finished: no other error can still come.
-            accounted = self.exited | {f.rank for f in attempt.failures} | set(attempt.done)
+            # Every rank failed, exited, finished or waits inside a collective call (one that
+            # a failed rank will never reach): no other error can still come.
+            accounted = (self.exited | {f.rank for f in attempt.failures} | set(attempt.done)
+                         | self._services.collectives.waiting())
             if (clock.monotonic() >= self._failure_deadline
                     or len(accounted) == len(attempt.workers)):
                 preempted = self.preemption.caused(attempt.failures, self.exited)

@@ -89,6 +89,11 @@ class CollectiveTracker:
         release = CollectiveReleaseMessage(message.seq, gathering.data)
         return [(rank, release) for rank in range(self.world_size)]
 
+    def waiting(self) -> set[int]:
+        """The ranks inside a collective call, waiting for a release: until it comes they
+        run nothing of their train function (so they cannot fail on their own)."""
+        return {rank for gathering in self._open.values() for rank in gathering.kinds}
+
     def _check_agreement(self, gathering: _Gathering) -> CollectiveProblem | None:
         kinds = set(gathering.kinds.values())
         if len(kinds) > 1:
