@@ -1,5 +1,6 @@
 """A kept rank's copy in memory of the latest committed checkpoint, served to itself and,
-over an authenticated socket, to the rank that replaces a failed one.
+over an authenticated socket, to the rank that replaces a failed one (on the same machine,
+written into files that rank offers: :mod:`.peer_shared`).
 
 With ``FailureConfig(keep_survivors=True)`` a worker process outlives a failed attempt.
 The snapshot a ``report_snapshot`` wrote (its CPU buffers, see
