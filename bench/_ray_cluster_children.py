@@ -200,9 +200,10 @@ def _fit(library: str, train_fn: Any, config: dict[str, Any], *, storage: Path, 
 
 class _BackendTimes(logging.Handler):
     """Wall times of Cairn's Ray backend's phase lines (placement group ready, actors
-    started), for the benchmark's breakdown of a restart."""
+    started, a failed rank's actor replaced), for the benchmark's breakdown of a restart."""
 
-    PHASES = {"placed": "placement group of", "actors": "worker actors started in"}
+    PHASES = {"placed": "placement group of", "actors": "worker actors started in",
+              "replaced": "Replaced the Ray workers of ranks"}
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

@@ -35,7 +35,8 @@ the median of 3 runs a side (1 with ``--quick``, N with ``--repeats N``); the no
 every run. The runs go in rounds, one run a side per round in a driver of its own, the
 order alternating between rounds, so that the machine's load falls on both sides alike;
 the node-loss note gives each side's worst run and the load average at each removal.
-Cairn's restart is broken down into phases (:data:`PHASES`). ``--warm-standby`` runs
+Cairn's restart is broken down into phases (:data:`PHASES`; :data:`KEPT_PHASES` with
+``--keep-survivors``). ``--warm-standby`` runs
 Cairn with ``FailureConfig(warm_standby=True)``, ``--keep-survivors`` with
 ``FailureConfig(keep_survivors=True)`` (the rank that did not fail keeps its actor; only
 the failed one is replaced, in its bundle of the placement group). With ``--no-ray``
@@ -256,6 +257,19 @@ PHASES = (
 )
 """Cairn's restart, phase by phase: each is the time from the end of the one before."""
 
+KEPT_PHASES = (
+    ("detect", "detection"),            # fault -> the attempt's failure handled
+    ("relaunch", "new attempt"),        # -> the next attempt starts (survivors stopped)
+    ("replace", "replacement"),         # -> the failed rank's new actor runs in its bundle
+    ("connect", "worker connect"),      # -> every worker connected to the controller
+    ("train", "to train function"),     # -> the last rank's first line of the train function
+    ("restore", "restore"),             # -> the last rank's checkpoint loaded
+)
+"""The same with ``keep_survivors``, where only the failed rank's actor is started again
+(its bundle placed again first when its node was lost) and the others are kept."""
+
+_LABELS = dict(PHASES + KEPT_PHASES)
+
 
 def _event_t(events: list[dict[str, Any]], kind: str, attempt: int) -> float | None:
     times = [float(e["t"]) for e in events if e.get("type") == kind and e.get("attempt") == attempt]
@@ -278,32 +292,37 @@ def _cairn_run_phases(run: dict[str, Any], fault: dict[str, Any],
     backend = run.get("backend_times", {})
     placed = next((t for t in backend.get("placed", []) if t >= started), None)
     actors = next((t for t in backend.get("actors", []) if t >= started), None)
+    replaced = next((t for t in backend.get("replaced", []) if t >= started), None)
     first_line = max(float(r["first_line_t"]) for r in fault["ranks"])
-    marks = [fault_t, failed, started, placed, actors, ready, first_line, float(fault["restore_t"])]
+    restored = float(fault["restore_t"])
+    phases, marks = ((KEPT_PHASES, [fault_t, failed, started, replaced, ready, first_line,
+                                    restored]) if replaced is not None
+                     else (PHASES, [fault_t, failed, started, placed, actors, ready,
+                                    first_line, restored]))
     if any(m is None for m in marks):
         return None
     points = [float(m) for m in marks if m is not None]
-    return {key: b - a for (key, _), a, b in zip(PHASES, points[:-1], points[1:], strict=True)}
+    return {key: b - a for (key, _), a, b in zip(phases, points[:-1], points[1:], strict=True)}
 
 
 def _cairn_phases(runs: list[dict[str, Any]], kind: str, fault_times: list[float]) -> str:
     """Cairn's median per phase, and each run's slowest rank's process start to its
-    train function's first line (Ray worker start + imports)."""
-    samples: dict[str, list[float]] = {key: [] for key, _ in PHASES}
+    train function's first line (Ray worker start + imports), for processes started after
+    the fault (not a kept rank's, nor a warm standby spare's)."""
+    samples: dict[str, list[float]] = {}
     spawn: list[float] = []
     for run, fault_t in zip(runs, fault_times, strict=True):
         phases = _cairn_run_phases(run, run[kind], fault_t)
-        if phases is not None:
-            for key, value in phases.items():
-                samples[key].append(value)
+        for key, value in (phases or {}).items():
+            samples.setdefault(key, []).append(value)
         starts = [float(r["first_line_t"]) - float(r["process_start_t"])
-                  for r in run[kind]["ranks"] if r.get("process_start_t")]
+                  for r in run[kind]["ranks"]
+                  if r.get("process_start_t") and float(r["process_start_t"]) >= fault_t]
         if starts:
             spawn.append(max(starts))
-    parts = [f"{label} {_harness.median(samples[key]):.2f}"
-             for key, label in PHASES if samples[key]]
+    parts = [f"{_LABELS[key]} {_harness.median(values):.2f}" for key, values in samples.items()]
     if spawn:
-        parts.append(f"(a rank's process start to its train function: {_list(spawn)})")
+        parts.append(f"(a new process's start to its train function: {_list(spawn)})")
     return ("Cairn phases (median s): " + ", ".join(parts)) if parts else ""
 
 

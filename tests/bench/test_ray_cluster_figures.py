@@ -58,7 +58,25 @@ def test_cairn_phases_split_the_fault_to_restored(tmp_path: Path) -> None:
     note = ray_cluster._cairn_phases([run], "node_loss", [fault_t])
     assert note.startswith("Cairn phases (median s): detection 0.30, new attempt 0.10, "
                            "placement 0.50, actor start 1.60")
-    assert "process start to its train function: 2.20" in note
+    assert "a new process's start to its train function: 2.20" in note
+
+
+def test_with_kept_survivors_the_phases_are_those_of_the_replaced_rank(tmp_path: Path) -> None:
+    run, fault_t = _run(tmp_path)
+    # keep_survivors: no new placement group; the failed rank's actor replaced at 101.4.
+    run["backend_times"] = {"placed": [50.0], "actors": [51.0], "replaced": [101.4]}
+    # Rank 0 kept its process (started before the fault), rank 1's is new.
+    run["node_loss"]["ranks"][0]["process_start_t"] = 40.0
+    phases = ray_cluster._cairn_run_phases(run, run["node_loss"], fault_t)
+    assert phases is not None
+    assert list(phases) == [key for key, _ in ray_cluster.KEPT_PHASES]
+    assert phases == pytest.approx({"detect": 0.3, "relaunch": 0.1, "replace": 1.0,
+                                    "connect": 1.6, "train": 0.2, "restore": 0.3})
+    note = ray_cluster._cairn_phases([run], "node_loss", [fault_t])
+    assert note.startswith("Cairn phases (median s): detection 0.30, new attempt 0.10, "
+                           "replacement 1.00, worker connect 1.60")
+    # Only the new process counts: the kept rank's started before the fault.
+    assert note.endswith("(a new process's start to its train function: 2.20)")
 
 
 def test_node_loss_note_gives_the_worst_runs_and_the_load() -> None:
