@@ -2,8 +2,9 @@
 ``PeerServer`` (:mod:`.memory_copy`) for files of a committed checkpoint and write each
 one under a directory, hashed as it arrives, kept only when its size and checksum are the
 manifest's. A peer on the same machine writes the files itself, into empty files this
-side offers (:mod:`.peer_shared`), which are then hashed here the same way. Used by a restore (``RestoreSources``) and by a replacement rank's prefetch
-(:mod:`.peer_prefetch`); each call owns its connection."""
+side offers (:mod:`.peer_shared`), which are then hashed here the same way. Used by a
+restore (``RestoreSources``) and by a replacement rank's prefetch (:mod:`.peer_prefetch`);
+each call owns its connection."""
 
 from __future__ import annotations
 
