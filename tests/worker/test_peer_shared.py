@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from cairn._src.storage.checksum import FileEntry, new_hasher
-from cairn._src.worker import peer_fetch
+from cairn._src.worker import memory_copy, peer_fetch, peer_shared
 from cairn._src.worker.memory_copy import MemoryCopies
 from cairn._src.worker.peer_fetch import Outcome, fetch_from_peer
-from cairn._src.worker.peer_shared import SUFFIX, Offer, open_offered
+from cairn._src.worker.peer_shared import SUFFIX, Offers, open_offered
 
 KEY = b"s" * 32
 
@@ -28,36 +28,46 @@ def entry(data: bytes) -> FileEntry:
     return FileEntry(len(data), hasher.hexdigest())
 
 
+def _offer(target: Path, rel: str) -> tuple[Offers, Any]:
+    offers = Offers(str(target), [rel])
+    return offers, offers.wire()[rel]
+
+
 def test_the_offered_file_is_written_and_taken_under_its_name(tmp_path: Path) -> None:
-    offer = Offer(str(tmp_path), "rank_1/model.pt")
-    assert offer.wire[0] == str(tmp_path / "rank_1" / f"model.pt{SUFFIX}")
-    file = open_offered(offer.wire)
+    offers, wire = _offer(tmp_path, "rank_1/model.pt")
+    # In a directory of the transfer's own: no name of the checkpoint can be an offer's.
+    assert Path(wire[0]).parent.parent == tmp_path and wire[0].endswith(SUFFIX)
+    file = open_offered(wire)
     assert file is not None
     with file:
         file.write(b"weights")
-    assert offer.take(entry(b"weights")) == 7
+    assert offers.take("rank_1/model.pt", entry(b"weights")) == 7
+    offers.close()
     assert (tmp_path / "rank_1" / "model.pt").read_bytes() == b"weights"
-    assert os.listdir(tmp_path / "rank_1") == ["model.pt"]
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")] == [
+        "rank_1", "rank_1/model.pt"]
 
 
 def test_a_file_that_is_not_the_manifest_s_is_removed(tmp_path: Path) -> None:
-    offer = Offer(str(tmp_path), "model.pt")
-    file = open_offered(offer.wire)
+    offers, wire = _offer(tmp_path, "model.pt")
+    file = open_offered(wire)
     assert file is not None
     with file:
         file.write(b"weighty")  # same size, other bytes
-    assert offer.take(entry(b"weights")) is None
+    assert offers.take("model.pt", entry(b"weights")) is None
+    offers.close()
     assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("change", [
     "not a tuple", "strings for numbers", "a bool", "another inode", "holds data",
     "a second link", "a link to it", "a FIFO", "a NUL in the path", "removed",
+    "another name", "readable by others",
 ])
 def test_a_peer_writes_nothing_but_the_empty_file_offered(tmp_path: Path, change: str) -> None:
-    offer = Offer(str(tmp_path), "model.pt")
-    path, device, inode = offer.wire
-    wire: Any = offer.wire
+    offers, offered = _offer(tmp_path, "model.pt")
+    path, device, inode = offered
+    wire: Any = offered
     if change == "not a tuple":
         wire = [path, device, inode]
     elif change == "strings for numbers":
@@ -65,7 +75,7 @@ def test_a_peer_writes_nothing_but_the_empty_file_offered(tmp_path: Path, change
     elif change == "a bool":
         wire = (path, device, True)
     elif change == "another inode":
-        other = tmp_path / "other"
+        other = Path(path).with_name(f"other{SUFFIX}")
         other.write_bytes(b"")
         wire = (str(other), device, inode)
     elif change == "holds data":
@@ -73,20 +83,27 @@ def test_a_peer_writes_nothing_but_the_empty_file_offered(tmp_path: Path, change
     elif change == "a second link":
         os.link(path, tmp_path / "second")
     elif change == "a link to it":
-        (tmp_path / "link").symlink_to(path)
-        wire = (str(tmp_path / "link"), device, inode)
+        (tmp_path / f"link{SUFFIX}").symlink_to(path)
+        wire = (str(tmp_path / f"link{SUFFIX}"), device, inode)
     elif change == "a FIFO":
-        os.mkfifo(tmp_path / "fifo")  # opened, it would block a writer without O_NONBLOCK
-        info = os.lstat(tmp_path / "fifo")
-        wire = (str(tmp_path / "fifo"), info.st_dev, info.st_ino)
+        os.mkfifo(tmp_path / f"fifo{SUFFIX}")  # opened, it would block a writer
+        info = os.lstat(tmp_path / f"fifo{SUFFIX}")
+        wire = (str(tmp_path / f"fifo{SUFFIX}"), info.st_dev, info.st_ino)
     elif change == "a NUL in the path":
-        wire = (path + "\x00", device, inode)
+        wire = (path + "\x00" + SUFFIX, device, inode)
     elif change == "removed":  # the receiver gave up before the peer got to it
-        offer.discard()
+        offers.close()
+    elif change == "another name":  # the same empty file, not under an offer's name
+        os.rename(path, tmp_path / "marker")
+        wire = (str(tmp_path / "marker"), device, inode)
+    elif change == "readable by others":
+        os.chmod(path, 0o644)
     assert open_offered(wire) is None
     if change == "holds data":
         assert Path(path).read_bytes() == b"the user's data"
-    if change not in ("removed", "holds data", "a second link"):
+    elif change == "another name":
+        assert os.path.getsize(tmp_path / "marker") == 0
+    elif change not in ("removed", "a second link"):
         assert os.path.getsize(path) == 0
 
 
@@ -106,10 +123,11 @@ class Writer:
         pass
 
 
-def _fetch(tmp_path: Path, writer: Writer, data: bytes) -> tuple[set[str], Outcome, Path]:
+def _fetch(tmp_path: Path, writer: Any, files: dict[str, bytes],
+           stop: threading.Event | None = None) -> tuple[set[str], Outcome, Path]:
     peer = MemoryCopies(KEY, "127.0.0.1")
-    files = {"model.pt": entry(data)}
-    peer.hold(2, writer, files)  # type: ignore[arg-type]
+    entries = {rel: entry(data) for rel, data in files.items()}
+    peer.hold(2, writer, entries)
     peer.committed(2)
     peer.serve()
     info = peer.info()
@@ -117,7 +135,8 @@ def _fetch(tmp_path: Path, writer: Writer, data: bytes) -> tuple[set[str], Outco
     target = tmp_path / "restored"
     target.mkdir()
     outcome = Outcome()
-    got = fetch_from_peer(KEY, 0, info.address, 2, files, {"model.pt"}, str(target), outcome)
+    got = fetch_from_peer(KEY, 0, info.address, 2, entries, set(files), str(target),
+                          outcome, stop)
     return got, outcome, target
 
 
@@ -126,7 +145,7 @@ def test_a_peer_whose_write_fails_leaves_nothing_and_says_so(tmp_path: Path) -> 
         sink.write(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    got, outcome, target = _fetch(tmp_path, Writer(write), b"half and more")
+    got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"half and more"})
     assert got == set() and outcome.peer_bytes == 0
     assert outcome.reasons == ["the transfer from peer rank 0 failed: OSError: the peer "
                                "could not finish writing the file"]
@@ -144,7 +163,7 @@ def test_a_peer_that_stops_writing_is_given_up_after_the_peer_timeout(
         release.wait(60)  # a peer that hangs in the middle of the file
 
     try:
-        got, outcome, target = _fetch(tmp_path, Writer(write), b"some more")
+        got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"some more"})
     finally:
         release.set()
     assert got == set()
@@ -166,7 +185,89 @@ def test_a_file_that_keeps_growing_is_waited_for_past_the_peer_timeout(
             sink.write(piece)
             time.sleep(0.25)
 
-    got, outcome, target = _fetch(tmp_path, Writer(write), b"".join(pieces))
+    got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"".join(pieces)})
     assert time.monotonic() - started > 2.0  # longer than one timeout in all
     assert got == {"model.pt"} and outcome.reasons == []
     assert (target / "model.pt").read_bytes() == b"".join(pieces)
+
+
+class Files:
+    """A held copy's writer of several files."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def write_file(self, rel: str, sink: Any) -> None:
+        sink.write(self.files[rel])
+
+    def retain(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("route", ["same machine", "socket"])
+def test_no_name_of_the_checkpoint_is_taken_by_an_offer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
+) -> None:
+    if route == "socket":
+        monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
+    files = {"x": b"first", f"x{SUFFIX}": b"second", f"0{SUFFIX}": b"third"}
+    got, outcome, target = _fetch(tmp_path, Files(files), files)
+    assert got == set(files) and outcome.reasons == []
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == files
+
+
+def test_a_written_file_with_other_bytes_is_not_used(tmp_path: Path) -> None:
+    got, outcome, target = _fetch(
+        tmp_path, Writer(lambda sink: sink.write(b"weighty")), {"model.pt": b"weights"})
+    assert got == set()
+    assert outcome.reasons == ["peer rank 0's copy of 'model.pt' does not match the "
+                               "manifest's checksum"]
+    assert os.listdir(target) == []
+
+
+def test_a_peer_that_writes_past_the_manifest_s_size_is_given_up(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def write(sink: Any) -> None:
+        sink.write(b"weights and more")
+        release.wait(60)
+
+    try:
+        got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"weights"})
+    finally:
+        release.set()
+    assert got == set()
+    assert outcome.reasons == ["the transfer from peer rank 0 failed: OSError: the peer "
+                               "wrote more of 'model.pt' than its 7 bytes"]
+    assert os.listdir(target) == []
+
+
+def test_a_receiver_that_stops_removes_its_files_and_the_peer_stops_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(peer_shared, "CHECK_BYTES", 1)  # the peer looks at every write
+    stop, ended = threading.Event(), threading.Event()
+    written: list[int] = []
+
+    def write(sink: Any) -> None:
+        try:
+            for piece in range(1000):
+                if piece == 2:
+                    stop.set()  # the attempt no longer needs the copy
+                sink.write(b"x" * 1024)
+                written.append(piece)
+                time.sleep(0.01)
+        finally:
+            ended.set()
+
+    got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"x" * 1024000},
+                                  stop)
+    assert got == set()
+    assert outcome.reasons == ["the transfer from peer rank 0 failed: OSError: stopped: "
+                               "the attempt no longer needs it"]
+    assert os.listdir(target) == []
+    assert ended.wait(60)
+    assert len(written) < 1000  # the peer saw the file gone, and stopped

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
 from cairn._src.worker.direct_write import HashingSink
-from cairn._src.worker.peer_shared import Offer, offer_files
+from cairn._src.worker.peer_shared import Offers
 
 # What a peer sends before each file: its bytes follow on the socket, or it writes them
 # into the file offered (and then sends WRITTEN again, or FAILED).
@@ -91,20 +91,19 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
         return got
     buffer = bytearray(PEER_CHUNK)
     view = memoryview(buffer)
-    offers: dict[str, Offer] = {}
+    offers: Offers | None = None
     try:
         # A peer on this machine writes into these files (see :mod:`.peer_shared`).
-        offers = offer_files(target, sorted(wanted))
-        connection.send((report_index, sorted(wanted),
-                         {rel: offer.wire for rel, offer in offers.items()}))
+        offers = Offers(target, sorted(wanted))
+        connection.send((report_index, sorted(wanted), offers.wire()))
         names = _receive(connection, stop)
         for rel in names:
             if rel not in wanted:
                 raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
             route = bytes(view[:_receive_into(connection, buffer, stop, peer_rank)])
             if route == WRITTEN and rel in offers:
-                _wait_written(connection, offers[rel], stop)
-                size = offers.pop(rel).take(files[rel])
+                _wait_written(connection, offers, rel, files[rel].size, stop)
+                size = offers.take(rel, files[rel])
             elif route == STREAMED:
 
                 def fill(sink: Any) -> None:
@@ -126,8 +125,8 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
                                f"{type(exc).__name__}: {exc}")
     finally:
         connection.close()
-        for offer in offers.values():
-            offer.discard()
+        if offers is not None:
+            offers.close()
     return got
 
 
@@ -142,15 +141,18 @@ def _wait_readable(connection: Connection, stop: threading.Event | None, what: s
             raise TimeoutError(f"{what} within {PEER_TIMEOUT_S:g}s")
 
 
-def _wait_written(connection: Connection, offer: Offer, stop: threading.Event | None) -> None:
-    """Wait for the peer's word that it wrote ``offer``'s file: as long as the file keeps
-    growing (a large file takes longer than a peer timeout), and no longer than ``stop``
-    stays unset."""
+def _wait_written(connection: Connection, offers: Offers, rel: str, expected: int,
+                  stop: threading.Event | None) -> None:
+    """Wait for the peer's word that it wrote ``rel``'s offered file: as long as the file
+    keeps growing (a large file takes longer than a peer timeout) up to ``expected`` bytes,
+    and no longer than ``stop`` stays unset."""
     size, deadline = -1, 0.0
     while not connection.poll(0.2):
         if stop is not None and stop.is_set():
             raise OSError("stopped: the attempt no longer needs it")
-        now, grown = time.monotonic(), offer.size()
+        now, grown = time.monotonic(), offers.size(rel)
+        if grown > expected:
+            raise OSError(f"the peer wrote more of {rel!r} than its {expected} bytes")
         if grown != size:
             size, deadline = grown, now + PEER_TIMEOUT_S
         elif now >= deadline:
