@@ -108,13 +108,13 @@ def test_a_peer_writes_nothing_but_the_empty_file_offered(tmp_path: Path, change
 
 
 class Writer:
-    """A held copy's writer whose one file is written by ``write`` (a sink's)."""
+    """A held copy's writer whose files are written by ``write(sink, rel)``."""
 
     def __init__(self, write: Any) -> None:
         self.write = write
 
     def write_file(self, rel: str, sink: Any) -> None:
-        self.write(sink)
+        self.write(sink, rel)
 
     def retain(self) -> bool:
         return True
@@ -141,7 +141,7 @@ def _fetch(tmp_path: Path, writer: Any, files: dict[str, bytes],
 
 
 def test_a_peer_whose_write_fails_leaves_nothing_and_says_so(tmp_path: Path) -> None:
-    def write(sink: Any) -> None:
+    def write(sink: Any, rel: str) -> None:
         sink.write(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -152,23 +152,30 @@ def test_a_peer_whose_write_fails_leaves_nothing_and_says_so(tmp_path: Path) -> 
     assert os.listdir(target) == []
 
 
-def test_a_peer_that_stops_writing_is_given_up_after_the_peer_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("written", "manifest", "timeout_s", "reason"), [
+    # A peer that hangs in the middle of the file: given up after the peer timeout.
+    (b"some", b"some more", 0.5, "TimeoutError: no data within 0.5s"),
+    # A peer that writes past the manifest's size: given up at once, not at the timeout.
+    (b"weights and more", b"weights", 30.0,
+     "OSError: the peer wrote more of 'model.pt' than its 7 bytes"),
+])
+def test_a_peer_that_hangs_in_the_middle_of_a_file_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: bytes, manifest: bytes,
+    timeout_s: float, reason: str,
 ) -> None:
-    monkeypatch.setattr(peer_fetch, "PEER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(peer_fetch, "PEER_TIMEOUT_S", timeout_s)
     release = threading.Event()
 
-    def write(sink: Any) -> None:
-        sink.write(b"some")
-        release.wait(60)  # a peer that hangs in the middle of the file
+    def write(sink: Any, rel: str) -> None:
+        sink.write(written)
+        release.wait(60)
 
     try:
-        got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"some more"})
+        got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": manifest})
     finally:
         release.set()
     assert got == set()
-    assert outcome.reasons == ["the transfer from peer rank 0 failed: TimeoutError: no data "
-                               "within 0.5s"]
+    assert outcome.reasons == [f"the transfer from peer rank 0 failed: {reason}"]
     assert os.listdir(target) == []
 
 
@@ -180,7 +187,7 @@ def test_a_file_that_keeps_growing_is_waited_for_past_the_peer_timeout(
     pieces = [bytes([i]) * 1024 for i in range(12)]
     started = time.monotonic()
 
-    def write(sink: Any) -> None:
+    def write(sink: Any, rel: str) -> None:
         for piece in pieces:
             sink.write(piece)
             time.sleep(0.25)
@@ -191,22 +198,6 @@ def test_a_file_that_keeps_growing_is_waited_for_past_the_peer_timeout(
     assert (target / "model.pt").read_bytes() == b"".join(pieces)
 
 
-class Files:
-    """A held copy's writer of several files."""
-
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-
-    def write_file(self, rel: str, sink: Any) -> None:
-        sink.write(self.files[rel])
-
-    def retain(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("route", ["same machine", "socket"])
 def test_no_name_of_the_checkpoint_is_taken_by_an_offer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
@@ -214,34 +205,18 @@ def test_no_name_of_the_checkpoint_is_taken_by_an_offer(
     if route == "socket":
         monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
     files = {"x": b"first", f"x{SUFFIX}": b"second", f"0{SUFFIX}": b"third"}
-    got, outcome, target = _fetch(tmp_path, Files(files), files)
+    got, outcome, target = _fetch(
+        tmp_path, Writer(lambda sink, rel: sink.write(files[rel])), files)
     assert got == set(files) and outcome.reasons == []
     assert {p.name: p.read_bytes() for p in target.iterdir()} == files
 
 
 def test_a_written_file_with_other_bytes_is_not_used(tmp_path: Path) -> None:
     got, outcome, target = _fetch(
-        tmp_path, Writer(lambda sink: sink.write(b"weighty")), {"model.pt": b"weights"})
+        tmp_path, Writer(lambda sink, rel: sink.write(b"weighty")), {"model.pt": b"weights"})
     assert got == set()
     assert outcome.reasons == ["peer rank 0's copy of 'model.pt' does not match the "
                                "manifest's checksum"]
-    assert os.listdir(target) == []
-
-
-def test_a_peer_that_writes_past_the_manifest_s_size_is_given_up(tmp_path: Path) -> None:
-    release = threading.Event()
-
-    def write(sink: Any) -> None:
-        sink.write(b"weights and more")
-        release.wait(60)
-
-    try:
-        got, outcome, target = _fetch(tmp_path, Writer(write), {"model.pt": b"weights"})
-    finally:
-        release.set()
-    assert got == set()
-    assert outcome.reasons == ["the transfer from peer rank 0 failed: OSError: the peer "
-                               "wrote more of 'model.pt' than its 7 bytes"]
     assert os.listdir(target) == []
 
 
@@ -252,7 +227,7 @@ def test_a_receiver_that_stops_removes_its_files_and_the_peer_stops_writing(
     stop, ended = threading.Event(), threading.Event()
     written: list[int] = []
 
-    def write(sink: Any) -> None:
+    def write(sink: Any, rel: str) -> None:
         try:
             for piece in range(1000):
                 if piece == 2:
