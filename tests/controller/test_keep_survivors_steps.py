@@ -212,6 +212,17 @@ def test_the_restore_plan_uses_memory_then_peers_then_storage() -> None:
         ("memory", None), ("peer", 0), ("peer", 0)]
 
 
+def test_the_restore_plan_gives_a_rank_without_a_copy_its_own_files_from_the_driver(
+) -> None:
+    held = MemoryCopyInfo(4, ("127.0.0.1", 5000))
+    files = {0: {"rank_0/rank_state.pt": b"0"}, 1: {"rank_1/rank_state.pt": b"1"}}
+    plans = plan_restores(4, _kept({0: held}, {1}), 2, files)
+    assert plans[0].driver_files == {}  # its own memory copy holds them
+    assert plans[1].driver_files == {"rank_1/rank_state.pt": b"1"}
+    assert plans[1].reason == ("a replaced rank; from peer rank 0; 1 small files of its own "
+                               "from the driver")
+
+
 def test_the_restore_plan_reads_storage_when_no_copy_is_the_latest() -> None:
     stale = MemoryCopyInfo(3, ("127.0.0.1", 5000))
     plans = plan_restores(4, _kept({0: stale}, {1}), 2)

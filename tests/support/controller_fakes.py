@@ -27,6 +27,7 @@ from cairn._src.controller.attempt_loop import LoopParts
 from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.controller import Controller
+from cairn._src.controller.driver_copies import DriverCopies
 from cairn._src.controller.failure_policy import FailurePolicy
 from cairn._src.controller.inbox import Inbox, NewConnection
 from cairn._src.controller.payload import TrainSpec, WorkerPayload
@@ -236,8 +237,9 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
                                                       train_loop_config={},
                                                       scaling_config=scaling), workers)
     view = LiveView.for_run(run_config, workers)
+    driver_copies = DriverCopies()
     stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks,
-                          *observers], log=events)
+                          driver_copies, *observers], log=events)
     pending = PendingValidations()
     config = CheckpointConfig()
     manager = CheckpointManager(run, config, retry, RunIndex(), history, events=stream,
@@ -250,7 +252,7 @@ def make_harness(tmp_path: Path, *, workers: int = 2, max_failures: int = 0,
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
                       validations=validations, events=stream, view=view, clock=clock,
                       manager=manager, history=history, event_log=events,
-                      run_config=run_config)
+                      run_config=run_config, driver_copies=driver_copies)
     spec = TrainSpec(_train, {}, True)
     controller = Controller(spec, scaling, parts, payload=WorkerPayload.pickle(spec, run_config),
                             policy=FailurePolicy(failure.max_failures,

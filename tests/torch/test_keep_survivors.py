@@ -81,9 +81,11 @@ def test_the_survivor_keeps_its_process_and_resumes_bit_exact(
     assert restored[0]["memory_bytes"] > 0 and restored[1]["peer_bytes"] > 0
     # The replacement fetched the peer's copy from its start, beside its train function.
     assert restored[1].get("prefetched") is True and "prefetched" not in restored[0]
-    # From storage: only the small per-rank state the other rank wrote (its RNGs).
-    for rank in (0, 1):
-        assert restored[rank]["bytes"] < 64 * 1024, restored
+    # Nothing from storage: the replaced rank's own small state (its RNGs) came from the
+    # copy its predecessor sent the driver.
+    assert restored[1]["kind"] == "peer+driver" and restored[1]["driver_bytes"] > 0
+    assert "1 small files of its own from the driver" in planned[1]["reason"]
+    assert restored[0]["bytes"] == restored[1]["bytes"] == 0, restored
 
 
 def test_two_failures_in_a_row_keep_the_survivors_each_time(
@@ -128,7 +130,9 @@ def test_a_corrupted_memory_copy_is_not_used_and_the_event_log_says_why(
     # Files whose tensors changed come from storage, with the reason.
     assert "storage" in restored[0]["kind"], restored
     assert "this rank's memory copy of 'model.pt' does not match" in restored[0]["reason"]
-    assert restored[1]["kind"] == "storage" and restored[1]["peer_bytes"] == 0, restored
+    # Only its own small state comes from the driver's copy.
+    assert restored[1]["kind"] == "driver+storage" and restored[1]["peer_bytes"] == 0, (
+        restored)
     assert "peer rank 0's copy of 'model.pt' does not match the manifest's checksum" in (
         restored[1]["reason"])
     assert restored[1].get("prefetched") is True, restored

@@ -98,3 +98,34 @@ def test_a_path_another_rank_writes_is_hashed_not_written_and_fsync_can_be_off(
     assert sorted(message.duplicates) == ["state.pt"]
     assert not (tmp_path / "checkpoint_000001" / "state.pt").exists()
     assert fsyncs == []
+
+
+class Keeper:
+    """A kept rank's memory copies: takes every writer (or none)."""
+
+    def __init__(self, takes: bool) -> None:
+        self.takes = takes
+
+    def hold(self, report_index: int, writer: object, entries: object) -> bool:
+        return self.takes
+
+
+@pytest.mark.parametrize(("takes", "limit", "sent"), [
+    (True, 1 << 20, ["rank_0/rank_state.pt", "state.pt"]),
+    (True, 4096, ["rank_0/rank_state.pt"]),  # the smallest first, up to the limit
+    (True, 0, []),
+    (False, 1 << 20, []),  # not kept in memory: keep_survivors is off
+])
+def test_a_kept_snapshot_sends_its_smallest_files_to_the_driver(
+    tmp_path: Path, takes: bool, limit: int, sent: list[str],
+) -> None:
+    destination = resolve(str(tmp_path / "checkpoint_000001"))
+    job, writer = job_for(FILES, tmp_path / "private")
+    message = write_direct(job, writer, ProceedMessage(1), destination, 0, time.perf_counter(),
+                           options=StorageOptions(fsync=False), keep=Keeper(takes),
+                           small_limit=limit)
+    assert sorted(message.small_files) == sent
+    for rel, data in message.small_files.items():
+        assert data == read(destination, rel)
+    if takes:
+        writer.close()

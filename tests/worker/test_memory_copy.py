@@ -134,6 +134,43 @@ def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage
     assert sorted(left) == sorted(str(target / p) for p in stored)  # no partial files
 
 
+@pytest.mark.parametrize("kept", [b"rng", b"RNG", "rng"])
+def test_a_replacement_takes_its_small_files_from_the_driver_when_they_verify(
+    tmp_path: Path, kept: object,
+) -> None:
+    run = resolve(str(tmp_path / "run"))
+    stored = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
+    directory = tmp_path / "run" / "checkpoint_000002"
+    for rel, data in stored.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    writer = Writer({"model.pt": stored["model.pt"]})
+    _, address = serving_peer(KEY, writer.files, writer)
+    sent: list[object] = []
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank",
+                         {"rank_1/rank_state.pt": kept}),  # type: ignore[dict-item]
+        memory=None, run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2), str(target),
+                           retry=None)  # type: ignore[arg-type]
+    assert {p: (target / p).read_bytes() for p in stored} == stored
+    [message] = sent
+    assert isinstance(message, RestoredMessage)
+    if kept == b"rng":  # the driver's copy is the committed file: nothing from storage
+        assert (message.source, message.storage_bytes, message.driver_bytes) == (
+            "peer+driver", 0, 3)
+        assert message.reason == "a replaced rank"
+    else:  # other bytes, or not bytes: storage, and the event log says why
+        assert (message.source, message.storage_bytes, message.driver_bytes) == (
+            "peer+storage", 3, 0)
+        assert ("the driver's copy of 'rank_1/rank_state.pt' does not match the manifest's "
+                "checksum") in message.reason
+    left = [str(p) for p in target.rglob("*") if p.is_file()]
+    assert sorted(left) == sorted(str(target / p) for p in stored)  # no partial files
+
+
 def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:
     run = resolve(str(tmp_path / "run"))
     stored = {"model.pt": b"weights"}

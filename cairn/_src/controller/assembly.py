@@ -22,6 +22,7 @@ from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.controller import Controller
 from cairn._src.controller.datasets import DataIngest
+from cairn._src.controller.driver_copies import DriverCopies
 from cairn._src.controller.failure_policy import FailurePolicy
 from cairn._src.controller.inbox import Inbox, ValidationApplied
 from cairn._src.controller.payload import TrainSpec, WorkerPayload
@@ -49,6 +50,7 @@ class Observers:
     stream: EventStream
     view: LiveView
     callbacks: CallbackDispatcher
+    driver_copies: DriverCopies
 
 
 def build_observers(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,
@@ -64,9 +66,10 @@ def build_observers(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConf
     view = LiveView.for_run(run_config, max(1, scaling.max_workers))
     # Every event is emitted once, to these observers in this order: the log first, so
     # that a callback that raises still leaves the record.
-    stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks],
-                         log=events)
-    return Observers(stream, view, callbacks)
+    driver_copies = DriverCopies()
+    stream = EventStream([EventLogWriter(events), HistoryWriter(history), view, callbacks,
+                          driver_copies], log=events)
+    return Observers(stream, view, callbacks, driver_copies)
 
 
 def build_manager(run: StorageLocation, run_config: RunConfig, opened: OpenedRun,
@@ -110,7 +113,7 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
     parts = LoopParts(backend=backend, inbox=inbox, channels=channels, commits=commits,
                       validations=validations, events=stream, view=view,
                       clock=SystemClock(), manager=manager, history=history, event_log=events,
-                      run_config=run_config)
+                      run_config=run_config, driver_copies=observers.driver_copies)
     return Controller(spec, scaling, parts, payload=payload,
                       policy=FailurePolicy(
                           run_config.failure_config.max_failures,

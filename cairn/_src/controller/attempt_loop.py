@@ -27,6 +27,7 @@ from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.clock import Clock
 from cairn._src.controller.commit_pipeline import CommitPipeline
 from cairn._src.controller.connections import WorkerChannels
+from cairn._src.controller.driver_copies import DriverCopies
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
 from cairn._src.controller.preemption import AttemptPreemption
@@ -132,6 +133,8 @@ class LoopParts:
     history: SegmentLog
     event_log: SegmentLog
     run_config: RunConfig
+    # An observer of ``events``: the ranks' small files, for their replacements.
+    driver_copies: DriverCopies
 
 
 class AttemptLoop:
@@ -407,7 +410,8 @@ class AttemptLoop:
                 t=parts.clock.time(), rank=message.rank, kind=message.source,
                 index=message.report_index, peer=message.peer_rank,
                 memory_bytes=message.memory_bytes, peer_bytes=message.peer_bytes,
-                bytes=message.storage_bytes, seconds=message.seconds, reason=message.reason,
+                driver_bytes=message.driver_bytes, bytes=message.storage_bytes,
+                seconds=message.seconds, reason=message.reason,
                 prefetched=message.prefetched))
         elif self._services.handle(message, attempt.tracker, self._send):
             pass  # a collective call or a get_all_reported_checkpoints() request

@@ -321,7 +321,10 @@ class Controller:
         # One shard per worker of this attempt, produced near it (controller/datasets.py).
         split = (self._data.split([w.node_id for w in attempt.workers])
                  if self._data is not None else None)
-        restores = plan_restores(resume.report_index if resume else None, kept, world_size)
+        restores = plan_restores(
+            resume.report_index if resume else None, kept, world_size,
+            {rank: parts.driver_copies.files(resume.report_index, rank)
+             for rank in range(world_size)} if resume and kept else None)
         for rank, plan in sorted(restores.items()):
             source, peer = planned_source(plan)
             parts.events.emit(RestorePlanned(t=clock.time(), attempt=number, rank=rank,

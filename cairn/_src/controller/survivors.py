@@ -23,7 +23,7 @@ storage for what no copy holds, or when a copy fails its checksums in the worker
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -84,10 +84,13 @@ class KeptRanks:
         return sorted(self.connections)
 
 
-def plan_restores(resume_index: int | None, kept: KeptRanks | None,
-                  world_size: int) -> dict[int, RestorePlan]:
+def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: int,
+                  driver_files: Mapping[int, dict[str, bytes]] | None = None,
+                  ) -> dict[int, RestorePlan]:
     """Where each rank of the next attempt restores the checkpoint of report
-    ``resume_index`` from (pure; empty when the whole group restarts or nothing resumes)."""
+    ``resume_index`` from (pure; empty when the whole group restarts or nothing resumes).
+    ``driver_files``: the small files each rank wrote for that checkpoint, as the driver
+    kept them (:mod:`.driver_copies`); a rank without its own memory copy gets its own."""
     if kept is None or resume_index is None:
         return {}
     holders = {rank: info for rank, info in kept.copies.items()
@@ -110,7 +113,10 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None,
             reason += (f"; from peer rank {peers[0][0]}" if peers
                        else f"; no kept rank holds report {resume_index} in memory"
                        if not holders else "; no kept rank serves its copy")
-        plans[rank] = RestorePlan(resume_index, own, peers, reason)
+        held = {} if own else dict((driver_files or {}).get(rank, {}))
+        if held:
+            reason += f"; {len(held)} small files of its own from the driver"
+        plans[rank] = RestorePlan(resume_index, own, peers, reason, held)
     return plans
 
 

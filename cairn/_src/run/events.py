@@ -253,8 +253,8 @@ class RestorePlanned(Event):
 @dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """A rank restored the checkpoint of report ``index`` (with ``keep_survivors``):
-    ``kind`` names its sources ("memory", "peer", "storage", joined by "+"), the bytes
-    from each, ``seconds`` it took, ``reason``: why storage was read ("" if not),
+    ``kind`` names its sources ("memory", "peer", "driver", "storage", joined by "+"), the
+    bytes from each, ``seconds`` it took, ``reason``: why storage was read ("" if not),
     ``prefetched``: the peers were asked from the attempt's start."""
 
     TYPE: ClassVar[str] = "restored"
@@ -264,11 +264,11 @@ class Restored(Event):
     peer: int | None = None
     memory_bytes: int | None = None
     peer_bytes: int | None = None
+    driver_bytes: int | None = None  # the driver's copies of the rank's small files
     bytes: int | None = None  # read from storage
     seconds: float | None = None
     reason: str | None = None
-    # The peer's files were fetched from the attempt's start, beside the train function;
-    # ``seconds`` then counts from that start. Recorded only when true.
+    # Recorded only when true; ``seconds`` then counts from the start of the transfer.
     prefetched: bool = False
 
     def to_record(self) -> dict[str, Any]:
@@ -276,8 +276,8 @@ class Restored(Event):
                   "index": self.index, "peer": self.peer, "memory_bytes": self.memory_bytes,
                   "peer_bytes": self.peer_bytes, "bytes": self.bytes,
                   "seconds": self.seconds, "reason": self.reason or ""}
-        if self.prefetched:
-            record["prefetched"] = True
+        extras = {"driver_bytes": self.driver_bytes, "prefetched": self.prefetched}
+        record.update((key, value) for key, value in extras.items() if value)
         return record
 
     @classmethod
@@ -285,7 +285,8 @@ class Restored(Event):
         return cls(t=record.get("t"), rank=record.get("rank"), kind=record.get("kind"),
                    index=record.get("index"), peer=_count(record.get("peer")),
                    memory_bytes=_count(record.get("memory_bytes")),
-                   peer_bytes=_count(record.get("peer_bytes")), bytes=record.get("bytes"),
+                   peer_bytes=_count(record.get("peer_bytes")),
+                   driver_bytes=_count(record.get("driver_bytes")), bytes=record.get("bytes"),
                    seconds=record.get("seconds"), reason=record.get("reason"),
                    prefetched=record.get("prefetched") is True)
 

@@ -16,6 +16,17 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
 from cairn._src.storage.tuning import TransferConfig
 
+# The most bytes of small files one rank sends the driver per checkpoint
+# (UploadedMessage.small_files), and the most a run's ranks send together.
+DRIVER_COPY_RANK_BYTES = 1 << 20
+DRIVER_COPY_RUN_BYTES = 64 << 20
+
+
+def driver_copy_limit(world_size: int) -> int:
+    """How many bytes of small files each of ``world_size`` ranks sends the driver."""
+    return min(DRIVER_COPY_RANK_BYTES, DRIVER_COPY_RUN_BYTES // max(1, world_size))
+
+
 # --- worker -> controller ----------------------------------------------------------------
 
 
@@ -78,6 +89,10 @@ class UploadedMessage:
     duplicates: dict[str, FileEntry] = field(default_factory=dict)
     # Of a reference returned by checkpoint_upload_fn: as CheckpointIntent.written.
     written: dict[str, WrittenFile] = field(default_factory=dict)
+    # With keep_survivors: the bytes of this rank's smallest written files, up to
+    # driver_copy_limit(world size) in all, which the driver keeps for a replacement of
+    # this rank (controller/driver_copies.py).
+    small_files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -291,13 +306,16 @@ class MemoryCopyInfo:
 class RestorePlan:
     """The driver's choice of the copies a rank restores the checkpoint of
     ``report_index`` from: its own memory copy (``own_memory``) and then the copies of
-    ``peers`` (rank, host, port); what none of them holds verified comes from storage.
-    ``reason`` says why (for the event log)."""
+    ``peers`` (rank, host, port), then ``driver_files``: the bytes of small files this
+    rank wrote for that checkpoint, which the driver kept (``UploadedMessage.small_files``);
+    each is used only when its size and checksum are the manifest's. What none of them
+    holds verified comes from storage. ``reason`` says why (for the event log)."""
 
     report_index: int
     own_memory: bool
     peers: tuple[tuple[int, str, int], ...] = ()
     reason: str = ""
+    driver_files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -318,6 +336,8 @@ class RestoredMessage:
     # The peers' files were fetched from the attempt's start, beside the train function
     # (see worker/peer_prefetch.py); ``seconds`` then counts from that start.
     prefetched: bool = False
+    # Bytes of files the driver kept (RestorePlan.driver_files).
+    driver_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ its niceness again (Linux: ``CAP_SYS_NICE``, as root in most containers, or an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import io
 import logging
 import os
 import sys
@@ -170,13 +172,15 @@ def write_direct(job: UploadJob, writer: DirectWriter, answer: object,
                  destination: StorageLocation, rank: int, started: float, *,
                  options: StorageOptions,
                  escalate_after_s: float = ESCALATE_AFTER_S,
-                 keep: WriterKeeper | None = None) -> UploadedMessage:
+                 keep: WriterKeeper | None = None, small_limit: int = 0) -> UploadedMessage:
     """Serialize every file of ``writer`` into ``destination``, hashing as it goes; the
     paths the controller's ``answer`` names as another rank's are hashed, not written.
     After ``escalate_after_s`` the calling thread takes the train loop's priority
     (:class:`AdaptivePriority`), until this returns. ``keep.hold(index, writer, entries)``
     is offered the writer once every file is written (a kept rank's memory copy,
-    :mod:`.memory_copy`); it is closed here unless ``keep`` takes it (True)."""
+    :mod:`.memory_copy`); it is closed here unless ``keep`` takes it (True). A kept
+    writer's smallest files, up to ``small_limit`` bytes, go in the message too
+    (:func:`small_files`)."""
     priority = AdaptivePriority(escalate_after_s)
     kept = False
     try:
@@ -184,11 +188,32 @@ def write_direct(job: UploadJob, writer: DirectWriter, answer: object,
                              priority)
         if keep is not None:
             kept = keep.hold(job.index, writer, {**message.entries, **message.duplicates})
+        if kept and small_limit > 0:
+            message = dataclasses.replace(
+                message, small_files=small_files(writer, message.entries, small_limit))
         return message
     finally:
         priority.restore()
         if not kept:
             writer.close()
+
+
+def small_files(writer: DirectWriter, entries: dict[str, FileEntry],
+                limit: int) -> dict[str, bytes]:
+    """The bytes of the smallest of ``entries`` (files ``writer`` wrote), up to ``limit``
+    in all, each serialized again; one whose bytes do not hash to its entry is left out."""
+    kept: dict[str, bytes] = {}
+    total = 0
+    for rel, entry in sorted(entries.items(), key=lambda item: (item[1].size, item[0])):
+        if total + entry.size > limit:
+            break
+        buffer = io.BytesIO()
+        sink = HashingSink(buffer)
+        writer.write_file(rel, sink)  # type: ignore[arg-type]
+        if sink.entry() == entry:
+            kept[rel] = buffer.getvalue()
+            total += entry.size
+    return kept
 
 
 def _write_all(job: UploadJob, writer: DirectWriter, answer: object,

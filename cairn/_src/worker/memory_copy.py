@@ -207,6 +207,10 @@ def _serialize_into(copy: _Copy, rel: str, sink: Any) -> None:
     copy.writer.write_file(rel, sink)
 
 
+def _write_bytes(data: bytes, sink: Any) -> None:
+    sink.write(data)
+
+
 def local_host_toward(address: tuple[str, int]) -> str:
     """This host's address on the interface that reaches ``address`` (no packet sent)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -428,6 +432,8 @@ class RestoreSources:
                 break
             missing -= fetch_from_peer(self._authkey, peer_rank, (host, port),
                                        plan.report_index, files, missing, target, outcome)
+        if missing and plan.driver_files:
+            missing -= self._from_driver(plan.driver_files, files, missing, target, outcome)
         if missing == set(files):
             # Nothing from memory: the usual restore (storage, a local path as it is).
             self._report(plan, outcome, started,
@@ -509,10 +515,30 @@ class RestoreSources:
             self._memory.release(copy)
         return got
 
+    @staticmethod
+    def _from_driver(kept: Mapping[str, bytes], files: dict[str, FileEntry],
+                     wanted: set[str], target: str, outcome: Outcome) -> set[str]:
+        """The files of ``wanted`` the driver kept (``RestorePlan.driver_files``), each
+        written under ``target`` when its size and checksum are the manifest's."""
+        got: set[str] = set()
+        for rel in sorted(wanted & set(kept)):
+            data = kept[rel]
+            size = (write_verified(target, rel, files[rel],
+                                   functools.partial(_write_bytes, data))
+                    if isinstance(data, bytes) else None)
+            if size is None:
+                outcome.reasons.append(f"the driver's copy of {rel!r} does not match the "
+                                       "manifest's checksum")
+                continue
+            outcome.driver_bytes += size
+            got.add(rel)
+        return got
+
     def _report(self, plan: RestorePlan, outcome: Outcome, started: float,
                 storage_bytes: int, prefetched: bool = False) -> None:
         parts = [name for name, n in (("memory", outcome.memory_bytes),
-                                      ("peer", outcome.peer_bytes)) if n]
+                                      ("peer", outcome.peer_bytes),
+                                      ("driver", outcome.driver_bytes)) if n]
         if storage_bytes or not parts:
             parts.append("storage")
         source = "+".join(parts)
@@ -527,7 +553,7 @@ class RestoreSources:
             self._send(RestoredMessage(
                 self._rank, plan.report_index, source, reason, outcome.memory_bytes,
                 outcome.peer_bytes, storage_bytes, time.perf_counter() - started,
-                outcome.peer_rank, prefetched))
+                outcome.peer_rank, prefetched, outcome.driver_bytes))
         except OSError:
             pass
 

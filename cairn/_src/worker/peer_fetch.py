@@ -42,6 +42,7 @@ class Outcome:
 
     memory_bytes: int = 0
     peer_bytes: int = 0
+    driver_bytes: int = 0
     storage_bytes: int = 0
     peer_rank: int | None = None
     reasons: list[str] = field(default_factory=list)

@@ -51,6 +51,7 @@ from cairn._src.wire.messages import (
     TimingMessage,
     UploadedMessage,
     UploadFailedMessage,
+    driver_copy_limit,
 )
 from cairn._src.wire.preemption import PreemptionMessage
 from cairn._src.worker.collectives import WorkerCollectives
@@ -372,7 +373,8 @@ class WorkerSession:
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
             elif (writer := direct_writer(job, self._tier)) is not None:
                 message = write_direct(job, writer, answer, destination, self.rank, started,
-                                       options=self.storage_options, keep=self._memory)
+                                       options=self.storage_options, keep=self._memory,
+                                       small_limit=driver_copy_limit(self._setup.world_size))
             else:
                 if job.write is not None:
                     write_deferred(job)
