@@ -14,6 +14,7 @@ from cairn._src.observe.driver_events import (
     CheckpointSkipped,
     CommitFailed,
     Uploaded,
+    WorkerGroupStarted,
 )
 from cairn._src.wire.messages import UploadedMessage, driver_copy_limit
 
@@ -74,3 +75,14 @@ def test_the_limit_per_rank_shrinks_with_the_world() -> None:
     assert driver_copy_limit(1) == driver_copy_limit(64) == 1 << 20
     assert driver_copy_limit(1024) == 64 << 10
     assert driver_copy_limit(0) == 1 << 20
+
+
+def test_what_a_failed_attempt_left_pending_is_dropped_when_the_next_one_starts() -> None:
+    copies = DriverCopies()
+    copies.notify(uploaded(0, 5, {"rank_0/rank_state.pt": b"old"}))
+    copies.notify(uploaded(1, 5, {"rank_1/rank_state.pt": b"old"}))
+    copies.notify(WorkerGroupStarted(1, 2))
+    copies.notify(uploaded(0, 5, {"rank_0/rank_state.pt": b"new"}))  # report 5 again
+    copies.notify(committed(5))
+    assert copies.files(5, 0) == {"rank_0/rank_state.pt": b"new"}
+    assert copies.files(5, 1) == {}  # not the failed attempt's

@@ -24,6 +24,7 @@ from cairn._src.observe.driver_events import (
     CheckpointSkipped,
     CommitFailed,
     Uploaded,
+    WorkerGroupStarted,
 )
 from cairn._src.observe.observer import ObservedEvent
 from cairn._src.wire.messages import driver_copy_limit
@@ -59,6 +60,10 @@ class DriverCopies:
             self._committed = self._pending.pop(index, {})
             for older in [i for i in self._pending if i < index]:
                 del self._pending[older]
+        elif isinstance(event, WorkerGroupStarted):
+            # The attempt before ended with its commits: what it left pending never
+            # commits (a report index written again is uploaded again).
+            self._pending.clear()
         elif isinstance(event, CommitFailed):
             self._pending.pop(event.ready.index, None)
         elif isinstance(event, CheckpointSkipped):
