@@ -52,8 +52,18 @@ def test_a_checkpoint_that_does_not_commit_drops_its_files(end: str) -> None:
     copies.notify(uploaded(1, 4, {"rank_1/rank_state.pt": b"x"}))
     copies.notify(CommitFailed(SimpleNamespace(index=4), OSError("store"),  # type: ignore[arg-type]
                                skipped=False) if end == "failed" else CheckpointSkipped(4))
+    # Another rank's late part of the same report is not kept either.
+    copies.notify(uploaded(0, 4, {"rank_0/rank_state.pt": b"y"}))
+    assert copies._pending == {}
     copies.notify(committed(4))  # (a commit result cannot follow; the files are gone)
-    assert copies.files(4, 1) == {}
+    assert copies.files(4, 1) == {} and copies.files(4, 0) == {}
+
+
+def test_a_late_part_of_a_report_older_than_the_committed_one_is_not_kept() -> None:
+    copies = DriverCopies()
+    copies.notify(committed(6))
+    copies.notify(uploaded(1, 5, {"rank_1/rank_state.pt": b"x"}))
+    assert copies._pending == {}
 
 
 @pytest.mark.parametrize("files", [
@@ -69,6 +79,19 @@ def test_files_that_are_not_bytes_or_too_large_are_not_kept(
     copies.notify(committed(1))
     assert copies.files(1, 1) == {}
     assert "Rank 1 sent small files that are not kept" in caplog.text
+
+
+def test_the_driver_holds_each_rank_to_the_limit_of_its_world_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    copies = DriverCopies()
+    copies.notify(WorkerGroupStarted(0, 1024))
+    copies.notify(uploaded(1, 1, {"a": b"x" * (64 << 10)}))
+    copies.notify(uploaded(2, 1, {"a": b"x" * ((64 << 10) + 1)}))
+    copies.notify(committed(1))
+    assert copies.files(1, 1) == {"a": b"x" * (64 << 10)} and copies.files(1, 2) == {}
+    assert "Rank 2 sent small files that are not kept (1 files, over 65536 bytes" in (
+        caplog.text)
 
 
 def test_the_limit_per_rank_shrinks_with_the_world() -> None:

@@ -20,6 +20,7 @@ from cairn._src.storage.options import StorageOptions
 from cairn._src.torch.snapshot import _buffers, _Writer
 from cairn._src.torch.snapshot_buffers import copy_state
 from cairn._src.wire.messages import ProceedMessage
+from cairn._src.worker import direct_write
 from cairn._src.worker.direct_write import direct_writer, write_direct
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.upload_job import UploadJob
@@ -129,3 +130,20 @@ def test_a_kept_snapshot_sends_its_smallest_files_to_the_driver(
         assert data == read(destination, rel)
     if takes:
         writer.close()
+
+
+def test_small_files_that_fail_to_serialize_again_leave_the_upload_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    destination = resolve(str(tmp_path / "checkpoint_000001"))
+    job, writer = job_for(FILES, tmp_path / "private")
+
+    def failing(*args: object) -> dict[str, bytes]:
+        raise MemoryError("no room for a second serialization")
+
+    monkeypatch.setattr(direct_write, "small_files", failing)
+    message = write_direct(job, writer, ProceedMessage(1), destination, 0, time.perf_counter(),
+                           options=StorageOptions(fsync=False), keep=Keeper(True),
+                           small_limit=1 << 20)
+    assert sorted(message.entries) == sorted(FILES) and message.small_files == {}
+    writer.close()

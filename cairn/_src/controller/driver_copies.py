@@ -27,7 +27,7 @@ from cairn._src.observe.driver_events import (
     WorkerGroupStarted,
 )
 from cairn._src.observe.observer import ObservedEvent
-from cairn._src.wire.messages import driver_copy_limit
+from cairn._src.wire.messages import UploadedMessage, driver_copy_limit
 
 logger = logging.getLogger(__name__)
 
@@ -40,20 +40,14 @@ class DriverCopies:
         self._pending: dict[int, dict[int, dict[str, bytes]]] = {}
         self._committed_index: int | None = None
         self._committed: dict[int, dict[str, bytes]] = {}
+        # Reports of this attempt that will not commit (skipped, failed): a rank's late
+        # part of one is not kept.
+        self._ended: set[int] = set()
+        self._limit = driver_copy_limit(1)  # per rank, for this attempt's world size
 
     def notify(self, event: ObservedEvent) -> None:
         if isinstance(event, Uploaded):
-            message = event.message
-            files = message.small_files
-            if not files:
-                return
-            if (not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())
-                    or sum(len(v) for v in files.values()) > driver_copy_limit(1)):
-                logger.warning("Rank %d sent small files that are not kept (%d files, over "
-                               "%d bytes or not bytes)", message.rank, len(files),
-                               driver_copy_limit(1))
-                return
-            self._pending.setdefault(message.index, {})[message.rank] = dict(files)
+            self._uploaded(event.message)
         elif isinstance(event, CheckpointCommitted):
             index = event.ready.index
             self._committed_index = index
@@ -64,10 +58,25 @@ class DriverCopies:
             # The attempt before ended with its commits: what it left pending never
             # commits (a report index written again is uploaded again).
             self._pending.clear()
-        elif isinstance(event, CommitFailed):
-            self._pending.pop(event.ready.index, None)
-        elif isinstance(event, CheckpointSkipped):
-            self._pending.pop(event.index, None)
+            self._ended.clear()
+            self._limit = driver_copy_limit(event.world_size)
+        elif isinstance(event, (CommitFailed, CheckpointSkipped)):
+            index = event.ready.index if isinstance(event, CommitFailed) else event.index
+            self._pending.pop(index, None)
+            self._ended.add(index)
+
+    def _uploaded(self, message: UploadedMessage) -> None:
+        files = message.small_files
+        if (not files or message.index in self._ended
+                or (self._committed_index is not None
+                    and message.index <= self._committed_index)):
+            return
+        if (not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())
+                or sum(len(v) for v in files.values()) > self._limit):
+            logger.warning("Rank %d sent small files that are not kept (%d files, over %d "
+                           "bytes or not bytes)", message.rank, len(files), self._limit)
+            return
+        self._pending.setdefault(message.index, {})[message.rank] = dict(files)
 
     def files(self, report_index: int, rank: int) -> dict[str, bytes]:
         """The small files ``rank`` wrote for the checkpoint of ``report_index``, when it

@@ -189,8 +189,12 @@ def write_direct(job: UploadJob, writer: DirectWriter, answer: object,
         if keep is not None:
             kept = keep.hold(job.index, writer, {**message.entries, **message.duplicates})
         if kept and small_limit > 0:
-            message = dataclasses.replace(
-                message, small_files=small_files(writer, message.entries, small_limit))
+            try:
+                small = small_files(writer, message.entries, small_limit)
+            except Exception as exc:  # the upload itself succeeded: storage serves them
+                logger.info("Report %d: no small files for the driver: %r", job.index, exc)
+                small = {}
+            message = dataclasses.replace(message, small_files=small)
         return message
     finally:
         priority.restore()
