@@ -221,6 +221,12 @@ def test_the_restore_plan_gives_a_rank_without_a_copy_its_own_files_from_the_dri
     assert plans[1].driver_files == {"rank_1/rank_state.pt": b"1"}
     assert plans[1].reason == ("a replaced rank; from peer rank 0; 1 small files of its own "
                                "from the driver")
+    # No kept rank holds the checkpoint: the driver's files first, then storage.
+    stale = MemoryCopyInfo(3, ("127.0.0.1", 5000))
+    plans = plan_restores(4, _kept({0: stale}, {1}), 2, files)
+    assert planned_source(plans[1]) == ("driver", None)
+    assert plans[1].driver_files == {"rank_1/rank_state.pt": b"1"}
+    assert plans[0].driver_files == {"rank_0/rank_state.pt": b"0"}  # its copy is stale
 
 
 def test_the_restore_plan_reads_storage_when_no_copy_is_the_latest() -> None:

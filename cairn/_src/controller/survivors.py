@@ -121,9 +121,12 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: 
 
 
 def planned_source(plan: RestorePlan) -> tuple[str, int | None]:
-    """The source a plan names first: ("memory" | "peer" | "storage", the peer's rank)."""
+    """The source a plan names first: ("memory" | "peer" | "driver" | "storage", the
+    peer's rank)."""
     if plan.own_memory:
         return "memory", None
     if plan.peers:
         return "peer", plan.peers[0][0]
+    if plan.driver_files:
+        return "driver", None
     return "storage", None

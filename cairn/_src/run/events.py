@@ -228,7 +228,7 @@ class Blocked(Event):
 class RestorePlanned(Event):
     """``FailureConfig(keep_survivors=True)``: the driver chose where ``rank`` restores the
     checkpoint of report ``index`` from in ``attempt``: ``kind`` is "memory" (its own
-    copy), "peer" (``peer``'s copy) or "storage"; ``reason`` says why."""
+    copy), "peer" (``peer``'s copy), "driver" (its small files) or "storage"."""
 
     TYPE: ClassVar[str] = "restore_planned"
     attempt: int | None = None
