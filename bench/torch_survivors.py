@@ -14,7 +14,8 @@ next attempt writes the wall time once rank 0 has restored the checkpoint and bo
 completed one ``all_reduce`` step. Also measured: the bytes the restore read from storage,
 summed over ranks: with keep_survivors from the event log's ``restored`` records (the
 survivor restores from its memory copy, the replacement from the survivor's); for the
-whole-group restart, every file each rank restored (all from storage).
+whole-group restart, every file each rank restored (all from storage); and the
+survivor's peak memory (``ru_maxrss`` of its process once it restored), printed per run.
 
 With ``--warm-standby`` both sides above use warm standby, and a third side is measured
 in the same run: today's whole-group restart with Cairn's defaults (no warm standby), the
@@ -47,6 +48,7 @@ def _write(path: str, value: Any) -> None:
 
 
 def train(config: dict[str, Any]) -> None:
+    import resource
     import signal
 
     import torch
@@ -74,6 +76,9 @@ def train(config: dict[str, Any]) -> None:
         start = ct.load_training_state(checkpoint, model=model, optimizer=optimizer).step + 1
         _write(os.path.join(config["out"], f"read_{rank}"), read)
         _write(os.path.join(config["out"], f"restored_{rank}"), time.time())
+        # The process's peak memory so far (KiB): a kept rank's includes its restore.
+        _write(os.path.join(config["out"], f"peak_{rank}"),
+               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     data = torch.randn(32, 64)
     for step in range(start, CRASH_AT + 3):
         optimizer.zero_grad()
@@ -125,7 +130,8 @@ def one_run(keep: bool, size_mib: int, scratch: str, standby: bool,
                             + (" (prefetched)" if e.get("prefetched") else "")
                             for e in restored)
         print(f"keep_survivors {size_mib} MiB: {seconds:.2f}s, restored from {sources}, "
-              f"{storage_bytes} bytes from storage", flush=True)
+              f"{storage_bytes} bytes from storage; the survivor's peak RSS "
+              f"{read('peak_0') / 2**20:.2f} GiB", flush=True)
     side = label or ("keep" if keep else "whole")
     print(f"{side} {size_mib} MiB: {seconds:.2f}s; {_breakdown(result.path, read)}",
           flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import cairn
+from cairn._src.torch import training_state
 from cairn.torch import TrainingState, load_training_state, prepare_data_loader, save_training_state
 
 
@@ -115,3 +117,38 @@ def test_a_model_file_torch_cannot_map_is_read(tmp_path: Path) -> None:
     assert load_training_state(str(tmp_path), model=fresh, optimizer=fresh_optimizer).step == 3
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+class _Assigning(nn.Linear):
+    """A module whose load keeps the given tensors instead of copying them (as a custom
+    ``_load_from_state_dict`` may)."""
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        self.weight = nn.Parameter(state_dict[prefix + "weight"], requires_grad=False)
+        self.bias = nn.Parameter(state_dict[prefix + "bias"], requires_grad=False)
+
+
+@pytest.mark.parametrize("module", [nn.Linear(3, 2), _Assigning(3, 2)],
+                         ids=["copies", "assigns"])
+def test_a_kept_ranks_held_model_is_loaded_without_a_copy_and_never_kept_by_the_model(
+    module: nn.Module, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held = {"weight": torch.arange(6.0).reshape(2, 3), "bias": torch.ones(2)}
+    before = {name: tensor.clone() for name, tensor in held.items()}
+    copies: list[object] = []
+    real_deepcopy = training_state.copy.deepcopy
+
+    def counting(value: Any, *args: Any) -> Any:
+        copies.append(value)
+        return real_deepcopy(value, *args)
+
+    monkeypatch.setattr(training_state.copy, "deepcopy", counting)
+    training_state._load_model(module, held, shared=True)
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            tensor.add_(1.0)  # training goes on: the held copy must not change
+    assert all(torch.equal(held[name], before[name]) for name in held)
+    assert torch.equal(module.state_dict()["weight"], before["weight"] + 1)
+    # A deep copy only for the module that kept the held tensors.
+    assert sum(value is held for value in copies) == (1 if isinstance(module, _Assigning)
+                                                      else 0)

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -241,10 +241,12 @@ class Checkpoint:
         finally:
             shutil.rmtree(target, ignore_errors=True)
 
-    def _verified_objects(self, names: list[str]) -> dict[str, Any] | None:
+    def _verified_objects(self, names: list[str],
+                          shared: Collection[str] = ()) -> dict[str, Any] | None:
         """The files ``names`` of this committed checkpoint as objects (deserialized, not
         read from anywhere) from a kept rank's own memory copy, each checked against the
-        manifest's checksum; None unless the copy holds all of them verified."""
+        manifest's checksum; None unless the copy holds all of them verified. The objects
+        of ``shared`` are the held ones, not copies: the caller must only read them."""
         copies = self._options.local_tier
         objects = getattr(copies, "verified_objects", None)
         if objects is None:
@@ -252,7 +254,7 @@ class Checkpoint:
         manifest = self.get_manifest()
         if manifest is None:
             return None
-        held = objects(self._manifest_location, manifest, names)
+        held = objects(self._manifest_location, manifest, names, shared)
         return dict(held) if held is not None else None
 
     def _restore_from_copies(self) -> str | None:

@@ -18,6 +18,8 @@ same layout, and ``load_training_state`` reads either.
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -237,13 +239,14 @@ def load_training_state(
     names = [PROGRESS_FILE, MODEL_FILE, rank_state_file(rank)] + [
         name for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler))
         if target is not None]
-    held = (checkpoint._verified_objects(names)
+    held = (checkpoint._verified_objects(names, shared=(MODEL_FILE,))
             if isinstance(checkpoint, Checkpoint) and map_location in ("cpu", None) else None)
     if held is not None:
-        # A kept rank's own memory copy, verified against the manifest: no file is read.
+        # A kept rank's own memory copy, verified against the manifest: no file is read,
+        # and the held model tensors are copied straight into the module's own.
         return _restore(held.get, held.__contains__, str, checkpoint, model=model,
                         optimizer=optimizer, scheduler=scheduler, data_loader=data_loader,
-                        restore_rng=restore_rng)
+                        restore_rng=restore_rng, shared_model=True)
     with _local_directory(checkpoint) as directory:
         return _restore(
             lambda name: _load(directory, name, map_location if name != rank_state_file(rank)
@@ -255,10 +258,26 @@ def load_training_state(
             restore_rng=restore_rng)
 
 
+def _load_model(module: nn.Module, state: Mapping[str, Any], *, shared: bool) -> None:
+    """``module.load_state_dict(state)``. With ``shared`` (``state`` holds a kept rank's
+    memory copy, which must stay as it is: no deep copy was made) loaded again from a deep
+    copy when the module kept any of those tensors instead of copying them into its own
+    (a custom ``_load_from_state_dict``, a hook that assigns)."""
+    module.load_state_dict(state)
+    if not shared:
+        return
+    held = {t.untyped_storage().data_ptr() for t in state.values()
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes()}
+    kept = itertools.chain(module.parameters(), module.buffers())
+    if any(t.untyped_storage().data_ptr() in held for t in kept):
+        logger.debug("The model kept tensors of the memory copy; loading a deep copy")
+        module.load_state_dict(copy.deepcopy(state))
+
+
 def _restore(load: Callable[[str], Any], has: Callable[[str], bool],
              where: Callable[[str], str], checkpoint: object, *, model: nn.Module,
              optimizer: Any, scheduler: Any, data_loader: Any,
-             restore_rng: bool) -> TrainingState:
+             restore_rng: bool, shared_model: bool = False) -> TrainingState:
     rank, _ = rank_and_world_size()
     if not has(PROGRESS_FILE):
         raise CheckpointNotFoundError(
@@ -272,7 +291,7 @@ def _restore(load: Callable[[str], Any], has: Callable[[str], bool],
             f"{where(PROGRESS_FILE)!r} has format_version="
             f"{progress.get('format_version')!r}; this Cairn reads {FORMAT_VERSION}."
         )
-    unwrap_model(model).load_state_dict(load(MODEL_FILE))
+    _load_model(unwrap_model(model), load(MODEL_FILE), shared=shared_model)
     for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler)):
         if target is None:
             continue

@@ -34,7 +34,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
@@ -451,9 +451,10 @@ class RestoreSources:
         return True
 
     def verified_objects(self, manifest_location: StorageLocation, manifest: Any,
-                         names: list[str]) -> dict[str, Any] | None:
+                         names: list[str], shared: Collection[str] = ()) -> dict[str, Any] | None:
         """A kept rank's own restore without bytes: the held state of each file of
-        ``names`` (deep copies: the copy stays as it is), when this rank's plan is its
+        ``names`` (deep copies: the copy stays as it is; the held objects themselves for
+        the files of ``shared``, which the caller only copies from), when this rank's plan is its
         memory copy, the copy holds every one of them, and each serializes again to the
         manifest's size and checksum; None otherwise (restore from files)."""
         plan, memory = self._plan, self._memory
@@ -480,7 +481,8 @@ class RestoreSources:
                     logger.warning("Rank %d: the memory copy of %r does not match the "
                                    "manifest's checksum; restoring from files", self._rank, rel)
                     return None
-            objects = {rel: deepcopy(value(rel)) for rel in wanted}
+            objects = {rel: value(rel) if rel in shared else deepcopy(value(rel))
+                       for rel in wanted}
         finally:
             memory.release(copy)
         outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
