@@ -81,6 +81,16 @@ class ReportError(CairnError, ValueError):
     """A ``report()`` call was made with arguments Cairn cannot accept."""
 
 
+# What a ReportError about a checkpoint file removed before its upload read it tells.
+KEEP_UNTIL_UPLOADED = (
+    "An ASYNC report() returns before the background upload reads the directory, so it "
+    "must stay until the report's handle is done: write the checkpoint into "
+    "tempfile.mkdtemp() (not a tempfile.TemporaryDirectory() block) and report it with "
+    "delete_local_checkpoint_after_upload=True (the ASYNC default), which deletes it once "
+    "uploaded; or call handle.wait() before deleting it yourself."
+)
+
+
 class CheckpointCollisionError(CairnError):
     """Two ranks tried to write the same relative path into one checkpoint."""
 

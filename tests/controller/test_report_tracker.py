@@ -152,3 +152,40 @@ def test_a_reference_carries_its_writers_checksums_and_drops_the_ones_ranks_disp
     [ready] = tracker.take_ready()
     assert ready.reference == where
     assert ready.written == {"__0_0.distcp": written("a"), "__1_0.distcp": written("b")}
+
+
+def _shared(rank: int, index: int, files: dict[str, int]) -> ReportMessage:
+    intent = CheckpointIntent("epoch_0", "ASYNC", files=files, source="machine:1:2")
+    return ReportMessage(rank, index, {"rank": rank}, intent, time.time())
+
+
+def test_a_file_gone_from_a_first_upload_fails_the_report_when_nobody_shares_it() -> None:
+    tracker = ReportTracker(2, used_dir_names=set())
+    tracker.on_report(report(0, 1, {"a": 1, "b.tmp": 0}))
+    tracker.on_report(report(1, 1))
+    gone = uploaded(0, 1, {"a": 1})
+    tracker.on_uploaded(UploadedMessage(0, 1, gone.entries, None, 1, 0.1,
+                                        vanished=("b.tmp",)))
+    assert tracker.take_ready() == []
+    [refusal] = tracker.take_refused()
+    assert refusal.rank == 0 and isinstance(refusal.error, ReportError)
+    assert str(refusal.error).startswith(
+        "'b.tmp' of the checkpoint directory of report 1 (rank 0) was removed or renamed "
+        "before the upload read it. An ASYNC report() returns before")
+
+
+def test_a_file_another_rank_renamed_in_a_shared_directory_is_not_an_error() -> None:
+    # Rank 1 reports first while rank 0 still writes shard_0.tmp; rank 0 renames it before
+    # rank 1's upload reads it, then reports: its upload of the whole directory replaces
+    # rank 1's.
+    tracker = ReportTracker(2, used_dir_names=set())
+    [first] = tracker.on_report(_shared(1, 1, {"shard_1": 4, "shard_0.tmp": 0}))
+    assert first.shared == ""
+    gone = uploaded(1, 1, {"shard_1": 4})
+    assert tracker.on_uploaded(UploadedMessage(1, 1, gone.entries, None, 4, 0.1,
+                                               vanished=("shard_0.tmp",))) == []
+    [final] = tracker.on_report(_shared(0, 1, {"shard_0": 4, "shard_1": 4}))
+    assert final.rank == 0 and final.shared == "upload"
+    tracker.on_uploaded(uploaded(0, 1, {"shard_0": 4, "shard_1": 4}))
+    [ready] = tracker.take_ready()
+    assert set(ready.entries) == {"shard_0", "shard_1"} and tracker.take_refused() == []

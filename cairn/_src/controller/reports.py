@@ -29,7 +29,12 @@ import time
 from dataclasses import dataclass, field
 
 from cairn._src.checkpoint.views import ReadyCheckpoint
-from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError, ReportError
+from cairn._src.errors import (
+    KEEP_UNTIL_UPLOADED,
+    CheckpointCollisionError,
+    CheckpointSkippedError,
+    ReportError,
+)
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
@@ -317,7 +322,7 @@ class ReportTracker:
                 continue
             if set(pending.uploaded) != set(pending.intents):
                 continue
-            error = self._compare_copies(pending)
+            error = self._vanished_files(pending) or self._compare_copies(pending)
             if error is not None:
                 # Kept as failed: its directory is among pending_dir_names() for cleanup.
                 self._refused.extend(self._refuse(pending, error, first=min(pending.intents)))
@@ -326,6 +331,19 @@ class ReportTracker:
             del self._pending[index]
             self._committing.add(index)
         return ready
+
+    @staticmethod
+    def _vanished_files(pending: PendingReport) -> ReportError | None:
+        """A file listed at report() and gone when the rank's upload read it fails the
+        report, unless another rank reported the same directory and its upload, once
+        every rank had reported, replaced this one (it may have renamed the file)."""
+        for rank, message in sorted(pending.uploaded.items()):
+            if message.vanished and rank not in pending.replaced_by:
+                return ReportError(
+                    f"{message.vanished[0]!r} of the checkpoint directory of report "
+                    f"{pending.index} (rank {rank}) was removed or renamed before the "
+                    f"upload read it. {KEEP_UNTIL_UPLOADED}")
+        return None
 
     def on_committed(self, index: int) -> None:
         """The commit of report ``index`` finished (committed or failed)."""

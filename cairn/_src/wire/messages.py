@@ -89,6 +89,10 @@ class UploadedMessage:
     duplicates: dict[str, FileEntry] = field(default_factory=dict)
     # Of a reference returned by checkpoint_upload_fn: as CheckpointIntent.written.
     written: dict[str, WrittenFile] = field(default_factory=dict)
+    # Files listed at report() that were gone when this first upload of the directory
+    # read them (another rank reporting it too may have renamed them): the controller
+    # fails the report unless such a rank's upload replaces this one.
+    vanished: tuple[str, ...] = ()
     # With keep_survivors: the bytes of this rank's smallest written files, up to
     # driver_copy_limit(world size) in all, which the driver keeps for a replacement of
     # this rank (controller/driver_copies.py).

@@ -13,18 +13,10 @@ import traceback
 
 import cloudpickle
 
-from cairn._src.errors import ReportError
+from cairn._src.errors import KEEP_UNTIL_UPLOADED, ReportError
 from cairn._src.wire.messages import ErrorMessage
 
 logger = logging.getLogger(__name__)
-
-_HOW_TO_KEEP = (
-    "An ASYNC report() returns before the background upload reads the directory, so it "
-    "must stay until the report's handle is done: write the checkpoint into "
-    "tempfile.mkdtemp() (not a tempfile.TemporaryDirectory() block) and report it with "
-    "delete_local_checkpoint_after_upload=True (the ASYNC default), which deletes it once "
-    "uploaded; or call handle.wait() before deleting it yourself."
-)
 
 
 def removed_source_error(directory: str, error: BaseException,
@@ -41,7 +33,7 @@ def removed_source_error(directory: str, error: BaseException,
         gone = getattr(missing[0], "filename", None) or "a file"
         what = (f"{gone!r} of the checkpoint directory {directory!r} of report {index} "
                 "(ASYNC) was removed or renamed")
-    return ReportError(f"{what} before the background upload read it. {_HOW_TO_KEEP}")
+    return ReportError(f"{what} before the background upload read it. {KEEP_UNTIL_UPLOADED}")
 
 
 def fatal_error_message(rank: int, error: BaseException) -> ErrorMessage:

@@ -214,10 +214,24 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
         unchanged = unchanged_files(job.checkpoint.path, files, answer.stale, skipped, retry)
     wanted = {f: size for f, size in files.items() if f not in skipped and f not in unchanged}
     local = is_local_source(job.checkpoint)
+    vanished: list[str] = []
     if local:
-        written = upload_directory(job.checkpoint.path, destination, files=wanted,
-                                   retry=retry, background=job.background,
-                                   transfer=options.transfer)
+        first = not (isinstance(answer, ProceedMessage) and answer.shared == "upload")
+        while True:
+            try:
+                written = upload_directory(job.checkpoint.path, destination, files=wanted,
+                                           retry=retry, background=job.background,
+                                           transfer=options.transfer)
+                break
+            except Exception as exc:
+                # A file listed at report() and gone now, the directory still there: a
+                # rank that reports this directory later may have renamed it (its upload,
+                # once every rank reported, replaces this one); the controller decides.
+                gone = _vanished(job.checkpoint.path, wanted, exc) if first else []
+                if not gone:
+                    raise
+                vanished += gone
+                wanted = {f: size for f, size in wanted.items() if f not in gone}
     else:
         written = copy_directory(job.checkpoint.location, destination, files=wanted,
                                  retry=retry, transfer=options.transfer)
@@ -235,7 +249,19 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                                  follow_links=local) if skipped else {}
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
-                           time.perf_counter() - started, duplicates=duplicates)
+                           time.perf_counter() - started, duplicates=duplicates,
+                           vanished=tuple(sorted(vanished)))
+
+
+def _vanished(directory: str, wanted: dict[str, int], error: BaseException) -> list[str]:
+    """The files of ``wanted`` no longer under ``directory`` when ``error`` (an upload's)
+    is a file that is not there and the directory still is; [] otherwise."""
+    if not any(isinstance(e, FileNotFoundError) for e in (error, error.__cause__)):
+        return []
+    if not os.path.isdir(directory):
+        return []
+    return [rel for rel in wanted
+            if not os.path.lexists(os.path.join(directory, *rel.split("/")))]
 
 
 def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
