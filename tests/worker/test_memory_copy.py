@@ -101,63 +101,56 @@ def _manifest(files: dict[str, bytes], index: int) -> Manifest:
                     report_index=index)
 
 
+STORED = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
+
+
+def restore_from_peer(tmp_path: Path, driver_files: dict[str, object] | None = None,
+                      ) -> tuple[Writer, RestoredMessage]:
+    """Rank 1's restore of report 2 (``STORED``, on storage) with a peer serving
+    ``model.pt`` and the driver's ``driver_files``, checked to leave ``STORED`` and
+    nothing else in its target: the peer's writer and the restore's message."""
+    run = resolve(str(tmp_path / "run"))
+    directory = tmp_path / "run" / "checkpoint_000002"
+    for rel, data in STORED.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    writer = Writer({"model.pt": STORED["model.pt"]})
+    _, address = serving_peer(KEY, writer.files, writer)
+    sent: list[object] = []
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank",
+                         driver_files or {}),  # type: ignore[arg-type]
+        memory=None, run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(STORED, 2), str(target),
+                           retry=None)  # type: ignore[arg-type]
+    assert {p: (target / p).read_bytes() for p in STORED} == STORED
+    left = [str(p) for p in target.rglob("*") if p.is_file()]
+    assert sorted(left) == sorted(str(target / p) for p in STORED)  # no partial files
+    [message] = sent
+    assert isinstance(message, RestoredMessage)
+    return writer, message
+
+
 @pytest.mark.parametrize("route", ["same machine", "socket"])
 def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
 ) -> None:
     if route == "socket":  # a peer on another machine: the offered files are not there
         monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
-    run = resolve(str(tmp_path / "run"))
-    stored = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
-    directory = tmp_path / "run" / "checkpoint_000002"
-    for rel, data in stored.items():
-        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-        (directory / rel).write_bytes(data)
-    writer = Writer({"model.pt": stored["model.pt"]})
-    _, address = serving_peer(KEY, writer.files, writer)
-    sent: list[object] = []
-    sources = RestoreSources(
-        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank"), memory=None,
-        run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
-    target = tmp_path / "restored"
-    target.mkdir()
-    assert sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2), str(target),
-                           retry=None)  # type: ignore[arg-type]
-    assert {p: (target / p).read_bytes() for p in stored} == stored
-    [message] = sent
-    assert isinstance(message, RestoredMessage)
+    writer, message = restore_from_peer(tmp_path)
     assert (message.source, message.peer_rank) == ("peer+storage", 0)
-    assert message.peer_bytes == len(stored["model.pt"]) and message.storage_bytes == 3
+    assert message.peer_bytes == len(STORED["model.pt"]) and message.storage_bytes == 3
     # Written by the peer into the file offered, or sent over the socket.
     assert writer.sinks == ["HashingSink" if route == "same machine" else "_ConnectionSink"]
-    left = [str(p) for p in target.rglob("*") if p.is_file()]
-    assert sorted(left) == sorted(str(target / p) for p in stored)  # no partial files
 
 
 @pytest.mark.parametrize("kept", [b"rng", b"RNG", "rng"])
 def test_a_replacement_takes_its_small_files_from_the_driver_when_they_verify(
     tmp_path: Path, kept: object,
 ) -> None:
-    run = resolve(str(tmp_path / "run"))
-    stored = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
-    directory = tmp_path / "run" / "checkpoint_000002"
-    for rel, data in stored.items():
-        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-        (directory / rel).write_bytes(data)
-    writer = Writer({"model.pt": stored["model.pt"]})
-    _, address = serving_peer(KEY, writer.files, writer)
-    sent: list[object] = []
-    sources = RestoreSources(
-        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank",
-                         {"rank_1/rank_state.pt": kept}),  # type: ignore[dict-item]
-        memory=None, run=run, authkey=KEY, rank=1, fallback=None, send=sent.append)
-    target = tmp_path / "restored"
-    target.mkdir()
-    assert sources.restore(run.join("checkpoint_000002"), _manifest(stored, 2), str(target),
-                           retry=None)  # type: ignore[arg-type]
-    assert {p: (target / p).read_bytes() for p in stored} == stored
-    [message] = sent
-    assert isinstance(message, RestoredMessage)
+    _, message = restore_from_peer(tmp_path, {"rank_1/rank_state.pt": kept})
     if kept == b"rng":  # the driver's copy is the committed file: nothing from storage
         assert (message.source, message.storage_bytes, message.driver_bytes) == (
             "peer+driver", 0, 3)
@@ -167,8 +160,6 @@ def test_a_replacement_takes_its_small_files_from_the_driver_when_they_verify(
             "peer+storage", 3, 0)
         assert ("the driver's copy of 'rank_1/rank_state.pt' does not match the manifest's "
                 "checksum") in message.reason
-    left = [str(p) for p in target.rglob("*") if p.is_file()]
-    assert sorted(left) == sorted(str(target / p) for p in stored)  # no partial files
 
 
 def test_a_peer_with_the_wrong_secret_is_not_used(tmp_path: Path) -> None:

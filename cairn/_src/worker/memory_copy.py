@@ -211,6 +211,23 @@ def _write_bytes(data: bytes, sink: Any) -> None:
     sink.write(data)
 
 
+def _write_each(target: str, files: Mapping[str, FileEntry], names: set[str],
+                fill: Callable[[str], Callable[[Any], None] | None], copy_of: str,
+                reasons: list[str]) -> dict[str, int]:
+    """Each of ``names`` written under ``target`` from ``fill(rel)`` (None: nothing to
+    write) when its size and checksum are ``files``'; the size of each written. For each
+    other one ``reasons`` gets "<copy_of> does not match the manifest's checksum"."""
+    got: dict[str, int] = {}
+    for rel in sorted(names):
+        source = fill(rel)
+        size = write_verified(target, rel, files[rel], source) if source else None
+        if size is None:
+            reasons.append(f"{copy_of.format(rel)} does not match the manifest's checksum")
+        else:
+            got[rel] = size
+    return got
+
+
 def local_host_toward(address: tuple[str, int]) -> str:
     """This host's address on the interface that reaches ``address`` (no packet sent)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -502,39 +519,26 @@ class RestoreSources:
         if copy is None:
             outcome.reasons.append(f"this rank holds no copy of report {report_index}")
             return set()
-        got: set[str] = set()
         try:
-            for rel in sorted(wanted & set(copy.entries)):
-                size = write_verified(target, rel, files[rel],
-                                       functools.partial(_serialize_into, copy, rel))
-                if size is None:
-                    outcome.reasons.append(f"this rank's memory copy of {rel!r} does not "
-                                           "match the manifest's checksum")
-                    continue
-                outcome.memory_bytes += size
-                got.add(rel)
+            got = _write_each(target, files, wanted & set(copy.entries),
+                              lambda rel: functools.partial(_serialize_into, copy, rel),
+                              "this rank's memory copy of {!r}", outcome.reasons)
         finally:
             self._memory.release(copy)
-        return got
+        outcome.memory_bytes += sum(got.values())
+        return set(got)
 
     @staticmethod
     def _from_driver(kept: Mapping[str, bytes], files: dict[str, FileEntry],
                      wanted: set[str], target: str, outcome: Outcome) -> set[str]:
         """The files of ``wanted`` the driver kept (``RestorePlan.driver_files``), each
         written under ``target`` when its size and checksum are the manifest's."""
-        got: set[str] = set()
-        for rel in sorted(wanted & set(kept)):
-            data = kept[rel]
-            size = (write_verified(target, rel, files[rel],
-                                   functools.partial(_write_bytes, data))
-                    if isinstance(data, bytes) else None)
-            if size is None:
-                outcome.reasons.append(f"the driver's copy of {rel!r} does not match the "
-                                       "manifest's checksum")
-                continue
-            outcome.driver_bytes += size
-            got.add(rel)
-        return got
+        got = _write_each(target, files, wanted & set(kept),
+                          lambda rel: (functools.partial(_write_bytes, kept[rel])
+                                       if isinstance(kept[rel], bytes) else None),
+                          "the driver's copy of {!r}", outcome.reasons)
+        outcome.driver_bytes += sum(got.values())
+        return set(got)
 
     def _report(self, plan: RestorePlan, outcome: Outcome, started: float,
                 storage_bytes: int, prefetched: bool = False) -> None:
