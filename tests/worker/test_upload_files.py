@@ -37,13 +37,17 @@ def test_a_file_renamed_after_the_report_is_named_and_the_rest_uploaded(
     (directory / "shard_1").write_bytes(b"one")
     files = {"shard_1": 3, "shard_0.tmp": 0}
     (directory / "shard_0").write_bytes(b"zero")  # renamed from shard_0.tmp
-    destination = resolve(str(tmp_path / "run" / "epoch_0"))
+    stored = tmp_path / "run" / "epoch_0"
+    stored.mkdir(parents=True)
+    (stored / "shard_0.tmp").write_bytes(b"partial")  # as a failed attempt may leave it
+    destination = resolve(str(stored))
     message = upload_files(job_for(directory, files), ProceedMessage(1), destination, 1,
                            time.perf_counter(), options=StorageOptions(fsync=False),
                            list_files=lambda: listed(directory))
     assert message.vanished == ("shard_0.tmp",)
     assert sorted(message.entries) == ["shard_1"]
-    assert (tmp_path / "run" / "epoch_0" / "shard_1").read_bytes() == b"one"
+    assert sorted(p.name for p in stored.iterdir()) == ["shard_1"]
+    assert (stored / "shard_1").read_bytes() == b"one"
 
 
 @pytest.mark.parametrize("case", ["directory removed", "relisting upload"])

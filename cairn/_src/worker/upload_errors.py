@@ -19,18 +19,25 @@ from cairn._src.wire.messages import ErrorMessage
 logger = logging.getLogger(__name__)
 
 
+def missing_file(error: BaseException) -> FileNotFoundError | None:
+    """The file-not-found error ``error`` is or was raised from (a storage error wraps
+    it), or None."""
+    found = [e for e in (error, error.__cause__) if isinstance(e, FileNotFoundError)]
+    return found[0] if found else None
+
+
 def removed_source_error(directory: str, error: BaseException,
                          index: int) -> ReportError | None:
     """A :class:`ReportError` saying that ``directory`` (the local checkpoint of report
     ``index``), or a file in it, was removed before the background upload read it, when
     ``error`` (the upload's) is a file that is not there; else None."""
-    missing = [e for e in (error, error.__cause__) if isinstance(e, FileNotFoundError)]
-    if not missing:
+    missing = missing_file(error)
+    if missing is None:
         return None
     if not os.path.isdir(directory):
         what = f"The checkpoint directory {directory!r} of report {index} (ASYNC) was removed"
     else:
-        gone = getattr(missing[0], "filename", None) or "a file"
+        gone = getattr(missing, "filename", None) or "a file"
         what = (f"{gone!r} of the checkpoint directory {directory!r} of report {index} "
                 "(ASYNC) was removed or renamed")
     return ReportError(f"{what} before the background upload read it. {KEEP_UNTIL_UPLOADED}")

@@ -41,6 +41,7 @@ from cairn._src.storage.store_copy import copy_directory
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
 from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.upload_errors import missing_file
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                     raise
                 vanished += gone
                 wanted = {f: size for f, size in wanted.items() if f not in gone}
+                for rel in gone:  # whatever the failed attempt wrote of it
+                    delete_file(destination.join(rel), retry)
     else:
         written = copy_directory(job.checkpoint.location, destination, files=wanted,
                                  retry=retry, transfer=options.transfer)
@@ -256,9 +259,7 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
 def _vanished(directory: str, wanted: dict[str, int], error: BaseException) -> list[str]:
     """The files of ``wanted`` no longer under ``directory`` when ``error`` (an upload's)
     is a file that is not there and the directory still is; [] otherwise."""
-    if not any(isinstance(e, FileNotFoundError) for e in (error, error.__cause__)):
-        return []
-    if not os.path.isdir(directory):
+    if missing_file(error) is None or not os.path.isdir(directory):
         return []
     return [rel for rel in wanted
             if not os.path.lexists(os.path.join(directory, *rel.split("/")))]
