@@ -7,7 +7,13 @@ import pytest
 from cairn._src.controller.reports import ReportTracker
 from cairn._src.errors import CheckpointCollisionError, ReportError
 from cairn._src.storage.transfer import FileEntry
-from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
+from cairn._src.wire.messages import (
+    CheckpointIntent,
+    ReportMessage,
+    UploadedMessage,
+    UploadFailedMessage,
+    VanishedFiles,
+)
 
 
 def report(rank: int, index: int, files: dict[str, int] | None = None, *,
@@ -159,19 +165,20 @@ def _shared(rank: int, index: int, files: dict[str, int]) -> ReportMessage:
     return ReportMessage(rank, index, {"rank": rank}, intent, time.time())
 
 
-def test_a_file_gone_from_a_first_upload_fails_the_report_when_nobody_shares_it() -> None:
+def test_a_file_gone_from_a_first_upload_fails_it_when_nobody_shares_the_directory() -> None:
     tracker = ReportTracker(2, used_dir_names=set())
     tracker.on_report(report(0, 1, {"a": 1, "b.tmp": 0}))
     tracker.on_report(report(1, 1))
     gone = uploaded(0, 1, {"a": 1})
-    tracker.on_uploaded(UploadedMessage(0, 1, gone.entries, None, 1, 0.1,
-                                        vanished=("b.tmp",)))
+    vanished = VanishedFiles(("b.tmp",), UploadFailedMessage(0, 1, "FileNotFoundError: b.tmp"))
+    tracker.on_uploaded(UploadedMessage(0, 1, gone.entries, None, 1, 0.1, vanished=vanished))
+    # Failed as that rank's upload would have (the caller applies the policy), not
+    # committed, and not refused as a collision.
     assert tracker.take_ready() == []
-    [refusal] = tracker.take_refused()
-    assert refusal.rank == 0 and isinstance(refusal.error, ReportError)
-    assert str(refusal.error).startswith(
-        "'b.tmp' of the checkpoint directory of report 1 (rank 0) was removed or renamed "
-        "before the upload read it. An ASYNC report() returns before")
+    assert tracker.take_vanished() == [vanished] and tracker.take_vanished() == []
+    assert tracker.take_refused() == []
+    tracker.on_uploaded(uploaded(1, 1, {}))
+    assert tracker.take_ready() == [] and tracker.take_vanished() == []
 
 
 def test_a_file_another_rank_renamed_in_a_shared_directory_is_not_an_error() -> None:
@@ -182,10 +189,12 @@ def test_a_file_another_rank_renamed_in_a_shared_directory_is_not_an_error() -> 
     [first] = tracker.on_report(_shared(1, 1, {"shard_1": 4, "shard_0.tmp": 0}))
     assert first.shared == ""
     gone = uploaded(1, 1, {"shard_1": 4})
+    vanished = VanishedFiles(("shard_0.tmp",), UploadFailedMessage(1, 1, "FileNotFoundError"))
     assert tracker.on_uploaded(UploadedMessage(1, 1, gone.entries, None, 4, 0.1,
-                                               vanished=("shard_0.tmp",))) == []
+                                               vanished=vanished)) == []
     [final] = tracker.on_report(_shared(0, 1, {"shard_0": 4, "shard_1": 4}))
     assert final.rank == 0 and final.shared == "upload"
     tracker.on_uploaded(uploaded(0, 1, {"shard_0": 4, "shard_1": 4}))
     [ready] = tracker.take_ready()
     assert set(ready.entries) == {"shard_0", "shard_1"} and tracker.take_refused() == []
+    assert tracker.take_vanished() == []

@@ -3,6 +3,7 @@ and its upload (real files, local storage)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -27,11 +28,13 @@ def listed(directory: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in directory.iterdir()}
 
 
+@pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_a_file_renamed_after_the_report_is_named_and_the_rest_uploaded(
-    tmp_path: Path,
+    tmp_path: Path, policy: str
 ) -> None:
     # Listed at report(): shard_1 and another rank's shard_0.tmp, renamed before the
-    # upload read it. The first upload of the directory goes on; the controller decides.
+    # upload read it. The first upload of the directory goes on, and says how it fails
+    # unless the controller finds another rank's upload replacing it.
     directory = tmp_path / "epoch_0"
     directory.mkdir()
     (directory / "shard_1").write_bytes(b"one")
@@ -39,15 +42,39 @@ def test_a_file_renamed_after_the_report_is_named_and_the_rest_uploaded(
     (directory / "shard_0").write_bytes(b"zero")  # renamed from shard_0.tmp
     stored = tmp_path / "run" / "epoch_0"
     stored.mkdir(parents=True)
-    (stored / "shard_0.tmp").write_bytes(b"partial")  # as a failed attempt may leave it
-    destination = resolve(str(stored))
-    message = upload_files(job_for(directory, files), ProceedMessage(1), destination, 1,
+    job = job_for(directory, files)
+    message = upload_files(job, ProceedMessage(1), resolve(str(stored)), 1,
                            time.perf_counter(), options=StorageOptions(fsync=False),
-                           list_files=lambda: listed(directory))
-    assert message.vanished == ("shard_0.tmp",)
+                           policy=policy, list_files=lambda: listed(directory))
+    assert message.vanished is not None and message.vanished.paths == ("shard_0.tmp",)
+    assert job.vanished
+    gone = str(directory / "shard_0.tmp")
+    # As the upload would have failed: an ASYNC directory of the rank's own, a mistake
+    # that fails the run at once unless the policy skips the report.
+    failed = message.vanished.failed
+    assert (failed.rank, failed.index) == (1, 1)
+    assert failed.error.startswith(
+        f"ReportError: {gone!r} of the checkpoint directory {str(directory)!r} of report 1 "
+        "(ASYNC) was removed or renamed before the background upload read it.")
+    fatal = message.vanished.fatal
+    assert (fatal is None) == (policy == "skip")
+    assert fatal is None or (fatal.fatal and fatal.error_type == "ReportError")
     assert sorted(message.entries) == ["shard_1"]
     assert sorted(p.name for p in stored.iterdir()) == ["shard_1"]
     assert (stored / "shard_1").read_bytes() == b"one"
+
+
+def test_a_file_gone_from_a_sync_upload_fails_it_as_a_missing_file(tmp_path: Path) -> None:
+    directory = tmp_path / "epoch_0"
+    directory.mkdir()
+    (directory / "shard_1").write_bytes(b"one")
+    job = dataclasses.replace(job_for(directory, {"shard_1": 3, "gone": 1}), background=False)
+    message = upload_files(job, ProceedMessage(1), resolve(str(tmp_path / "run")), 0,
+                           time.perf_counter(), options=StorageOptions(fsync=False),
+                           policy="fail", list_files=lambda: listed(directory))
+    assert message.vanished is not None and message.vanished.fatal is None
+    assert message.vanished.failed.error == (
+        f"FileNotFoundError: [Errno 2] No such file or directory: {str(directory / 'gone')!r}")
 
 
 @pytest.mark.parametrize("case", ["directory removed", "relisting upload"])
@@ -65,7 +92,7 @@ def test_a_missing_file_still_fails_the_upload(tmp_path: Path, case: str) -> Non
     destination = resolve(str(tmp_path / "run" / "epoch_0"))
     with pytest.raises(Exception) as raised:
         upload_files(job_for(directory, files), answer, destination, 1, time.perf_counter(),
-                     options=StorageOptions(fsync=False),
+                     options=StorageOptions(fsync=False), policy="fail",
                      list_files=lambda: {**listed(directory), "gone": 2})
     assert any(isinstance(e, FileNotFoundError)
                for e in (raised.value, raised.value.__cause__)), raised.value

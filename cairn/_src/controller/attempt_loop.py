@@ -511,6 +511,10 @@ class AttemptLoop:
             return
         # Ranks that uploaded different copies of one path: that report is refused.
         self._send_verdicts(attempt.tracker.take_refused())
+        for vanished in attempt.tracker.take_vanished():
+            if vanished.fatal is not None:
+                self._handle(vanished.fatal)
+            self._on_upload_failed(vanished.failed)
         for ready in ready_list:
             self._parts.validations.before_commit(ready)
             self._parts.commits.submit(attempt, ready)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 from cairn._src.checkpoint.views import ReadyCheckpoint
 from cairn._src.errors import (
-    KEEP_UNTIL_UPLOADED,
     CheckpointCollisionError,
     CheckpointSkippedError,
     ReportError,
@@ -38,7 +37,12 @@ from cairn._src.errors import (
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
-from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
+from cairn._src.wire.messages import (
+    CheckpointIntent,
+    ReportMessage,
+    UploadedMessage,
+    VanishedFiles,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class ReportTracker:
         self.report_counts: dict[int, int] = dict.fromkeys(range(world_size), 0)
         self._skipped: dict[int, BaseException] = {}
         self._refused: list[Verdict] = []
+        self._vanished: list[VanishedFiles] = []
         # Handed to the commit, not yet committed (or failed): see on_committed().
         self._committing: set[int] = set()
         self.last_index: dict[int, int] = {}
@@ -322,7 +327,13 @@ class ReportTracker:
                 continue
             if set(pending.uploaded) != set(pending.intents):
                 continue
-            error = self._vanished_files(pending) or self._compare_copies(pending)
+            vanished = self._vanished_files(pending)
+            if vanished is not None:
+                # Fails as that rank's upload would have: the caller applies the policy.
+                pending.failed = ReportError(vanished.failed.error)
+                self._vanished.append(vanished)
+                continue
+            error = self._compare_copies(pending)
             if error is not None:
                 # Kept as failed: its directory is among pending_dir_names() for cleanup.
                 self._refused.extend(self._refuse(pending, error, first=min(pending.intents)))
@@ -333,17 +344,20 @@ class ReportTracker:
         return ready
 
     @staticmethod
-    def _vanished_files(pending: PendingReport) -> ReportError | None:
-        """A file listed at report() and gone when the rank's upload read it fails the
-        report, unless another rank reported the same directory and its upload, once
-        every rank had reported, replaced this one (it may have renamed the file)."""
+    def _vanished_files(pending: PendingReport) -> VanishedFiles | None:
+        """A rank's files listed at report() and gone when its upload read them, unless
+        another rank reported the same directory and its upload, once every rank had
+        reported, replaced this one (it may have renamed the file)."""
         for rank, message in sorted(pending.uploaded.items()):
-            if message.vanished and rank not in pending.replaced_by:
-                return ReportError(
-                    f"{message.vanished[0]!r} of the checkpoint directory of report "
-                    f"{pending.index} (rank {rank}) was removed or renamed before the "
-                    f"upload read it. {KEEP_UNTIL_UPLOADED}")
+            if message.vanished is not None and rank not in pending.replaced_by:
+                return message.vanished
         return None
+
+    def take_vanished(self) -> list[VanishedFiles]:
+        """Uploads :meth:`take_ready` found missing files nobody replaced, to fail as
+        upload failures (their reports are failed); forgets them."""
+        vanished, self._vanished = self._vanished, []
+        return vanished
 
     def on_committed(self, index: int) -> None:
         """The commit of report ``index`` finished (committed or failed)."""

@@ -90,9 +90,9 @@ class UploadedMessage:
     # Of a reference returned by checkpoint_upload_fn: as CheckpointIntent.written.
     written: dict[str, WrittenFile] = field(default_factory=dict)
     # Files listed at report() that were gone when this first upload of the directory
-    # read them (another rank reporting it too may have renamed them): the controller
-    # fails the report unless such a rank's upload replaces this one.
-    vanished: tuple[str, ...] = ()
+    # read them (another rank reporting it too may have renamed them): unless such a
+    # rank's upload replaces this one, the controller fails the upload as it says.
+    vanished: VanishedFiles | None = None
     # With keep_survivors: the bytes of this rank's smallest written files, up to
     # driver_copy_limit(world size) in all, which the driver keeps for a replacement of
     # this rank (controller/driver_copies.py).
@@ -116,6 +116,18 @@ class UploadFailedMessage:
     rank: int
     index: int
     error: str
+
+
+@dataclass(frozen=True)
+class VanishedFiles:
+    """Files of a rank's upload gone before it read them (:attr:`UploadedMessage.vanished`),
+    and how that upload fails unless another rank's upload of the directory replaces it:
+    ``failed`` as an upload failure (under the run's ``upload_failure_policy``), after
+    ``fatal`` when it is a mistake a restart would repeat (an ASYNC directory)."""
+
+    paths: tuple[str, ...]
+    failed: UploadFailedMessage
+    fatal: ErrorMessage | None = None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,6 @@ from cairn._src.wire.messages import (
     StoppedMessage,
     TimingMessage,
     UploadedMessage,
-    UploadFailedMessage,
     driver_copy_limit,
 )
 from cairn._src.wire.preemption import PreemptionMessage
@@ -62,7 +61,7 @@ from cairn._src.worker.peer_prefetch import restore_sources
 from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
-from cairn._src.worker.upload_errors import fatal_error_message, removed_source_error
+from cairn._src.worker.upload_errors import upload_failure
 from cairn._src.worker.upload_job import (
     BACKGROUND_NICENESS,
     UploadFn,
@@ -365,6 +364,7 @@ class WorkerSession:
             raise answer.error
         destination = self._setup.run.join(job.dir_name)
         started = time.perf_counter()
+        policy = self._setup.upload_failure_policy
         try:
             if job.upload_fn is not None:
                 message = upload_with_function(job, self.rank, started)
@@ -379,20 +379,19 @@ class WorkerSession:
                 if job.write is not None:
                     write_deferred(job)
                 message = upload_files(job, answer, destination, self.rank, started,
-                                       options=self.storage_options,
+                                       options=self.storage_options, policy=policy,
                                        list_files=lambda: checkpoint_files(
                                            job.checkpoint, self.retry)[0])
         except BaseException as caught:
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
-            removed = (removed_source_error(job.checkpoint.path, caught, job.index)
-                       if job.background and job.upload_fn is None and job.write is None
-                       and is_local_source(job.checkpoint) else None)
-            if removed is not None and self._setup.upload_failure_policy != "skip":
-                self.send(fatal_error_message(self.rank, removed))  # a restart repeats it
-            exc = removed or caught
-            self.send(UploadFailedMessage(self.rank, job.index, f"{type(exc).__name__}: {exc}"))
-            if self._setup.upload_failure_policy == "skip" and isinstance(exc, Exception):
+            failure = upload_failure(self.rank, job.index, job.checkpoint.path, caught,
+                                     removable=job.removable, policy=policy)
+            if failure.fatal is not None:
+                self.send(failure.fatal)  # a restart repeats it
+            exc = failure.error
+            self.send(failure.failed)
+            if policy == "skip" and isinstance(exc, Exception):
                 logger.warning("Skipping the checkpoint of report %d: its upload failed after "
                                "retries: %s", job.index, exc)
                 self._fail_handle(job.index, CheckpointSkippedError(
@@ -405,11 +404,11 @@ class WorkerSession:
         if self._tier is not None and message.entries and is_local_source(job.checkpoint):
             # Before the local copy may go: the files this worker uploaded, as uploaded.
             self._tier.add(job.index, job.dir_name, job.checkpoint.path, message.entries)
-        if (job.delete_local and job.inner is None
+        if (job.delete_local and job.inner is None and not job.vanished
                 and message.reference != job.checkpoint.location):
-            # The data is on storage now; the local copy is not needed for the commit. An
-            # upload function that registered the directory in place (torch DCP writing
-            # straight to its final location) returns that same directory: it stays.
+            # On storage now, not needed for the commit. A directory an upload function
+            # registered in place (torch DCP writing straight to its final location)
+            # stays, and so does one whose upload may yet fail (files vanished).
             delete_source(job.checkpoint, self.retry)
         job.sent = True
         self.send(message)

@@ -7,14 +7,16 @@ gone when the upload opens it: a mistake every restart would repeat, not a stora
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import traceback
+from dataclasses import dataclass
 
 import cloudpickle
 
 from cairn._src.errors import KEEP_UNTIL_UPLOADED, ReportError
-from cairn._src.wire.messages import ErrorMessage
+from cairn._src.wire.messages import ErrorMessage, UploadFailedMessage, VanishedFiles
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +55,38 @@ def fatal_error_message(rank: int, error: BaseException) -> ErrorMessage:
     return ErrorMessage(rank=rank, error_type=type(error).__name__, message=str(error),
                         traceback="".join(traceback.format_exception(error)),
                         exception=pickled, fatal=True)
+
+
+@dataclass(frozen=True)
+class UploadFailure:
+    """How a rank's upload of report ``failed.index`` fails: ``error`` raised to the train
+    function, ``failed`` sent to the controller, after ``fatal`` when it is a mistake a
+    restart would repeat."""
+
+    error: BaseException
+    failed: UploadFailedMessage
+    fatal: ErrorMessage | None
+
+
+def upload_failure(rank: int, index: int, directory: str, caught: BaseException, *,
+                   removable: bool, policy: str) -> UploadFailure:
+    """The failure of an upload of ``directory`` that raised ``caught``; ``removable``:
+    the train function may have removed it first (an ASYNC upload of its own directory),
+    which the ``"skip"`` policy skips and any other fails the run for at once."""
+    removed = removed_source_error(directory, caught, index) if removable else None
+    error = removed or caught
+    fatal = (fatal_error_message(rank, removed)
+             if removed is not None and policy != "skip" else None)
+    return UploadFailure(error, UploadFailedMessage(rank, index,
+                                                    f"{type(error).__name__}: {error}"), fatal)
+
+
+def vanished_files(rank: int, index: int, directory: str, paths: list[str], *,
+                   removable: bool, policy: str) -> VanishedFiles:
+    """:class:`VanishedFiles` for ``paths`` of ``directory``, gone before the upload read
+    them: the failure the upload had raised for the first."""
+    gone = os.path.join(directory, *paths[0].split("/"))
+    missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), gone)
+    failure = upload_failure(rank, index, directory, missing, removable=removable,
+                             policy=policy)
+    return VanishedFiles(tuple(paths), failure.failed, failure.fatal)

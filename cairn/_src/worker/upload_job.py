@@ -41,7 +41,7 @@ from cairn._src.storage.store_copy import copy_directory
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
 from cairn._src.worker.report_handle import ReportHandle
-from cairn._src.worker.upload_errors import missing_file
+from cairn._src.worker.upload_errors import missing_file, vanished_files
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,16 @@ class UploadJob:
     sent: bool = False
     # Uploaded by the upload thread while the training loop runs (ASYNC).
     background: bool = False
+    # Files of it were gone when its upload read them: the report may yet fail for that,
+    # and then the directory stays with the user, as after a failed upload.
+    vanished: bool = False
+
+    @property
+    def removable(self) -> bool:
+        """Whether the train function may have removed the directory (or a file of it)
+        before this upload read it: its own local directory, uploaded in the background."""
+        return (self.background and self.upload_fn is None and self.write is None
+                and is_local_source(self.checkpoint))
 
 
 def is_local_source(checkpoint: Checkpoint) -> bool:
@@ -196,7 +206,7 @@ def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedM
 
 
 def upload_files(job: UploadJob, answer: object, destination: StorageLocation, rank: int,
-                 started: float, *, options: StorageOptions,
+                 started: float, *, options: StorageOptions, policy: str,
                  list_files: Callable[[], dict[str, int]]) -> UploadedMessage:
     """Upload ``job``'s files to ``destination`` with checksums, as the controller's
     ``answer`` says (a :class:`ProceedMessage`: paths another rank uploads are hashed, not
@@ -233,8 +243,7 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
                     raise
                 vanished += gone
                 wanted = {f: size for f, size in wanted.items() if f not in gone}
-                for rel in gone:  # whatever the failed attempt wrote of it
-                    delete_file(destination.join(rel), retry)
+                job.vanished = True
     else:
         written = copy_directory(job.checkpoint.location, destination, files=wanted,
                                  retry=retry, transfer=options.transfer)
@@ -253,7 +262,9 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
                            time.perf_counter() - started, duplicates=duplicates,
-                           vanished=tuple(sorted(vanished)))
+                           vanished=vanished_files(
+                               rank, job.index, job.checkpoint.path, sorted(vanished),
+                               removable=job.removable, policy=policy) if vanished else None)
 
 
 def _vanished(directory: str, wanted: dict[str, int], error: BaseException) -> list[str]:
@@ -279,13 +290,13 @@ def resolve_after_commit(job: UploadJob, retry: RetryPolicy) -> None:
     """Delete a directory kept until the report resolved, then resolve ``handle``.
 
     As with a directory deleted right after its upload, one that was never uploaded (the
-    report was refused first) stays, and so does a committed checkpoint
-    (:func:`delete_source`).
+    report was refused first) stays, and so do a committed checkpoint
+    (:func:`delete_source`) and one whose report failed for its vanished files.
     """
     inner = job.inner
     if inner is None or not inner.done():
         return
-    if job.sent:
+    if job.sent and not (job.vanished and inner._error is not None):
         delete_source(job.checkpoint, retry)
     job.handle._resolve(inner._checkpoint, inner._error)
 
