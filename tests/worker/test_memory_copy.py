@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -18,9 +20,9 @@ from cairn._src.checkpoint.manifest import Manifest
 from cairn._src.storage.checksum import FileEntry, new_hasher
 from cairn._src.storage.location import resolve
 from cairn._src.wire.messages import RestoredMessage, RestorePlan
-from cairn._src.worker import memory_copy
+from cairn._src.worker import memory_copy, peer_fetch
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
-from cairn._src.worker.peer_fetch import PEER_CHUNK, Outcome, fetch_from_peer
+from cairn._src.worker.peer_fetch import PEER_CHUNK, STREAMED, Outcome, fetch_from_peer
 
 KEY = b"k" * 32
 
@@ -269,3 +271,135 @@ def test_choosing_the_ram_file_system_removes_what_killed_workers_left_there() -
         assert not os.path.exists(stale)
     finally:
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def test_a_connection_that_never_authenticates_holds_no_restore_up(tmp_path: Path) -> None:
+    files = {"model.pt": b"weights"}
+    _, address = serving_peer(KEY, files)
+    silent = socket.create_connection(address)  # says nothing, and stays
+    try:
+        outcome = Outcome()
+        done: list[set[str]] = []
+        fetch = threading.Thread(target=lambda: done.append(fetch_from_peer(
+            KEY, 0, address, 2, {"model.pt": entry(b"weights")}, {"model.pt"},
+            str(tmp_path), outcome)), daemon=True)
+        fetch.start()
+        fetch.join(20)
+        assert done == [{"model.pt"}], outcome.reasons
+        assert (tmp_path / "model.pt").read_bytes() == b"weights"
+    finally:
+        silent.close()
+
+
+def _misbehaving_peer(answer: Any) -> tuple[Listener, threading.Thread]:
+    """A peer that authenticates, reads the request, then does ``answer(connection)``."""
+    listener = Listener(("127.0.0.1", 0), authkey=KEY)
+
+    def serve() -> None:
+        with listener.accept() as connection:
+            connection.recv_bytes()
+            answer(connection)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_a_peer_that_stalls_mid_message_is_given_up_for_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(peer_fetch, "PEER_TIMEOUT_S", 1.0)
+    stalled = threading.Event()
+
+    def stall(connection: Any) -> None:
+        connection.send(("model.pt",))
+        connection.send_bytes(STREAMED)
+        # A message of 100 bytes announced, 10 sent, then nothing.
+        os.write(connection.fileno(), struct.pack("!i", 100) + b"w" * 10)
+        stalled.wait(30)
+
+    listener, thread = _misbehaving_peer(stall)
+    outcome = Outcome()
+    done: list[set[str]] = []
+    fetch = threading.Thread(target=lambda: done.append(fetch_from_peer(
+        KEY, 0, listener.address, 2, {"model.pt": entry(b"w" * 100)}, {"model.pt"},
+        str(tmp_path), outcome)), daemon=True)
+    fetch.start()
+    fetch.join(20)
+    stalled.set()
+    thread.join(30)
+    listener.close()
+    assert done == [set()]
+    assert "the transfer from peer rank 0 failed" in outcome.reasons[0], outcome.reasons
+    assert os.listdir(tmp_path) == []  # nothing left of the file
+
+
+@pytest.mark.parametrize("case", ["names of the wrong type", "a huge message announced",
+                                  "file bytes where the route was due"])
+def test_whatever_a_peer_sends_the_restore_falls_back_and_logs_no_checkpoint_bytes(
+    tmp_path: Path, case: str
+) -> None:
+    def answer(connection: Any) -> None:
+        if case == "names of the wrong type":
+            connection.send((7,))
+        elif case == "a huge message announced":
+            connection.send(("model.pt",))
+            os.write(connection.fileno(), struct.pack("!i", -1) + struct.pack("!Q", 1 << 40))
+        else:
+            connection.send(("model.pt",))
+            connection.send_bytes(b"SECRET-WEIGHTS")
+
+    listener, thread = _misbehaving_peer(answer)
+    outcome = Outcome()
+    got = fetch_from_peer(KEY, 0, listener.address, 2, {"model.pt": entry(b"weights")},
+                          {"model.pt"}, str(tmp_path), outcome)
+    thread.join(30)
+    listener.close()
+    assert got == set() and outcome.peer_bytes == 0
+    [reason] = outcome.reasons
+    assert reason.startswith("the transfer from peer rank 0 failed: "), reason
+    assert "SECRET" not in reason
+
+
+def test_a_restore_into_a_directory_with_planted_links_writes_through_none(
+    tmp_path: Path
+) -> None:
+    # to_directory(path) on a replaced rank writes the driver's and peers' files into a
+    # directory of the user's, where another user may have planted links.
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the victim's file")
+    target = tmp_path / "restored"
+    (target / "rank_1").mkdir(parents=True)
+    (target / "rank_1" / "rank_state.pt.cairn-partial").symlink_to(victim)
+    (target / "model.pt").symlink_to(victim)
+    files = {"model.pt": b"weights", "rank_1/rank_state.pt": b"rng"}
+    run = resolve(str(tmp_path / "run"))
+    (tmp_path / "run" / "checkpoint_000002").mkdir(parents=True)
+    _, address = serving_peer(KEY, {"model.pt": files["model.pt"]})
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank",
+                         {"rank_1/rank_state.pt": b"rng"}),
+        memory=None, run=run, authkey=KEY, rank=1, fallback=None, send=lambda m: None)
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(files, 2), str(target),
+                           retry=None)  # type: ignore[arg-type]
+    assert victim.read_bytes() == b"the victim's file"
+    for rel, data in files.items():
+        assert not (target / rel).is_symlink() and (target / rel).read_bytes() == data
+
+
+def test_a_checkpoint_naming_a_file_like_a_partial_one_is_restored_whole(
+    tmp_path: Path
+) -> None:
+    # The peer's file first, then the driver's, whose partial file once had that name.
+    files = {"a": b"first", "a.cairn-partial": b"second"}
+    run = resolve(str(tmp_path / "run"))
+    (tmp_path / "run" / "checkpoint_000002").mkdir(parents=True)
+    _, address = serving_peer(KEY, {"a.cairn-partial": files["a.cairn-partial"]})
+    sources = RestoreSources(
+        plan=RestorePlan(2, False, ((0, *address),), "a replaced rank", {"a": b"first"}),
+        memory=None, run=run, authkey=KEY, rank=1, fallback=None, send=lambda m: None)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(files, 2), str(target),
+                           retry=None)  # type: ignore[arg-type]
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == files

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 from typing import Any
 
 
@@ -34,5 +35,19 @@ def abort_connection(connection: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    finally:
+        sock.close()
+
+
+def set_io_timeout(connection: Any, seconds: float) -> None:
+    """Make each blocking read or write on ``connection`` fail (``BlockingIOError``) once
+    it has waited ``seconds`` for the peer: a peer that stalls, mid-message included,
+    cannot hold the reader forever."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock = socket.socket(fileno=os.dup(connection.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
     finally:
         sock.close()

@@ -38,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from typing import Any
 
 from cairn._src.storage.checksum import FileEntry
@@ -48,6 +48,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.scratch import sweep_stale
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
+from cairn._src.wire.sockets import set_io_timeout
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
     FAILED,
@@ -58,6 +59,7 @@ from cairn._src.worker.peer_fetch import (
     Outcome,
     PrefetchSource,
     fetch_from_peer,
+    receive_object,
     write_verified,
 )
 from cairn._src.worker.peer_shared import open_offered
@@ -66,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
+# How many connections a peer server authenticates at once; more are closed at once.
+HANDSHAKES = 8
 
 
 @dataclass(eq=False)
@@ -279,14 +283,20 @@ class _ConnectionSink:
 
 
 class PeerServer:
-    """Serves ``copies``' committed copy on ``host``: a ``multiprocessing`` listener
-    authenticated with the run's secret, one request at a time, on a daemon thread
-    (``cairn-peer-copy``). A request names a report index and files; the answer is the
-    files this process holds of it, each serialized again from memory."""
+    """Serves ``copies``' committed copy on ``host``: a listener whose connections each
+    authenticate with the run's secret on a thread of their own (at most
+    :data:`HANDSHAKES` at once), then are answered one at a time (``cairn-peer-copy``
+    threads, daemons). A request names a report index and files; the answer is the files
+    this process holds of it, each serialized again from memory. Every read and write
+    gives up after PEER_TIMEOUT_S without progress, so a client that stalls, or a
+    connection that never authenticates, holds nobody up."""
 
     def __init__(self, copies: MemoryCopies, authkey: bytes, host: str) -> None:
         self._copies = copies
-        self._listener = Listener((host, 0), authkey=authkey)
+        self._authkey = authkey
+        self._listener = Listener((host, 0))
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES)
+        self._answering = threading.Lock()
         address = self._listener.address
         self.address = (str(address[0]), int(address[1]))
         threading.Thread(target=self._serve, name="cairn-peer-copy", daemon=True).start()
@@ -295,19 +305,33 @@ class PeerServer:
         while True:
             try:
                 connection = self._listener.accept()
-            except (OSError, EOFError, AuthenticationError):
-                continue  # a client that failed authentication, or went away
+            except OSError:
+                continue  # a client that went away
+            if not self._handshakes.acquire(blocking=False):
+                connection.close()  # too many connections not yet authenticated
+                continue
+            threading.Thread(target=self._handle, args=(connection,), name="cairn-peer-copy",
+                             daemon=True).start()
+
+    def _handle(self, connection: Connection) -> None:
+        try:
             try:
-                self._answer(connection)
-            except (OSError, EOFError) as exc:
-                logger.info("A peer's checkpoint transfer ended early: %s", exc)
-            except Exception:
-                logger.warning("Serving a checkpoint copy to a peer failed", exc_info=True)
+                set_io_timeout(connection, PEER_TIMEOUT_S)
+                deliver_challenge(connection, self._authkey)
+                answer_challenge(connection, self._authkey)
             finally:
-                connection.close()
+                self._handshakes.release()
+            with self._answering:
+                self._answer(connection)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            logger.info("A peer's checkpoint transfer ended early: %s", exc)
+        except Exception:
+            logger.warning("Serving a checkpoint copy to a peer failed", exc_info=True)
+        finally:
+            connection.close()
 
     def _answer(self, connection: Connection) -> None:
-        request = connection.recv()
+        request = receive_object(connection)
         report_index, wanted = int(request[0]), [str(n) for n in request[1]]
         copy = self._copies.acquire(report_index)
         if copy is None:

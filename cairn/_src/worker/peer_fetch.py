@@ -9,16 +9,20 @@ each call owns its connection."""
 from __future__ import annotations
 
 import os
+import pickle
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError, BufferTooShort
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Protocol
 
 from cairn._src.storage.checksum import FileEntry
+from cairn._src.storage.local_files import create_new, remove_local, temporary_sibling
 from cairn._src.storage.location import StorageLocation
+from cairn._src.wire.sockets import set_io_timeout
 from cairn._src.worker.direct_write import HashingSink
 from cairn._src.worker.peer_shared import Offers
 
@@ -33,6 +37,8 @@ PEER_TIMEOUT_S = 30.0
 # The largest message a peer sends for a file's bytes: the receiver reads each into one
 # buffer of this size, reused (a fresh bytes object per message halved the throughput).
 PEER_CHUNK = 8 << 20
+# The most bytes of a request or of an answer's list of names.
+MAX_MESSAGE = 64 << 20
 
 
 @dataclass
@@ -86,7 +92,7 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
     reasons; ``stop`` (set by another thread) ends the transfer at its next chunk."""
     got: set[str] = set()
     try:
-        connection = Client(address, authkey=authkey)
+        connection = connect_peer(address, authkey)
     except (OSError, EOFError, AuthenticationError) as exc:
         outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
         return got
@@ -97,7 +103,7 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
         # A peer on this machine writes into these files (see :mod:`.peer_shared`).
         offers = Offers(target, sorted(wanted))
         connection.send((report_index, sorted(wanted), offers.wire()))
-        names = _receive(connection, stop)
+        names = receive_object(connection, stop)
         for rel in names:
             if rel not in wanted:
                 raise OSError(f"peer rank {peer_rank} sent {rel!r}, not asked for")
@@ -113,7 +119,9 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
 
                 size = write_verified(target, rel, files[rel], fill)
             else:
-                raise OSError(f"peer rank {peer_rank} answered {route[:64]!r} for {rel!r}")
+                # Not the bytes themselves: they may be the checkpoint's, out of step.
+                raise OSError(f"peer rank {peer_rank} answered {len(route)} bytes where "
+                              f"the route of {rel!r} was due")
             if size is None:
                 outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
                                        "not match the manifest's checksum")
@@ -121,7 +129,7 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
             outcome.peer_bytes += size
             outcome.peer_rank = peer_rank
             got.add(rel)
-    except (OSError, EOFError, TimeoutError) as exc:
+    except Exception as exc:  # whatever a peer sends, storage takes over
         outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
                                f"{type(exc).__name__}: {exc}")
     finally:
@@ -162,9 +170,27 @@ def _wait_written(connection: Connection, offers: Offers, rel: str, expected: in
         raise OSError("the peer could not finish writing the file")
 
 
-def _receive(connection: Connection, stop: threading.Event | None = None) -> Any:
+def connect_peer(address: tuple[str, int], authkey: bytes) -> Connection:
+    """An authenticated connection to a :class:`PeerServer` at ``address``, on which
+    every read and write, the handshake's included, gives up after PEER_TIMEOUT_S without
+    progress."""
+    sock = socket.create_connection(address, PEER_TIMEOUT_S)
+    sock.settimeout(None)
+    connection = Connection(sock.detach())
+    try:
+        set_io_timeout(connection, PEER_TIMEOUT_S)
+        answer_challenge(connection, authkey)
+        deliver_challenge(connection, authkey)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def receive_object(connection: Connection, stop: threading.Event | None = None) -> Any:
+    """The next message, at most MAX_MESSAGE bytes (a request or a list of names)."""
     _wait_readable(connection, stop, "no answer")
-    return connection.recv()
+    return pickle.loads(connection.recv_bytes(MAX_MESSAGE))
 
 
 def _receive_into(connection: Connection, buffer: bytearray, stop: threading.Event | None,
@@ -184,18 +210,19 @@ def write_verified(target: str, rel: str, entry: FileEntry,
     or None (nothing left behind) when size or checksum differ from ``entry``."""
     final = os.path.join(target, *rel.split("/"))
     os.makedirs(os.path.dirname(final), exist_ok=True)
-    partial = final + ".cairn-partial"
+    # A fresh name, created exclusively: never a link or file planted in the target (a
+    # user's directory for to_directory), nor another name of the checkpoint.
+    partial = temporary_sibling(final)
     try:
-        with open(partial, "wb") as raw:
+        with create_new(partial) as raw:
             sink = HashingSink(raw)
             fill(sink)
         got = sink.entry()
         if got.size != entry.size or got.checksum != entry.checksum:
-            os.unlink(partial)
+            remove_local(partial)
             return None
         os.replace(partial, final)
         return got.size
     except BaseException:
-        if os.path.exists(partial):
-            os.unlink(partial)
+        remove_local(partial)
         raise
