@@ -16,7 +16,7 @@ from cairn._src.observe.driver_events import (
     Uploaded,
     WorkerGroupStarted,
 )
-from cairn._src.wire.messages import UploadedMessage, driver_copy_limit
+from cairn._src.wire.messages import UploadedMessage, driver_copy_cost, driver_copy_limit
 
 
 def uploaded(rank: int, index: int, files: dict[str, Any]) -> Uploaded:
@@ -86,11 +86,17 @@ def test_the_driver_holds_each_rank_to_the_limit_of_its_world_size(
 ) -> None:
     copies = DriverCopies()
     copies.notify(WorkerGroupStarted(0, 1024))
-    copies.notify(uploaded(1, 1, {"a": b"x" * (64 << 10)}))
-    copies.notify(uploaded(2, 1, {"a": b"x" * ((64 << 10) + 1)}))
+    fits = (64 << 10) - driver_copy_cost("a", 0)  # a file's name counts too
+    copies.notify(uploaded(1, 1, {"a": b"x" * fits}))
+    copies.notify(uploaded(2, 1, {"a": b"x" * (fits + 1)}))
+    # Many empty files count against it as well.
+    copies.notify(uploaded(3, 1, {f"f{n}": b"" for n in range(2000)}))
     copies.notify(committed(1))
-    assert copies.files(1, 1) == {"a": b"x" * (64 << 10)} and copies.files(1, 2) == {}
+    assert copies.files(1, 1) == {"a": b"x" * fits}
+    assert copies.files(1, 2) == copies.files(1, 3) == {}
     assert "Rank 2 sent small files that are not kept (1 files, over 65536 bytes" in (
+        caplog.text)
+    assert "Rank 3 sent small files that are not kept (2000 files, over 65536 bytes" in (
         caplog.text)
 
 

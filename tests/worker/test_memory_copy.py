@@ -403,3 +403,26 @@ def test_a_checkpoint_naming_a_file_like_a_partial_one_is_restored_whole(
     assert sources.restore(run.join("checkpoint_000002"), _manifest(files, 2), str(target),
                            retry=None)  # type: ignore[arg-type]
     assert {p.name: p.read_bytes() for p in target.iterdir()} == files
+
+
+def test_a_peer_streaming_past_a_file_s_size_is_given_up_at_once(tmp_path: Path) -> None:
+    sent = threading.Event()
+
+    def overrun(connection: Any) -> None:
+        connection.send(("model.pt",))
+        connection.send_bytes(STREAMED)
+        try:
+            for _ in range(64):  # 512 MiB, for a file of 7 bytes
+                connection.send_bytes(b"w" * PEER_CHUNK)
+        except OSError:
+            sent.set()  # the receiver hung up
+
+    listener, thread = _misbehaving_peer(overrun)
+    outcome = Outcome()
+    got = fetch_from_peer(KEY, 0, listener.address, 2, {"model.pt": entry(b"weights")},
+                          {"model.pt"}, str(tmp_path), outcome)
+    thread.join(30)
+    listener.close()
+    assert got == set() and sent.is_set()
+    assert "peer rank 0 sent more of 'model.pt' than its 7 bytes" in outcome.reasons[0]
+    assert os.listdir(tmp_path) == []

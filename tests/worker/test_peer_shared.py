@@ -246,3 +246,14 @@ def test_a_receiver_that_stops_removes_its_files_and_the_peer_stops_writing(
     assert os.listdir(target) == []
     assert ended.wait(60)
     assert len(written) < 1000  # the peer saw the file gone, and stopped
+
+
+def test_at_most_max_offers_files_are_offered_the_first_names_given(tmp_path: Path) -> None:
+    # Each offer holds a descriptor open for the transfer: a checkpoint of many files
+    # must not take them all (the rest are streamed over the socket).
+    names = [f"shard_{n:05d}" for n in range(peer_shared.MAX_OFFERS + 50)]
+    offers = Offers(str(tmp_path), names)
+    try:
+        assert sorted(offers.wire()) == names[:peer_shared.MAX_OFFERS]
+    finally:
+        offers.close()

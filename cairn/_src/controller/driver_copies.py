@@ -27,7 +27,7 @@ from cairn._src.observe.driver_events import (
     WorkerGroupStarted,
 )
 from cairn._src.observe.observer import ObservedEvent
-from cairn._src.wire.messages import UploadedMessage, driver_copy_limit
+from cairn._src.wire.messages import UploadedMessage, driver_copy_cost, driver_copy_limit
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class DriverCopies:
                     and message.index <= self._committed_index)):
             return
         if (not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())
-                or sum(len(v) for v in files.values()) > self._limit):
+                or sum(driver_copy_cost(k, len(v)) for k, v in files.items()) > self._limit):
             logger.warning("Rank %d sent small files that are not kept (%d files, over %d "
                            "bytes or not bytes)", message.rank, len(files), self._limit)
             return

@@ -27,6 +27,12 @@ def driver_copy_limit(world_size: int) -> int:
     return min(DRIVER_COPY_RANK_BYTES, DRIVER_COPY_RUN_BYTES // max(1, world_size))
 
 
+def driver_copy_cost(name: str, size: int) -> int:
+    """What one small file of ``size`` bytes under ``name`` counts against that limit:
+    its name and a fixed cost too, so that many empty files cannot exceed it."""
+    return size + len(name) + 64
+
+
 # --- worker -> controller ----------------------------------------------------------------
 
 

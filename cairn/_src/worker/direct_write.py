@@ -45,7 +45,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.parallel import with_retry
 from cairn._src.storage.reader import local_os_path
-from cairn._src.wire.messages import ProceedMessage, UploadedMessage
+from cairn._src.wire.messages import ProceedMessage, UploadedMessage, driver_copy_cost
 from cairn._src.worker.upload_job import UploadJob, sync_written
 
 logger = logging.getLogger(__name__)
@@ -209,14 +209,15 @@ def small_files(writer: DirectWriter, entries: dict[str, FileEntry],
     kept: dict[str, bytes] = {}
     total = 0
     for rel, entry in sorted(entries.items(), key=lambda item: (item[1].size, item[0])):
-        if total + entry.size > limit:
+        cost = driver_copy_cost(rel, entry.size)
+        if total + cost > limit:
             break
         buffer = io.BytesIO()
         sink = HashingSink(buffer)
         writer.write_file(rel, sink)  # type: ignore[arg-type]
         if sink.entry() == entry:
             kept[rel] = buffer.getvalue()
-            total += entry.size
+            total += cost
     return kept
 
 

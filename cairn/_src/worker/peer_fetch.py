@@ -101,7 +101,7 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
     offers: Offers | None = None
     try:
         # A peer on this machine writes into these files (see :mod:`.peer_shared`).
-        offers = Offers(target, sorted(wanted))
+        offers = Offers(target, sorted(wanted, key=lambda rel: (-files[rel].size, rel)))
         connection.send((report_index, sorted(wanted), offers.wire()))
         names = receive_object(connection, stop)
         for rel in names:
@@ -113,8 +113,13 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
                 size = offers.take(rel, files[rel])
             elif route == STREAMED:
 
-                def fill(sink: Any) -> None:
+                def fill(sink: Any, rel: str = rel, expected: int = files[rel].size) -> None:
+                    total = 0
                     while size := _receive_into(connection, buffer, stop, peer_rank):
+                        total += size
+                        if total > expected:
+                            raise OSError(f"peer rank {peer_rank} sent more of {rel!r} "
+                                          f"than its {expected} bytes")
                         sink.write(view[:size])
 
                 size = write_verified(target, rel, files[rel], fill)

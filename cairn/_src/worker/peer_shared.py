@@ -35,6 +35,8 @@ from cairn._src.storage.checksum import FileEntry, new_hasher
 
 # The name of each offered file ends so.
 SUFFIX = ".cairn-peer"
+# The most files offered in one transfer (each holds a descriptor open meanwhile).
+MAX_OFFERS = 256
 # How many bytes a peer writes between two looks at whether the receiver still wants them.
 CHECK_BYTES = 8 << 20
 
@@ -60,6 +62,9 @@ class Offers:
     one is streamed. :meth:`close` removes what was not taken."""
 
     def __init__(self, target: str, names: list[str]) -> None:
+        # Each offer holds a descriptor open for the transfer: the first MAX_OFFERS names
+        # (the caller puts the largest first) get one, the rest are streamed.
+        names = names[:MAX_OFFERS]
         self._target = target
         self._offers: dict[str, _Offer] = {}
         self._directory: str | None = None
