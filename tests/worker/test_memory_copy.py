@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
@@ -426,3 +427,63 @@ def test_a_peer_streaming_past_a_file_s_size_is_given_up_at_once(tmp_path: Path)
     assert got == set() and sent.is_set()
     assert "peer rank 0 sent more of 'model.pt' than its 7 bytes" in outcome.reasons[0]
     assert os.listdir(tmp_path) == []
+
+
+class _SlowWriter(Writer):
+    """Its first serialization waits for ``release`` (a long transfer to one peer)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(files)
+        self.release = threading.Event()
+        self.first = True
+
+    def write_file(self, rel: str, sink: Any) -> None:
+        if self.first:
+            self.first = False
+            self.release.wait(30)
+        super().write_file(rel, sink)
+
+
+def _fetch_in_thread(address: tuple[str, int], target: Path,
+                     ) -> tuple[threading.Thread, list[set[str]], Outcome]:
+    outcome, done = Outcome(), []
+    thread = threading.Thread(target=lambda: done.append(fetch_from_peer(
+        KEY, 0, address, 2, {"model.pt": entry(b"weights")}, {"model.pt"}, str(target),
+        outcome)), daemon=True)
+    thread.start()
+    return thread, done, outcome
+
+
+def test_a_peer_serves_a_second_rank_while_a_first_transfer_takes_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Served one after the other, the second would wait past the join below.
+    monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)  # the socket
+    writer = _SlowWriter({"model.pt": b"weights"})
+    _, address = serving_peer(KEY, writer.files, writer)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first, first_done, _ = _fetch_in_thread(address, tmp_path / "first")
+    while writer.first:  # the first transfer has begun
+        time.sleep(0.01)
+    second, second_done, outcome = _fetch_in_thread(address, tmp_path / "second")
+    second.join(20)
+    assert second_done == [{"model.pt"}], outcome.reasons
+    writer.release.set()
+    first.join(20)
+    assert first_done == [{"model.pt"}]
+
+
+def test_connections_that_never_authenticate_only_delay_a_rank_s_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory_copy, "HANDSHAKE_TIMEOUT_S", 1.0)
+    _, address = serving_peer(KEY, {"model.pt": b"weights"})
+    silent = [socket.create_connection(address) for _ in range(memory_copy.HANDSHAKES + 4)]
+    try:
+        thread, done, outcome = _fetch_in_thread(address, tmp_path)
+        thread.join(20)
+        assert done == [{"model.pt"}], outcome.reasons
+    finally:
+        for connection in silent:
+            connection.close()

@@ -68,8 +68,10 @@ logger = logging.getLogger(__name__)
 
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
-# How many connections a peer server authenticates at once; more are closed at once.
-HANDSHAKES = 8
+# How many connections a peer server authenticates at once (more wait), and how long
+# each may take.
+HANDSHAKES = 16
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -284,45 +286,47 @@ class _ConnectionSink:
 
 class PeerServer:
     """Serves ``copies``' committed copy on ``host``: a listener whose connections each
-    authenticate with the run's secret on a thread of their own (at most
-    :data:`HANDSHAKES` at once), then are answered one at a time (``cairn-peer-copy``
-    threads, daemons). A request names a report index and files; the answer is the files
-    this process holds of it, each serialized again from memory. Every read and write
-    gives up after PEER_TIMEOUT_S without progress, so a client that stalls, or a
-    connection that never authenticates, holds nobody up."""
+    authenticate with the run's secret within :data:`HANDSHAKE_TIMEOUT_S`, at most
+    :data:`HANDSHAKES` at once (a further connection waits for a slot), then are answered,
+    each on its own thread (``cairn-peer-copy``, daemons). A request names a report index
+    and files; the answer is the files this process holds of it, each serialized again
+    from memory (the held state is only read). Every read and write gives up after
+    PEER_TIMEOUT_S without progress, so a client that stalls, or a connection that never
+    authenticates, holds nobody up for long."""
 
     def __init__(self, copies: MemoryCopies, authkey: bytes, host: str) -> None:
         self._copies = copies
         self._authkey = authkey
-        self._listener = Listener((host, 0))
+        self._listener = Listener((host, 0), backlog=HANDSHAKES)
         self._handshakes = threading.BoundedSemaphore(HANDSHAKES)
-        self._answering = threading.Lock()
         address = self._listener.address
         self.address = (str(address[0]), int(address[1]))
         threading.Thread(target=self._serve, name="cairn-peer-copy", daemon=True).start()
 
     def _serve(self) -> None:
         while True:
+            self._handshakes.acquire()
+            connection: Connection | None = None
             try:
                 connection = self._listener.accept()
-            except OSError:
-                continue  # a client that went away
-            if not self._handshakes.acquire(blocking=False):
-                connection.close()  # too many connections not yet authenticated
-                continue
-            threading.Thread(target=self._handle, args=(connection,), name="cairn-peer-copy",
-                             daemon=True).start()
+                threading.Thread(target=self._handle, args=(connection,),
+                                 name="cairn-peer-copy", daemon=True).start()
+            except Exception as exc:  # a client that went away, or no thread to be had
+                self._handshakes.release()
+                if connection is not None:
+                    connection.close()
+                logger.debug("A peer's connection was not served: %s", exc)
 
     def _handle(self, connection: Connection) -> None:
         try:
             try:
-                set_io_timeout(connection, PEER_TIMEOUT_S)
+                set_io_timeout(connection, HANDSHAKE_TIMEOUT_S)
                 deliver_challenge(connection, self._authkey)
                 answer_challenge(connection, self._authkey)
             finally:
                 self._handshakes.release()
-            with self._answering:
-                self._answer(connection)
+            set_io_timeout(connection, PEER_TIMEOUT_S)
+            self._answer(connection)
         except (OSError, EOFError, AuthenticationError) as exc:
             logger.info("A peer's checkpoint transfer ended early: %s", exc)
         except Exception:

@@ -94,7 +94,8 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
     try:
         connection = connect_peer(address, authkey)
     except (OSError, EOFError, AuthenticationError) as exc:
-        outcome.reasons.append(f"peer rank {peer_rank} unreachable: {exc}")
+        outcome.reasons.append(f"peer rank {peer_rank} unreachable: "
+                               f"{type(exc).__name__}: {exc}")
         return got
     buffer = bytearray(PEER_CHUNK)
     view = memoryview(buffer)
