@@ -141,7 +141,7 @@ def test_a_replacement_gets_verified_files_from_a_peer_and_the_rest_from_storage
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
 ) -> None:
     if route == "socket":  # a peer on another machine: the offered files are not there
-        monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
+        monkeypatch.setattr(memory_copy, "open_offered", lambda offer, gone: None)
     writer, message = restore_from_peer(tmp_path)
     assert (message.source, message.peer_rank) == ("peer+storage", 0)
     assert message.peer_bytes == len(STORED["model.pt"]) and message.storage_bytes == 3
@@ -458,7 +458,7 @@ def test_a_peer_serves_a_second_rank_while_a_first_transfer_takes_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Served one after the other, the second would wait past the join below.
-    monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)  # the socket
+    monkeypatch.setattr(memory_copy, "open_offered", lambda offer, gone: None)  # the socket
     writer = _SlowWriter({"model.pt": b"weights"})
     _, address = serving_peer(KEY, writer.files, writer)
     (tmp_path / "first").mkdir()

@@ -203,7 +203,7 @@ def test_no_name_of_the_checkpoint_is_taken_by_an_offer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str,
 ) -> None:
     if route == "socket":
-        monkeypatch.setattr(memory_copy, "open_offered", lambda offer: None)
+        monkeypatch.setattr(memory_copy, "open_offered", lambda offer, gone: None)
     files = {"x": b"first", f"x{SUFFIX}": b"second", f"0{SUFFIX}": b"third"}
     got, outcome, target = _fetch(
         tmp_path, Writer(lambda sink, rel: sink.write(files[rel])), files)
@@ -257,3 +257,22 @@ def test_at_most_max_offers_files_are_offered_the_first_names_given(tmp_path: Pa
         assert sorted(offers.wire()) == names[:peer_shared.MAX_OFFERS]
     finally:
         offers.close()
+
+
+def test_a_peer_stops_writing_and_frees_the_file_once_its_receiver_is_gone(
+    tmp_path: Path,
+) -> None:
+    # A receiver killed mid-transfer removes nothing; its connection's end says it.
+    offers, wire = _offer(tmp_path, "model.pt")
+    gone: list[bool] = []
+    file = open_offered(wire, gone=lambda: bool(gone))
+    assert file is not None
+    chunk = b"w" * peer_shared.CHECK_BYTES
+    with file:
+        file.write(chunk)
+        assert os.path.getsize(wire[0]) == len(chunk)
+        gone.append(True)
+        with pytest.raises(OSError, match="the receiving rank no longer wants the file"):
+            file.write(chunk)
+    assert os.path.getsize(wire[0]) == 0  # its pages freed at once
+    offers.close()

@@ -361,7 +361,7 @@ def _send_file(connection: Connection, copy: _Copy, rel: str,
     """Serialize ``rel`` of ``copy`` again for a peer: into the file it offered when this
     process can write it (one machine, see :mod:`.peer_shared`), else over ``connection``.
     What was sent, as hashed while sending; None when writing the offered file failed."""
-    file = open_offered(offer)
+    file = open_offered(offer, gone=lambda: connection.poll(0))  # silent until its end
     if file is None:
         connection.send_bytes(STREAMED)
         sink = _ConnectionSink(connection)

@@ -29,6 +29,7 @@ import mmap
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from cairn._src.storage.checksum import FileEntry, new_hasher
@@ -151,10 +152,13 @@ def _checksum(fd: int, size: int) -> str:
 
 class OfferedFile:
     """An offered file, open for the peer's writes: raises :class:`OSError` once the
-    receiver removed it (looked at every :data:`CHECK_BYTES` written)."""
+    receiver removed it, or is gone (``gone()`` true: its connection closed; a killed
+    receiver removes nothing), looked at every :data:`CHECK_BYTES` written. A file the
+    receiver no longer wants is truncated, so its pages go back to memory at once."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, gone: Callable[[], bool] = lambda: False) -> None:
         self._file = os.fdopen(fd, "wb", buffering=0)
+        self._gone = gone
         self._unchecked = 0
 
     def writable(self) -> bool:
@@ -164,7 +168,8 @@ class OfferedFile:
         self._unchecked += len(memoryview(data).cast("B"))
         if self._unchecked >= CHECK_BYTES:
             self._unchecked = 0
-            if os.fstat(self._file.fileno()).st_nlink == 0:
+            if os.fstat(self._file.fileno()).st_nlink == 0 or self._gone():
+                os.ftruncate(self._file.fileno(), 0)
                 raise OSError("the receiving rank no longer wants the file")
         return int(self._file.write(data) or 0)
 
@@ -178,10 +183,12 @@ class OfferedFile:
         self._file.close()
 
 
-def open_offered(value: Any) -> OfferedFile | None:
+def open_offered(value: Any, gone: Callable[[], bool] = lambda: False,
+                 ) -> OfferedFile | None:
     """The sending side: the file a peer's request offers (``value``, unchecked), open for
-    writing, when it is the empty file offered (see the module docstring). None (nothing
-    opened) otherwise: another machine or file system, or not a file made for this."""
+    writing, when it is the empty file offered (see the module docstring); ``gone``: see
+    :class:`OfferedFile`. None (nothing opened) otherwise: another machine or file
+    system, or not a file made for this."""
     if not (isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], str)
             and value[0].endswith(SUFFIX) and all(type(v) is int for v in value[1:])):
         return None
@@ -204,4 +211,4 @@ def open_offered(value: Any) -> OfferedFile | None:
             and info.st_size == 0 and info.st_nlink == 1):
         os.close(fd)
         return None
-    return OfferedFile(fd)
+    return OfferedFile(fd, gone)
