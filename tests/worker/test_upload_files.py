@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import resolve
 from cairn._src.storage.options import StorageOptions
 from cairn._src.wire.messages import ProceedMessage
@@ -96,3 +97,29 @@ def test_a_missing_file_still_fails_the_upload(tmp_path: Path, case: str) -> Non
                      list_files=lambda: {**listed(directory), "gone": 2})
     assert any(isinstance(e, FileNotFoundError)
                for e in (raised.value, raised.value.__cause__)), raised.value
+
+
+def test_a_directory_renamed_since_the_first_upload_leaves_no_empty_folder(
+    tmp_path: Path,
+) -> None:
+    # The first upload of a shared directory wrote part0.tmp/x; the rank writing it then
+    # renamed part0.tmp/ to part0/. The final upload deletes part0.tmp/x, and its folder.
+    directory = tmp_path / "epoch_0"
+    (directory / "part0").mkdir(parents=True)
+    (directory / "part0" / "x").write_bytes(b"x")
+    (directory / "keep").mkdir()
+    (directory / "keep" / "y").write_bytes(b"y")
+    stored = tmp_path / "run" / "epoch_0"
+    (stored / "part0.tmp" / "deeper").mkdir(parents=True)
+    (stored / "part0.tmp" / "deeper" / "x").write_bytes(b"x")
+    (stored / "keep").mkdir()
+    (stored / "keep" / "old").write_bytes(b"o")
+    stale = {"part0.tmp/deeper/x": FileEntry(1, "stale"), "keep/old": FileEntry(1, "old")}
+    message = upload_files(job_for(directory, {}), ProceedMessage(1, shared="upload",
+                                                                  stale=stale),
+                           resolve(str(stored)), 0, time.perf_counter(),
+                           options=StorageOptions(fsync=False), policy="fail",
+                           list_files=lambda: {"part0/x": 1, "keep/y": 1})
+    assert sorted(message.entries) == ["keep/y", "part0/x"]
+    assert sorted(str(p.relative_to(stored)) for p in stored.rglob("*")) == [
+        "keep", "keep/y", "part0", "part0/x"]
