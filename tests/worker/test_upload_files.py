@@ -123,3 +123,22 @@ def test_a_directory_renamed_since_the_first_upload_leaves_no_empty_folder(
     assert sorted(message.entries) == ["keep/y", "part0/x"]
     assert sorted(str(p.relative_to(stored)) for p in stored.rglob("*")) == [
         "keep", "keep/y", "part0", "part0/x"]
+
+
+def test_a_file_another_rank_uploads_gone_before_this_rank_hashed_it_is_named(
+    tmp_path: Path,
+) -> None:
+    # Another machine's rank claimed cfg.tmp first: this rank only hashes its own copy,
+    # which its writer renamed meanwhile. As for a file it uploads: named, not a failure.
+    directory = tmp_path / "epoch_0"
+    directory.mkdir()
+    (directory / "shard_1").write_bytes(b"one")
+    (directory / "cfg").write_bytes(b"c")  # renamed from cfg.tmp
+    job = job_for(directory, {"shard_1": 3, "cfg.tmp": 1})
+    message = upload_files(job, ProceedMessage(1, ("cfg.tmp",)),
+                           resolve(str(tmp_path / "run" / "epoch_0")), 1, time.perf_counter(),
+                           options=StorageOptions(fsync=False), policy="fail",
+                           list_files=lambda: listed(directory))
+    assert message.vanished is not None and message.vanished.paths == ("cfg.tmp",)
+    assert sorted(message.entries) == ["shard_1"] and message.duplicates == {}
+    assert job.vanished

@@ -225,25 +225,17 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
         unchanged = unchanged_files(job.checkpoint.path, files, answer.stale, skipped, retry)
     wanted = {f: size for f, size in files.items() if f not in skipped and f not in unchanged}
     local = is_local_source(job.checkpoint)
+    # A first upload of a local directory goes on without a file listed at report() and
+    # gone now, the directory still there: a rank that reports this directory later may
+    # have renamed it (its upload, once every rank reported, replaces this one); the
+    # controller decides.
+    first = local and not (isinstance(answer, ProceedMessage) and answer.shared == "upload")
     vanished: list[str] = []
     if local:
-        first = not (isinstance(answer, ProceedMessage) and answer.shared == "upload")
-        while True:
-            try:
-                written = upload_directory(job.checkpoint.path, destination, files=wanted,
-                                           retry=retry, background=job.background,
-                                           transfer=options.transfer)
-                break
-            except Exception as exc:
-                # A file listed at report() and gone now, the directory still there: a
-                # rank that reports this directory later may have renamed it (its upload,
-                # once every rank reported, replaces this one); the controller decides.
-                gone = _vanished(job.checkpoint.path, wanted, exc) if first else []
-                if not gone:
-                    raise
-                vanished += gone
-                wanted = {f: size for f, size in wanted.items() if f not in gone}
-                job.vanished = True
+        written, vanished = _skipping_vanished(
+            job.checkpoint.path, wanted, first, lambda files: upload_directory(
+                job.checkpoint.path, destination, files=files, retry=retry,
+                background=job.background, transfer=options.transfer))
     else:
         written = copy_directory(job.checkpoint.location, destination, files=wanted,
                                  retry=retry, transfer=options.transfer)
@@ -259,14 +251,37 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
     # Paths another rank uploads: hashed here, not written, so the controller can tell
     # identical copies (stored once) from a collision.
     source = resolve(job.checkpoint.path) if local else job.checkpoint.location
-    duplicates = compute_entries(source, sorted(skipped), retry=retry,
-                                 follow_links=local) if skipped else {}
+    duplicates: dict[str, FileEntry] = {}
+    if skipped:
+        duplicates, gone = _skipping_vanished(
+            job.checkpoint.path, dict.fromkeys(skipped, 0), first,
+            lambda files: compute_entries(source, sorted(files), retry=retry,
+                                          follow_links=local))
+        vanished += gone
+    job.vanished = bool(vanished)
     size = sum(entry.size for entry in written.values())
     return UploadedMessage(rank, job.index, entries, None, size,
                            time.perf_counter() - started, duplicates=duplicates,
                            vanished=vanished_files(
                                rank, job.index, job.checkpoint.path, sorted(vanished),
                                removable=job.removable, policy=policy) if vanished else None)
+
+
+def _skipping_vanished(directory: str, wanted: dict[str, int], first: bool,
+                       run: Callable[[dict[str, int]], dict[str, FileEntry]],
+                       ) -> tuple[dict[str, FileEntry], list[str]]:
+    """``run(wanted)``; for a ``first`` upload, once more without each file of
+    ``wanted`` found gone from ``directory`` when it fails: its result, and those files."""
+    vanished: list[str] = []
+    while True:
+        try:
+            return run(wanted), vanished
+        except Exception as exc:
+            gone = _vanished(directory, wanted, exc) if first else []
+            if not gone:
+                raise
+            vanished += gone
+            wanted = {f: size for f, size in wanted.items() if f not in gone}
 
 
 def _vanished(directory: str, wanted: dict[str, int], error: BaseException) -> list[str]:
