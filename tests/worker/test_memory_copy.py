@@ -487,3 +487,25 @@ def test_connections_that_never_authenticate_only_delay_a_rank_s_restore(
     finally:
         for connection in silent:
             connection.close()
+
+
+def test_a_connection_trickling_its_handshake_is_cut_off_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A byte every 0.2 s never waits long on any one read: only a deadline for the whole
+    # handshake frees its slot.
+    monkeypatch.setattr(memory_copy, "HANDSHAKE_TIMEOUT_S", 1.0)
+    _, address = serving_peer(KEY, {"model.pt": b"weights"})
+    with socket.create_connection(address) as sock:
+        sock.settimeout(0.2)
+        sock.sendall(struct.pack("!i", 200))  # an answer announced, then sent byte by byte
+        started, closed = time.monotonic(), False
+        while not closed and time.monotonic() - started < 10:
+            try:
+                sock.sendall(b"x")
+                closed = sock.recv(4096) == b""  # the challenge first, then its end
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+        assert closed

@@ -48,7 +48,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.scratch import sweep_stale
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
-from cairn._src.wire.sockets import set_io_timeout
+from cairn._src.wire.sockets import abort_connection, set_io_timeout
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
     FAILED,
@@ -68,8 +68,7 @@ logger = logging.getLogger(__name__)
 
 # A RAM file system: a restore from memory is written there when it fits.
 SHARED_MEMORY = "/dev/shm"
-# How many connections a peer server authenticates at once (more wait), and how long
-# each may take.
+# How many connections a peer server authenticates at once (more wait), each how long.
 HANDSHAKES = 16
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -287,12 +286,10 @@ class _ConnectionSink:
 class PeerServer:
     """Serves ``copies``' committed copy on ``host``: a listener whose connections each
     authenticate with the run's secret within :data:`HANDSHAKE_TIMEOUT_S`, at most
-    :data:`HANDSHAKES` at once (a further connection waits for a slot), then are answered,
-    each on its own thread (``cairn-peer-copy``, daemons). A request names a report index
-    and files; the answer is the files this process holds of it, each serialized again
-    from memory (the held state is only read). Every read and write gives up after
-    PEER_TIMEOUT_S without progress, so a client that stalls, or a connection that never
-    authenticates, holds nobody up for long."""
+    :data:`HANDSHAKES` at once (more wait for a slot), then are answered, each on its own
+    thread (``cairn-peer-copy``, daemons): the files this process holds of the report a
+    request names, serialized again from memory (only read). Every later read and write
+    gives up after PEER_TIMEOUT_S without progress: a stalled client holds nobody up."""
 
     def __init__(self, copies: MemoryCopies, authkey: bytes, host: str) -> None:
         self._copies = copies
@@ -318,12 +315,15 @@ class PeerServer:
                 logger.debug("A peer's connection was not served: %s", exc)
 
     def _handle(self, connection: Connection) -> None:
+        # For the whole handshake (as the controller's): no trickling client keeps a slot.
+        deadline = threading.Timer(HANDSHAKE_TIMEOUT_S, abort_connection, (connection,))
         try:
+            deadline.start()
             try:
-                set_io_timeout(connection, HANDSHAKE_TIMEOUT_S)
                 deliver_challenge(connection, self._authkey)
                 answer_challenge(connection, self._authkey)
             finally:
+                deadline.cancel()
                 self._handshakes.release()
             set_io_timeout(connection, PEER_TIMEOUT_S)
             self._answer(connection)
