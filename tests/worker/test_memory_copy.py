@@ -306,6 +306,17 @@ def _misbehaving_peer(answer: Any) -> tuple[Listener, threading.Thread]:
     return listener, thread
 
 
+def _fetch_from_misbehaving(answer: Any, target: Path) -> tuple[set[str], Outcome]:
+    """Rank 1's fetch of ``model.pt`` (b"weights") from a peer that does ``answer``."""
+    listener, thread = _misbehaving_peer(answer)
+    outcome = Outcome()
+    got = fetch_from_peer(KEY, 0, listener.address, 2, {"model.pt": entry(b"weights")},
+                          {"model.pt"}, str(target), outcome)
+    thread.join(30)
+    listener.close()
+    return got, outcome
+
+
 def test_a_peer_that_stalls_mid_message_is_given_up_for_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -350,12 +361,7 @@ def test_whatever_a_peer_sends_the_restore_falls_back_and_logs_no_checkpoint_byt
             connection.send(("model.pt",))
             connection.send_bytes(b"SECRET-WEIGHTS")
 
-    listener, thread = _misbehaving_peer(answer)
-    outcome = Outcome()
-    got = fetch_from_peer(KEY, 0, listener.address, 2, {"model.pt": entry(b"weights")},
-                          {"model.pt"}, str(tmp_path), outcome)
-    thread.join(30)
-    listener.close()
+    got, outcome = _fetch_from_misbehaving(answer, tmp_path)
     assert got == set() and outcome.peer_bytes == 0
     [reason] = outcome.reasons
     assert reason.startswith("the transfer from peer rank 0 failed: "), reason
@@ -418,12 +424,7 @@ def test_a_peer_streaming_past_a_file_s_size_is_given_up_at_once(tmp_path: Path)
         except OSError:
             sent.set()  # the receiver hung up
 
-    listener, thread = _misbehaving_peer(overrun)
-    outcome = Outcome()
-    got = fetch_from_peer(KEY, 0, listener.address, 2, {"model.pt": entry(b"weights")},
-                          {"model.pt"}, str(tmp_path), outcome)
-    thread.join(30)
-    listener.close()
+    got, outcome = _fetch_from_misbehaving(overrun, tmp_path)
     assert got == set() and sent.is_set()
     assert "peer rank 0 sent more of 'model.pt' than its 7 bytes" in outcome.reasons[0]
     assert os.listdir(tmp_path) == []

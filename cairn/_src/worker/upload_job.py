@@ -247,7 +247,7 @@ def upload_files(job: UploadJob, answer: object, destination: StorageLocation, r
         gone = sorted(set(answer.stale) - set(files))
         for rel in gone:
             delete_file(destination.join(rel), retry)
-        _remove_emptied_directories(destination, gone, keep=files)
+        _remove_emptied_directories(destination, gone)
     # Paths another rank uploads: hashed here, not written, so the controller can tell
     # identical copies (stored once) from a collision.
     source = resolve(job.checkpoint.path) if local else job.checkpoint.location
@@ -293,26 +293,20 @@ def _vanished(directory: str, wanted: dict[str, int], error: BaseException) -> l
             if not os.path.lexists(os.path.join(directory, *rel.split("/")))]
 
 
-def _remove_emptied_directories(destination: StorageLocation, removed: list[str],
-                                keep: dict[str, int]) -> None:
+def _remove_emptied_directories(destination: StorageLocation, removed: list[str]) -> None:
     """The directories of ``removed`` (files just deleted under a local ``destination``)
-    that hold nothing now and none of ``keep`` (a directory renamed since the first
-    upload, ``part.tmp/`` to ``part/``): not left empty in the checkpoint."""
+    that hold nothing now (a directory renamed since the first upload, ``part.tmp/`` to
+    ``part/``): not left empty in the checkpoint. ``os.rmdir`` removes only empty ones."""
     root = local_os_path(destination)
     if root is None:
         return  # an object store has no directories of its own
-    kept = {parent for rel in keep for parent in _parents(rel)}
-    emptied = {parent for rel in removed for parent in _parents(rel)} - kept
-    for parent in sorted(emptied, key=lambda d: d.count("/"), reverse=True):
+    parents = {"/".join(rel.split("/")[:n]) for rel in removed
+               for n in range(1, rel.count("/") + 1)}
+    for parent in sorted(parents, key=lambda d: d.count("/"), reverse=True):
         try:
             os.rmdir(os.path.join(root, *parent.split("/")))
         except OSError:
             pass  # not empty, or not there
-
-
-def _parents(rel: str) -> list[str]:
-    parts = rel.split("/")[:-1]
-    return ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
 
 
 def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
