@@ -5,8 +5,10 @@ behind (real sockets on loopback, a plain writer, a run directory on local disk)
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import pytest
 from test_memory_copy import KEY, entry, serving_peer
 
 from cairn._src.checkpoint.manifest import Manifest, write_manifest
@@ -14,6 +16,7 @@ from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import DEFAULT_RETRY
 from cairn._src.wire.messages import RestoredMessage, RestorePlan
+from cairn._src.worker import peer_prefetch
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_prefetch import PeerPrefetch, start_prefetch
 
@@ -77,6 +80,34 @@ def test_the_restore_takes_the_files_fetched_before_it_asked(tmp_path: Path) -> 
     assert message.peer_bytes == len(STORED["model.pt"]) and message.storage_bytes == 3
     assert message.reason.startswith("a replaced rank; no verified copy of")
     assert prefetch.take(run.join(DIR), manifest) is None  # taken once
+
+
+def test_a_restore_that_waited_for_the_prefetch_counts_its_time_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The restore asks while the transfer still runs (as a replacement whose model is
+    # built before its peer finished): the record's seconds run from the transfer's
+    # start to the restore's end, not the transfer's time plus the restore's wait for it.
+    real = peer_prefetch.fetch_from_peer
+
+    def slow_fetch(*args: object, **kwargs: object) -> set[str]:
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(peer_prefetch, "fetch_from_peer", slow_fetch)
+    run, manifest = _committed_run(tmp_path)
+    _, plan = _serving_peer()
+    began = time.perf_counter()
+    prefetch = _prefetch(run, plan)
+    sent: list[object] = []
+    sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
+                             fallback=None, send=sent.append, prefetch=prefetch)
+    target = tmp_path / "restored"
+    target.mkdir()
+    assert sources.restore(run.join(DIR), manifest, str(target), DEFAULT_RETRY)
+    elapsed = time.perf_counter() - began
+    [message] = sent
+    assert isinstance(message, RestoredMessage) and message.prefetched
+    assert 1.0 <= message.seconds <= elapsed
 
 
 def test_a_prefetch_nobody_takes_is_removed_when_the_attempt_ends(tmp_path: Path) -> None:

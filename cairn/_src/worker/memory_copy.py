@@ -456,10 +456,10 @@ class RestoreSources:
         prefetched = (self._prefetch.take(manifest_location, manifest)
                       if self._prefetch is not None else None)
         if prefetched is not None:
-            # The peers were asked already, from the attempt's start: their verified
-            # files move into ``target``; the reasons and bytes are the prefetch's.
+            # The peers were asked from the attempt's start: their verified files move
+            # into ``target``; reasons, bytes and start time are the prefetch's.
             outcome = prefetched.outcome
-            started -= prefetched.seconds
+            started = min(started, prefetched.started)
             try:
                 for rel in sorted(prefetched.got):
                     final = os.path.join(target, *rel.split("/"))

@@ -60,13 +60,15 @@ class Prefetched:
     (:mod:`.peer_prefetch`): ``got`` lie verified under ``directory``, which whoever took
     this owns (and removes); ``files`` is the manifest they were checked against, at
     ``manifest_path``; ``outcome`` says what came from where and why not the rest;
-    ``seconds`` is what the transfer took."""
+    ``started`` is when the transfer began (``time.perf_counter()`` of this process)
+    and ``seconds`` what it took."""
 
     directory: str
     manifest_path: str
     files: dict[str, FileEntry]
     got: set[str]
     outcome: Outcome
+    started: float
     seconds: float
 
 

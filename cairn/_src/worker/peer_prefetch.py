@@ -147,7 +147,7 @@ class PeerPrefetch:
                     self._rank, len(files) - len(missing), len(files), plan.report_index,
                     seconds)
         return Prefetched(directory, view.manifest_at.path, files, set(files) - missing,
-                          outcome, seconds)
+                          outcome, started, seconds)
 
 
 def start_prefetch(plan: RestorePlan | None, view: CheckpointView | None,
