@@ -52,3 +52,29 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
     assert reread is not None
     assert [r.dir_name for r in reread.checkpoints] == ["checkpoint_000001", "epoch_2"]
     assert reread.next_report_index == 3
+
+
+def test_reconcile_neither_adopts_nor_deletes_a_checkpoint_directory_that_is_a_link(
+        tmp_path: Path) -> None:
+    # The user's own copy of a checkpoint (Cairn's manifest in it) linked into the run
+    # under a name Cairn writes: not the run's, so the index does not gain it (which would
+    # later let retention delete its manifest).
+    run = resolve(str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    exported = tmp_path / "user" / "exported"
+    exported.mkdir(parents=True)
+    (exported / "a.bin").write_bytes(b"a")
+    write_manifest(resolve(str(exported)), Manifest(
+        files=compute_entries(resolve(str(exported)), ["a.bin"]), report_index=1), RETRY)
+    (tmp_path / "run" / "checkpoint_000001").symlink_to(exported)
+    index = RunIndex(next_report_index=2)
+    write_index(run, index, RETRY)
+
+    manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                SegmentLog(run.join("metrics"), RETRY))
+    manager.reconcile()
+
+    reread = read_index(run, RETRY)
+    assert reread is not None and reread.checkpoints == ()
+    assert (tmp_path / "run" / "checkpoint_000001").is_symlink()
+    assert sorted(p.name for p in exported.iterdir()) == ["_cairn_manifest.json", "a.bin"]

@@ -101,3 +101,39 @@ def test_lease_break_of_a_directory_without_a_run(tmp_path: Path) -> None:
     done = cairn_cli("lease", "break", str(tmp_path / "nothing"))
     assert done.returncode == 0, done.stderr
     assert "there was no readable lease" in done.stdout
+
+
+def _linked_to_a_users_copy(run: Path, tmp_path: Path) -> Path:
+    """checkpoint_000001 of ``run`` replaced by a link to the user's own copy of it
+    (exported aside, Cairn's manifest and all); that copy."""
+    exported = tmp_path / "user" / "exported_model"
+    shutil.copytree(run / "checkpoint_000001", exported)
+    shutil.rmtree(run / "checkpoint_000001")
+    (run / "checkpoint_000001").symlink_to(exported)
+    return exported
+
+
+def test_prune_never_deletes_through_a_checkpoint_directory_that_is_a_link(
+        run: Path, tmp_path: Path) -> None:
+    exported = _linked_to_a_users_copy(run, tmp_path)
+    before = sorted(p.name for p in exported.iterdir())
+    done = cairn_cli("-v", "prune", str(run), "--keep", "1")
+    assert done.returncode == 0, done.stderr
+    assert "Not deleting checkpoint_000001: it is a symbolic link" in done.stderr
+    assert sorted(p.name for p in exported.iterdir()) == before
+    assert "_cairn_manifest.json" in before
+
+
+def test_rebuild_index_does_not_adopt_a_checkpoint_directory_that_is_a_link(
+        run: Path, tmp_path: Path) -> None:
+    exported = _linked_to_a_users_copy(run, tmp_path)
+    before = sorted(p.name for p in exported.iterdir())
+    done = cairn_cli("-v", "rebuild-index", str(run))
+    assert done.returncode == 0, done.stderr
+    assert "Skipping checkpoint_000001 while rebuilding the index: it is a symbolic link" \
+        in done.stderr
+    index = json.loads((run / "cairn_run.json").read_text())
+    assert [c["dir_name"] for c in index["checkpoints"]] == ["checkpoint_000002"]
+    done = cairn_cli("prune", str(run), "--keep", "1")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in exported.iterdir()) == before

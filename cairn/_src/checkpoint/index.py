@@ -27,7 +27,12 @@ from cairn._src.run.layout import (
     is_stored_dir_name,
 )
 from cairn._src.run.segment_log import read_log
-from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
+from cairn._src.storage.fileio import (
+    is_local_link,
+    list_dir_names,
+    read_bytes,
+    write_bytes_atomic,
+)
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_absolute_path
 from cairn._src.storage.retry import RetryPolicy
@@ -344,6 +349,10 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
     records = []
     for name in list_dir_names(run, retry):
         if name in RESERVED_NAMES or not is_stored_dir_name(name):
+            continue
+        if is_local_link(run.join(name)):
+            logger.warning("Skipping %s while rebuilding the index: it is a symbolic link, "
+                           "not a checkpoint directory this run wrote", name)
             continue
         try:
             manifest = read_manifest(run.join(name), retry)

@@ -72,6 +72,7 @@ from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
     delete_dir,
     delete_file,
+    is_local_link,
     list_dir_names,
     list_files,
 )
@@ -348,6 +349,10 @@ class CheckpointManager:
                            record.dir_name)
             return False
         manifest_dir = self.run.join(record.dir_name)
+        if is_local_link(manifest_dir):
+            logger.warning("Not deleting %s: it is a symbolic link, not a directory this run "
+                           "wrote; what it points at is left in place", record.dir_name)
+            return False
         # A deletion retried after a storage error: the manifest it checked may be gone.
         plan = self._approved.get(record.dir_name)
         if plan is None:

@@ -30,6 +30,7 @@ from cairn._src.storage.fileio import (
     delete_dir,
     delete_file,
     is_dir,
+    is_local_link,
     list_dir_names,
 )
 from cairn._src.storage.location import StorageLocation, resolve
@@ -98,8 +99,8 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
             delete_file(location, retry)
             continue
         if (name in RESERVED_NAMES or name in known or name in dropped
-                or not is_dir(location, retry)):
-            continue
+                or is_local_link(location) or not is_dir(location, retry)):
+            continue  # a link is not the run's: never adopted, never deleted
         try:
             manifest = read_manifest(location, retry)
         except CairnError as exc:

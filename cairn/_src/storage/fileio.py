@@ -11,6 +11,8 @@ with the backend's exception chained.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import uuid
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -258,6 +260,19 @@ def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> 
         (names if is_listed_name_safe(name) else skipped).append(name)
     _warn_skipped(skipped, loc)
     return sorted(names)
+
+
+def is_local_link(loc: StorageLocation) -> bool:
+    """Whether ``loc`` is a symbolic link on the local disk. A checkpoint directory that is
+    one is never Cairn's: a run writes real directories, and what a planted link points at
+    (the user's own copy of a checkpoint, say) is not the run's to adopt or delete."""
+    path = local_os_path(loc)
+    if path is None:
+        return False
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def delete_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:
