@@ -107,11 +107,39 @@ def test_prune_ranking_errors_name_the_argument() -> None:
 
     index = RunIndex(retention=Retention(2, "loss", "min"))
     with pytest.raises(CairnError, match=r"^--order=max needs --score METRIC"):
-        prune_ranking(argparse.Namespace(keep=1, score=None, order="max"), index)
+        prune_ranking(argparse.Namespace(keep=1, score=None, order="max", latest=False), index)
     with pytest.raises(CairnError, match=r"^--score='acc' is not a metric of this run's "
                                          r"checkpoints; they have: no metrics\.$"):
-        prune_ranking(argparse.Namespace(keep=1, score="acc", order=None), index)
-    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None), index)[:2] == (
-        "loss", "min")
-    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None), RunIndex())[:2] \
-        == (None, "max")
+        prune_ranking(argparse.Namespace(keep=1, score="acc", order=None, latest=False), index)
+    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None, latest=False),
+                         index)[:2] == ("loss", "min")
+    with pytest.raises(CairnError, match=r"^The run's index records no ranking .* pass "
+                                         r"--score METRIC with --order max or min, or "
+                                         r"--latest to keep the latest N; nothing changed\.$"):
+        prune_ranking(argparse.Namespace(keep=1, score=None, order=None, latest=False),
+                      RunIndex())
+    assert prune_ranking(argparse.Namespace(keep=1, score=None, order=None, latest=True),
+                         RunIndex())[:2] == (None, "max")
+    with pytest.raises(CairnError, match=r"^--latest keeps the latest N and ranks by no "
+                                         r"metric: pass it without --score and --order\.$"):
+        prune_ranking(argparse.Namespace(keep=1, score="loss", order=None, latest=True), index)
+
+
+def test_after_rebuild_index_prune_asks_how_to_rank_instead_of_keeping_the_latest(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A flaky disk damaged the index; the rebuilt one cannot know the run ranked by loss
+    # (min), whose best checkpoint is not the latest here.
+    run = tmp_path / "run"
+    shutil.copytree(pristine, run)
+    (run / "cairn_run.json").write_bytes(b"{damaged")
+    assert main(["rebuild-index", str(run)]) == 0
+    names = sorted(n for n in os.listdir(run) if n.startswith("checkpoint_"))
+    capsys.readouterr()
+    assert main(["prune", str(run), "--keep", "2"]) == 2
+    assert "error: The run's index records no ranking" in capsys.readouterr().err
+    assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == names
+    document = prune_json(capsys, str(run), "--keep", "2", "--score", "loss", "--order",
+                          "min", "--dry-run")
+    assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]
+    document = prune_json(capsys, str(run), "--keep", "2", "--latest", "--dry-run")
+    assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]

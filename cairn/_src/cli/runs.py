@@ -217,11 +217,24 @@ def prune_ranking(args: argparse.Namespace, index: RunIndex
     attribute = recorded.score_attribute if recorded is not None else None
     run_order: Literal["max", "min"] = (
         "min" if recorded is not None and recorded.score_order == "min" else "max")
+    if args.latest:
+        if args.score is not None or args.order is not None:
+            raise CairnError("--latest keeps the latest N and ranks by no metric: pass it "
+                             "without --score and --order.")
+        return None, "max", f"keeping the latest {args.keep} (--latest)"
     if args.score is None:
         if args.order is not None:
             raise CairnError(f"--order={args.order} needs --score METRIC: it says whether a "
                              "higher or a lower METRIC is better; pass both, or neither to "
                              "rank as the run does.")
+        if recorded is None:
+            # Guessing "the latest" here would delete the best checkpoints of a run that
+            # ranked by a metric.
+            raise CairnError(
+                "The run's index records no ranking (an index rebuilt by `cairn "
+                "rebuild-index`, or written by an older Cairn), so the run's own is not "
+                "known: pass --score METRIC with --order max or min, or --latest to keep "
+                "the latest N; nothing changed.")
         if attribute is None:
             return None, "max", (f"keeping the latest {args.keep} (the run ranks by no "
                                  "score: no checkpoint_score_attribute recorded)")
@@ -438,6 +451,9 @@ def register(commands: Any) -> None:
                        help="how many checkpoints to keep")
     prune.add_argument("--score", help="metric to rank by (default: the run's own "
                        "checkpoint_score_attribute, or the latest N when it has none)")
+    prune.add_argument("--latest", action="store_true",
+                       help="keep the latest N, whatever the run ranks by (needed, or "
+                       "--score and --order, where the index records no ranking)")
     prune.add_argument("--order", choices=("max", "min"), default=None,
                        help="with --score: keep the highest (max) or lowest (min); default: "
                        "the run's own checkpoint_score_order for its score attribute, "
