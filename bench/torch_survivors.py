@@ -159,7 +159,7 @@ def _breakdown(path: str, read: Any) -> str:
         f"rank {rank}: enter {read(f'entered_{rank}') - train:.2f}, model built "
         f"{read(f'built_{rank}') - read(f'entered_{rank}'):.2f}, restore "
         f"{read(f'restored_{rank}') - read(f'built_{rank}'):.2f}"
-        + (f", peer transfer {peer[rank]['seconds']:.2f}"
+        + (f", from the peer transfer's start to restored {peer[rank]['seconds']:.2f}"
            + (" (prefetched)" if peer[rank].get("prefetched") else "")
            if rank in peer else "") for rank in (0, 1))
     return ", ".join(f"{name} {end - begin:.2f}" for name, begin, end in marks) + (

@@ -147,3 +147,43 @@ def test_small_files_that_fail_to_serialize_again_leave_the_upload_as_it_was(
                            small_limit=1 << 20)
     assert sorted(message.entries) == sorted(FILES) and message.small_files == {}
     writer.close()
+
+
+def test_a_sink_that_fails_mid_file_raises_and_leaves_the_process_alive() -> None:
+    # A peer that goes away while a kept rank serializes its copy to it (BrokenPipe, or
+    # the offered file removed): the error reaches the caller and the process lives on;
+    # torch's zip writer left unfinished used to end it (SIGABRT) once freed. Run in a
+    # child process, so that an abort fails this test and not the suite.
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent("""
+        import gc
+        import torch
+        from cairn._src.torch.snapshot import serialize
+
+        class Breaks:
+            def __init__(self):
+                self.n = 0
+            def writable(self):
+                return True
+            def flush(self):
+                pass
+            def write(self, data):
+                self.n += len(memoryview(data).cast("B"))
+                if self.n > 1 << 20:
+                    raise BrokenPipeError(32, "Broken pipe")
+                return len(memoryview(data).cast("B"))
+
+        try:
+            serialize({"w": torch.ones(1 << 20)}, Breaks())
+        except BrokenPipeError as exc:
+            print("raised", exc.errno, flush=True)
+        gc.collect()
+        print("alive", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout.split()) == (0, ["raised", "32", "alive"]), \
+        done.stderr[-2000:]

@@ -174,9 +174,46 @@ def serialize(value: Any, sink: BinaryIO) -> None:
         torch.save(value, sink)
         return
     writer_type, save, alignment = parts
-    writer = writer_type(sink, False, alignment())
-    save(value, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-    writer.write_end_of_file()
+    guarded = _FailOnce(sink)
+    writer = writer_type(guarded, False, alignment())
+    try:
+        save(value, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+        writer.write_end_of_file()
+    except BaseException:
+        if guarded.failed:
+            # The sink raised mid-file (a peer that went away, a full disk). A writer left
+            # unfinished ends the process when it is freed (its destructor finishes the
+            # file and throws in C++): finish it now, into nothing.
+            try:
+                writer.write_end_of_file()
+            except Exception:
+                pass
+        raise
+
+
+class _FailOnce:
+    """``sink``, until a write to it raises: that error goes to the zip writer, and every
+    later write is dropped (so the writer can still be finished, see :func:`serialize`)."""
+
+    def __init__(self, sink: BinaryIO) -> None:
+        self._sink = sink
+        self.failed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        if not self.failed:
+            self._sink.flush()
+
+    def write(self, data: Any) -> Any:
+        if self.failed:
+            return len(memoryview(data).cast("B"))
+        try:
+            return self._sink.write(data)
+        except BaseException:
+            self.failed = True
+            raise
 
 
 class _Writer:
