@@ -26,7 +26,8 @@ def main() -> None:
     durable_workloads.record_fsyncs(os.path.join(args.scratch, "fsync_driver.jsonl"))
     TorchTrainer(
         durable_workloads.commit_then_die,
-        train_loop_config={"scratch": args.scratch},
+        train_loop_config={"scratch": args.scratch,
+                           "storage": os.path.abspath(args.storage)},
         scaling_config=cairn.ScalingConfig(num_workers=2),
         run_config=cairn.RunConfig(name="run", storage_path=args.storage,
                                    storage_fsync=not args.no_fsync, progress=0),

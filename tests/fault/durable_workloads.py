@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -56,6 +57,22 @@ def commit_then_die(config: dict[str, Any]) -> None:
     # SYNC: returns once committed; then an in-memory snapshot, serialized in place.
     cairn.report({"step": 1}, checkpoint=cairn.Checkpoint.from_directory(directory))
     report_snapshot({"step": 2}, {"w": expected_tensor(rank)}, per_rank=True).wait()
+    # A checkpoint_upload_fn that writes into the run's own directory (Ray's pattern),
+    # without an fsync of its own.
+    if rank == 0:
+        def upload(checkpoint: cairn.Checkpoint, dir_name: str) -> cairn.Checkpoint:
+            destination = os.path.join(config["storage"], "run", dir_name)
+            shutil.copytree(checkpoint.path, destination)
+            return cairn.Checkpoint.from_directory(destination)
+
+        written = tempfile.mkdtemp()
+        os.makedirs(os.path.join(written, "by_fn"))
+        with open(os.path.join(written, "by_fn", "fn.bin"), "wb") as out:
+            out.write(expected_bytes(9))
+        cairn.report({"step": 3}, checkpoint=cairn.Checkpoint.from_directory(written),
+                     checkpoint_upload_fn=upload)
+    else:
+        cairn.report({"step": 3})
     if rank != 0:
         time.sleep(600)
     # Committed: now the whole run goes at once, as if the machine lost power (what was

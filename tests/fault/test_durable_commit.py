@@ -54,10 +54,13 @@ def fsyncs(scratch: str) -> list[tuple[int, int, str]]:
 def check_read_back(run: Path) -> None:
     result = cairn.Result.from_path(str(run))
     assert [c.path.rsplit("/", 1)[-1] for c, _ in result.best_checkpoints] == [
-        "checkpoint_000001", "checkpoint_000002"]
-    first, second = (c for c, _ in result.best_checkpoints)
-    for checkpoint in (first, second):
+        "checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+    first, second, third = (c for c, _ in result.best_checkpoints)
+    for checkpoint in (first, second, third):
         checkpoint.verify()
+    with third.as_directory() as directory:
+        assert Path(directory, "by_fn", "fn.bin").read_bytes() == \
+            durable_workloads.expected_bytes(9)
     with first.as_directory() as directory:
         for rank in (0, 1):
             path = Path(directory, "nested", "deep", f"rank_{rank}.bin")
@@ -81,7 +84,7 @@ def test_killed_right_after_commit_reads_back_whole_and_fsyncs_in_order(
     calls = fsyncs(scratch)
     index_data = [start for start, _, path in calls
                   if path.startswith(str(run / INDEX_NAME) + TEMPORARY)]
-    for name in ("checkpoint_000001", "checkpoint_000002"):
+    for name in ("checkpoint_000001", "checkpoint_000002", "checkpoint_000003"):
         directory = run / name
         manifest = json.loads((directory / MANIFEST_NAME).read_text())
         # The manifest's data under its temporary name, then the rename (the directory).

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter as _DCPFile
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.storage.checksum import FileEntry, WrittenFile, new_hasher
+from cairn._src.storage.durability import fsync_path
 
 __all__ = ["FileSystemWriter"]
 
@@ -92,6 +93,27 @@ class _HashingFileSystem(FileSystem):
         super().__init__()
         self._lock = threading.Lock()
         self._written: dict[str, WrittenFile] = {}
+        self._created: set[str] = set()  # directories this file system made
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        made = []
+        parent = os.path.abspath(os.fspath(path))
+        while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
+            made.append(parent)
+            parent = os.path.dirname(parent)
+        super().mkdir(path)
+        with self._lock:
+            self._created.update(made)
+
+    def sync_directories(self, directory: str) -> None:
+        """fsync ``directory`` (its files' entries, the ``.metadata`` rename), then the
+        directory holding it and every other directory that holds one this file system
+        made (their new entries): DCP fsyncs its files, never a directory."""
+        with self._lock:
+            created = set(self._created)
+        holders = {os.path.dirname(d) for d in created | {directory}}
+        for path in [directory, *sorted(holders, key=lambda d: (-d.count(os.sep), d))]:
+            fsync_path(path)
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str,
@@ -180,6 +202,11 @@ class FileSystemWriter(_DCPFileSystemWriter):
                          overwrite=overwrite, _extensions=_extensions, **kwargs)
         self._hashing = _HashingFileSystem()
         self.fs = self._hashing
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        if self.sync_files:
+            self._hashing.sync_directories(os.path.abspath(os.fspath(self.path)))
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)

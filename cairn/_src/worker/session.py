@@ -367,7 +367,8 @@ class WorkerSession:
         policy = self._setup.upload_failure_policy
         try:
             if job.upload_fn is not None:
-                message = upload_with_function(job, self.rank, started)
+                message = upload_with_function(job, self.rank, started,
+                                               self.storage_options)
             elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
                 # Another rank reported this same directory and uploads it whole.
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)

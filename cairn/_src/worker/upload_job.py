@@ -193,16 +193,34 @@ def write_deferred(job: UploadJob) -> None:
         )
 
 
-def upload_with_function(job: UploadJob, rank: int, started: float) -> UploadedMessage:
-    """Run the report's ``checkpoint_upload_fn``; the checkpoint it returns is the upload."""
+def upload_with_function(job: UploadJob, rank: int, started: float,
+                         options: StorageOptions) -> UploadedMessage:
+    """Run the report's ``checkpoint_upload_fn``; the checkpoint it returns is the upload.
+    With ``options.fsync``, a returned directory on the local disk is made durable before
+    it is announced, as Cairn's own uploads are (the function wrote it, often into the
+    run's own directory, without an fsync)."""
     assert job.upload_fn is not None
     uploaded = job.upload_fn(job.checkpoint, job.dir_name)
     if not isinstance(uploaded, Checkpoint):
         raise ReportError(
             "checkpoint_upload_fn must return a `ray.train.Checkpoint`: in Cairn, "
             f"the cairn.Checkpoint it uploaded; it returned {uploaded!r}.")
+    root = local_os_path(uploaded.location)
+    if options.fsync and root is not None and os.path.isdir(root):
+        sync_uploaded(root, _regular_files(root))
     return UploadedMessage(rank, job.index, {}, uploaded.location, 0,
                            time.perf_counter() - started, written=uploaded._written)
+
+
+def _regular_files(root: str) -> list[str]:
+    """The regular files under ``root`` (``/``-relative), no link followed."""
+    found: list[str] = []
+    for directory, _, names in os.walk(root):
+        relative = os.path.relpath(directory, root)
+        for name in names:
+            if os.path.isfile(path := os.path.join(directory, name)) and not os.path.islink(path):
+                found.append(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/"))
+    return found
 
 
 def upload_files(job: UploadJob, answer: object, destination: StorageLocation, rank: int,
