@@ -167,3 +167,18 @@ def test_a_pipe_closed_early_ends_the_command_quietly(pristine: Path, tmp_path: 
         os.close(write_end)
     assert done.stderr == ""
     assert done.returncode == 141
+
+
+def test_show_escapes_the_host_a_live_lease_names(pristine: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    run = tmp_path / "run"
+    shutil.copytree(pristine, run)
+    (run / LEASE_NAME).write_text(json.dumps({
+        "version": 1, "host": f"gpu-3{WIPE}", "pid": 1, "token": "ab" * 16,
+        "heartbeat_at": time.time(), "ttl_s": 600.0, "generation": 1}))
+    capsys.readouterr()
+    assert main(["show", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"host gpu-3{ESCAPED_WIPE}" in out and "\x1b" not in out

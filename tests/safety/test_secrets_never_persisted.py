@@ -190,3 +190,50 @@ def test_an_upload_fn_returning_a_uri_with_credentials_fails_the_run(
     for directory, _, names in os.walk(tmp_path / "r"):
         for name in names:
             assert SECRET not in (Path(directory) / name).read_text(errors="replace")
+
+
+def _raise_with_credentials(config: dict[str, Any]) -> None:
+    # The user's own error quotes a URI with credentials (a data loader's, say).
+    raise ValueError(f"cannot open s3://{KEY_ID}:{SECRET}@bucket/data?secret_key={SECRET}")
+
+
+def test_a_failure_quoting_credentials_is_masked_in_the_event_log_and_cairn_show(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cairn._src.cli.main import main
+
+    with caplog.at_level(logging.INFO, logger="cairn"), pytest.raises(
+            cairn.TrainingFailedError, match=r"s3://AKIDCAIRNTEST:\*\*\*@bucket"):
+        cairn.Trainer(_raise_with_credentials, run_config=cairn.RunConfig(
+            name="run", storage_path=str(tmp_path), progress=0)).fit()
+    assert SECRET not in caplog.text
+    events = "".join(p.read_text() for p in (tmp_path / "run" / "events").iterdir())
+    assert "cannot open s3://" in events and SECRET not in events
+    capsys.readouterr()
+    for command in (["show", str(tmp_path / "run")], ["show", str(tmp_path / "run"), "--json"]):
+        main(command)
+        out = capsys.readouterr().out
+        assert "cannot open s3://" in out and SECRET not in out, command
+
+
+def test_cairn_show_masks_credentials_in_a_failure_a_log_recorded(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 ) -> None:
+    # A log written before the driver masked reasons, or forged: show masks them itself.
+    import json
+
+    from cairn._src.cli.main import main
+
+    cairn.Trainer(lambda: None, run_config=cairn.RunConfig(
+        name="run", storage_path=str(tmp_path), progress=0)).fit()
+    quoted = f"ValueError: s3://{KEY_ID}:{SECRET}@bucket/x"
+    segment = next((tmp_path / "run" / "events").iterdir())
+    with segment.open("a", encoding="utf-8") as out:
+        out.write(json.dumps({"type": "failure", "t": 1.0e9, "attempt": 0, "ranks": [0],
+                              "reason": f"[rank 0] {quoted}", "errors": [
+                                  {"type": "ValueError", "ranks": [0], "message": quoted}]})
+                  + "\n")
+    capsys.readouterr()
+    main(["show", str(tmp_path / "run"), "--json"])
+    out = capsys.readouterr().out
+    assert "s3://" in out and SECRET not in out

@@ -106,11 +106,17 @@ def _driver(lease: LeaseInfo | None) -> dict[str, Any] | None:
 
 def _failure(failure: FailureInfo, event: Failure,
              frames: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
-    errors = [{**e.as_dict(), "frame": frames.get(e.ranks[0]) if e.ranks else None}
+    errors = [{**_redacted(e.as_dict()), "frame": frames.get(e.ranks[0]) if e.ranks else None}
               for e in failure.errors]
     return {"attempt": failure.attempt, "t": failure.t, "ranks": list(failure.ranks),
-            "reason": failure.reason, "errors": errors, "counted": event.counted,
+            "reason": redact_text(failure.reason), "errors": errors, "counted": event.counted,
             "preemption": event.preemption}
+
+
+def _redacted(error: dict[str, Any]) -> dict[str, Any]:
+    """An error's record with any URI credentials in its message masked (a log written
+    before the driver masked them, or forged)."""
+    return {**error, "message": redact_text(str(error.get("message", "")))}
 
 
 def _frames(event: Failure) -> dict[int, dict[str, Any]]:
@@ -144,7 +150,7 @@ def show_document(run: StorageLocation, index: RunIndex, events: Iterable[object
     return {
         "run": run.display(),
         "status": history.status,
-        "error": history.error.as_dict() if history.error else None,
+        "error": _redacted(history.error.as_dict()) if history.error else None,
         "sessions": int(history.sessions),
         "attempts": int(max(history.attempts, index.attempts)),
         "driver": _driver(lease),
@@ -225,7 +231,8 @@ def format_show(doc: dict[str, Any]) -> list[str]:
                f"{plural(doc['sessions'], 'driver session')}, "
                f"{plural(len(doc['failures']), 'failure')}")
     driver = doc["driver"]
-    where = f"live: host {driver['host']}, pid {driver['pid']}" if driver else "none"
+    where = (f"live: host {printable(driver['host'])}, pid {driver['pid']}" if driver
+             else "none")
     out.append(f"{'driver':<10} {where}")
     out.append(f"{'started':<10} {_when(doc['started_at'])}   last event "
                f"{_when(doc['last_event_at'])}")

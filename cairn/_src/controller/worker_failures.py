@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from cairn._src.storage.uris import redact_text
+
 # Errors a rank raises when a peer of a collective is gone (gloo, NCCL, sockets).
 _LOST_PEER = re.compile(
     r"connection (reset|closed|refused|aborted)|closed by peer|broken pipe|"
@@ -87,4 +89,6 @@ def group_failures(failures: list[WorkerFailure]) -> str:
     headline = first + (f" (and {len(rest)} more)" if rest else "")
     blocks = [headline + (f"\n{first_body}" if first_body else "")]
     blocks += [head + (f"\n{body}" if body else "") for head, body in rest]
-    return "\n\n".join(blocks)
+    # The errors quote the user's text: a URI with credentials in it is masked before the
+    # reason reaches the event log, the driver's log, the live view or the raised error.
+    return redact_text("\n\n".join(blocks))
