@@ -98,7 +98,24 @@ def test_a_malformed_lease_is_no_live_driver(lease: bytes, run: Path) -> None:
 
 
 def test_lease_break_of_a_directory_without_a_run(tmp_path: Path) -> None:
+    # A path that holds no run, or the user's own directory with a lease.json of its own:
+    # exit 2, nothing removed.
     done = cairn_cli("lease", "break", str(tmp_path / "nothing"))
+    assert done.returncode == 2, done.stderr
+    assert "nothing" in done.stderr and "holds no run (no run index, no event log); " \
+        "nothing removed." in done.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "lease.json").write_text('{"my": "own file"}')
+    (tmp_path / "mine" / "_cairn_lease.7").write_text("mine too")
+    done = cairn_cli("lease", "break", str(tmp_path / "mine"), "--json")
+    assert done.returncode == 2 and done.stdout.strip().startswith("{"), done.stderr
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == [
+        "_cairn_lease.7", "lease.json"]
+
+
+def test_lease_break_of_a_run_without_a_readable_lease(run: Path) -> None:
+    (run / "cairn_run.json").write_bytes(b"{damaged")  # a damaged index is still a run
+    done = cairn_cli("lease", "break", str(run))
     assert done.returncode == 0, done.stderr
     assert "there was no readable lease" in done.stdout
 

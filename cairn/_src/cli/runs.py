@@ -320,6 +320,10 @@ FORCE_HELP = ("remove the lease even though its heartbeat is fresh: a driver sti
 
 def cmd_lease_break(args: argparse.Namespace) -> int:
     run = resolve(args.run)
+    if not exists(run.join(INDEX_NAME), RETRY) and not is_dir(run.join(EVENTS_DIR), RETRY):
+        # Not a run: a lease.json there is someone else's file.
+        raise CairnError(f"{run.display()} holds no run (no run index, no event log); "
+                         "nothing removed.")
     live: LeaseInfo | None = live_lease(run)
     if live is not None and not args.force:
         raise live_run_error(run, live, (
