@@ -55,6 +55,19 @@ def report_reference(config: dict[str, Any]) -> None:
                  checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
 
+def report_references(config: dict[str, Any]) -> None:
+    """Rank 0 writes ``config['refs']``/ref<i> and reports each by reference, ``steps``
+    times."""
+    for step in range(config["steps"]):
+        checkpoint = None
+        if cairn.get_context().get_world_rank() == 0:
+            target = os.path.join(config["refs"], f"ref{step}")
+            _write(target, {"w.bin": b"weights %d" % step})
+            checkpoint = Checkpoint(target)
+        cairn.report({"step": step}, checkpoint=checkpoint,
+                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+
 def report_with(config: dict[str, Any]) -> None:
     """One report: metrics nested ``depth`` deep, or a checkpoint named ``dir_name``."""
     metrics: dict[str, Any] = {"step": 0}

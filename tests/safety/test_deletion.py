@@ -201,3 +201,23 @@ def test_resuming_over_many_bogus_records_writes_the_index_once(
     # One write drops all 3,000 bogus records; then the attempt's own writes.
     assert writes[0] == 1
     assert all(n <= 2 for n in writes) and len(writes) < 10
+
+
+def test_prune_delete_references_deletes_the_dropped_references_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refs = tmp_path / "refs"
+    Trainer(safety_workloads.report_references,
+            train_loop_config={"steps": 3, "refs": str(refs)},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="run", storage_path=str(tmp_path / "storage"))).fit()
+    run_dir = tmp_path / "storage" / "run"
+    capsys.readouterr()
+    assert cli_main(["prune", str(run_dir), "--keep", "1", "--delete-references",
+                     "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [(d["dir_name"], d["deleted"]) for d in document["dropped"]] == [
+        ("checkpoint_000001", True), ("checkpoint_000002", True)]
+    # The dropped references' data is gone (the user asked), the kept one's stays.
+    assert sorted(p.name for p in refs.iterdir()) == ["ref2"]
+    assert (refs / "ref2" / "w.bin").read_bytes() == b"weights 2"

@@ -286,9 +286,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
                             f"{record.dir_name}"))
     if not args.dry_run and dropped:
         # Index first, deletion after: a crash in between leaves only unreferenced data.
-        write_index(run, index.with_changes(checkpoints=tuple(r for r, _ in kept)), RETRY)
-        # What the run recorded decides what may be deleted, never the index alone.
-        manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+        pruned = index.with_changes(checkpoints=tuple(r for r, _ in kept))
+        write_index(run, pruned, RETRY)
+        # What the run recorded decides what may be deleted, never the index alone; the
+        # data of a kept checkpoint stays (the manager looks in the pruned index).
+        manager = CheckpointManager(run, CheckpointConfig(), RETRY, pruned,
                                     SegmentLog(run.join(METRICS_DIR), RETRY),
                                     registered=registered_references(events))
         for record in dropped:
