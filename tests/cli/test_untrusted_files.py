@@ -154,3 +154,15 @@ def test_rebuild_index_does_not_adopt_a_checkpoint_directory_that_is_a_link(
     done = cairn_cli("prune", str(run), "--keep", "1")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in exported.iterdir()) == before
+
+
+def test_rebuild_index_skips_a_checkpoint_whose_manifest_is_a_directory(run: Path) -> None:
+    manifest = run / "checkpoint_000001" / "_cairn_manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    done = cairn_cli("-v", "rebuild-index", str(run))
+    assert done.returncode == 0, done.stderr
+    assert ("Skipping checkpoint_000001 while rebuilding the index: " in done.stderr
+            and "_cairn_manifest.json is a directory, not a regular file" in done.stderr)
+    index = json.loads((run / "cairn_run.json").read_text())
+    assert [c["dir_name"] for c in index["checkpoints"]] == ["checkpoint_000002"]

@@ -281,13 +281,19 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
             raise _too_large(location, limit)
         return data
     fd = os.open(path, _FILE_FLAGS & ~_NOFOLLOW)
-    with io.FileIO(fd, "rb", closefd=True) as stream:
+    # Checked before io.FileIO takes it: FileIO refuses a directory with its own error.
+    try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ManifestError(
-                f"{location.display()} is {describe_mode(info.st_mode)}, not a regular file; "
-                "Cairn reads regular files only. Replace it with the file Cairn wrote there."
-            )
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ManifestError(
+            f"{location.display()} is {describe_mode(info.st_mode)}, not a regular file; "
+            "Cairn reads regular files only. Replace it with the file Cairn wrote there."
+        )
+    with io.FileIO(fd, "rb", closefd=True) as stream:
         if info.st_size > limit:
             raise _too_large(location, limit)
         data = stream.read(limit + 1)
