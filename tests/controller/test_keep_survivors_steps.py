@@ -237,3 +237,21 @@ def test_the_restore_plan_reads_storage_when_no_copy_is_the_latest() -> None:
     assert planned_source(plans[1]) == ("storage", None)
     # A whole-group restart, or nothing to resume: no plan (every rank reads storage).
     assert plan_restores(4, None, 2) == {} and plan_restores(None, _kept({}, {1}), 2) == {}
+
+
+def test_the_restore_plan_counts_a_copy_whose_commit_the_rank_had_not_heard_of() -> None:
+    # Rank 0 stopped while report 4's commit was in flight (its copy still pending there);
+    # the commit then completed, and the attempt resumes from report 4: rank 0 holds it
+    # (the commit's notice reaches it before the next attempt), so nobody reads storage.
+    info = MemoryCopyInfo(3, ("127.0.0.1", 5000), pending=(4,))
+    plans = plan_restores(4, _kept({0: info}, {1}), 2)
+    assert plans[0].own_memory and plans[0].reason == "its own memory copy"
+    assert plans[1].peers == ((0, "127.0.0.1", 5000),)
+    # Only a pending copy, none committed yet: the same.
+    only = MemoryCopyInfo(-1, ("127.0.0.1", 5000), pending=(4,))
+    assert plan_restores(4, _kept({0: only}, {1}), 2)[0].own_memory
+    # A pending copy of another report than the one resumed from counts for nothing.
+    plans = plan_restores(3, _kept({0: only}, {1}), 2)
+    assert not plans[0].own_memory
+    assert plans[0].reason == ("it holds no memory copy of report 3; no kept rank holds "
+                               "report 3 in memory")

@@ -42,7 +42,8 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     rank, once that rank's train function restores (``ballast_mib`` of extra state makes
     that copy large). Kind "lose_node" (Ray backend): every rank records its node; the
     highest rank off the head node (``fault["head"]``) holds there for its node to be
-    removed, the others go on into the step's all_reduce."""
+    removed, the others go on into the step's all_reduce. Kind "kill_after_snapshot": the
+    rank SIGKILLs itself 0.3 s after its ``report_snapshot`` of step ``after_step``."""
     context = cairn.get_context()
     rank, attempt = context.get_world_rank(), context.get_attempt()
     _record(config, f"pid_{attempt}_{rank}.json", os.getpid())
@@ -98,6 +99,12 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
                                                model=model, optimizer=optimizer,
                                                data_loader=loader, step=step,
                                                extra=ballast))
+                if (fault and fault["kind"] == "kill_after_snapshot"
+                        and rank == fault["rank"] and step == fault["after_step"]):
+                    # Its part of the report is sent; the other rank is still writing
+                    # its snapshot, so the commit is in flight when the failure is seen.
+                    time.sleep(0.3)
+                    os.kill(os.getpid(), signal.SIGKILL)
     for handle in handles:
         handle.wait()
     final = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model

@@ -103,6 +103,32 @@ def test_two_failures_in_a_row_keep_the_survivors_each_time(
     _assert_same_training(result.return_value, reference)
 
 
+def test_a_checkpoint_committed_while_the_survivor_stops_is_restored_from_its_memory(
+    run_config: Any, scratch: str, reference: dict[str, Any],
+) -> None:
+    # Rank 1 dies right after its part of step 15's snapshot; rank 0 is still writing its
+    # own (a large one), and is stopped: it names its copy of report 3 as pending, the
+    # commit completes after that, and the next attempt resumes from report 3, from rank
+    # 0's memory (which learns of the commit before it rejoins), not from storage.
+    result = TorchTrainer(
+        survivor_workloads.train,
+        train_loop_config={**JOB, "scratch": scratch, "ballast_mib": 64, "faults": {
+            "0": {"rank": 1, "after_step": 15, "kind": "kill_after_snapshot"}}},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run_config(name="in_flight", failure_config=FailureConfig(
+            max_failures=1, keep_survivors=True),
+            checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    ).fit()
+    assert result.error is None
+    assert _read(scratch, "pid_1_0.json") == _read(scratch, "pid_0_0.json")
+    assert _read(scratch, "resumed_1_0.json") == _read(scratch, "resumed_1_1.json") == 15
+    [(_, planned, restored)] = _restores(result.path)
+    assert planned[0]["kind"] == "memory" and planned[0]["index"] == 3, planned
+    assert restored[0]["kind"] == "memory" and restored[1]["kind"] == "peer+driver", restored
+    assert restored[0]["bytes"] == restored[1]["bytes"] == 0, restored
+    _assert_same_training(result.return_value, reference)
+
+
 def _restores(path: str) -> list[tuple[int, dict[int, Any], dict[int, Any]]]:
     """Per attempt after the first: (attempt, planned by rank, restored by rank)."""
     attempts: list[tuple[int, dict[int, Any], dict[int, Any]]] = []

@@ -20,7 +20,7 @@ import pytest
 from cairn._src.checkpoint.manifest import Manifest
 from cairn._src.storage.checksum import FileEntry, new_hasher
 from cairn._src.storage.location import resolve
-from cairn._src.wire.messages import RestoredMessage, RestorePlan
+from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.worker import memory_copy, peer_fetch
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_fetch import PEER_CHUNK, STREAMED, Outcome, fetch_from_peer
@@ -72,13 +72,16 @@ def test_a_copy_is_kept_from_its_commit_until_a_later_one_and_freed_after_its_re
     copies = MemoryCopies(KEY, None)
     first, second = Writer({"a": b"1"}), Writer({"a": b"2"})
     assert copies.hold(1, first, {"a": entry(b"1")})
-    assert copies.info() is None  # not committed yet
+    # Not committed yet: held, and named as such (its commit may complete before the
+    # next attempt), but not served as committed.
+    assert copies.info() == MemoryCopyInfo(-1, None, (1,)) and copies.acquire(1) is None
     copies.committed(1)
     info = copies.info()
     assert info is not None and info.report_index == 1 and info.address is None
     reading = copies.acquire(1)
     assert reading is not None
     copies.hold(2, second, {"a": entry(b"2")})
+    assert copies.info() == MemoryCopyInfo(1, None, (2,))
     copies.committed(2)
     assert not first.closed  # still read
     copies.release(reading)

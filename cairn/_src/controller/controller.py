@@ -345,11 +345,13 @@ class Controller:
         manager = parts.manager
         self._kept = self._keep_or_kill(loop, failure)
         kept = self._kept.connections if self._kept is not None else {}
-        for rank, connection in attempt.connections.items():
-            if rank not in kept:
-                connection.close()
-        attempt.connections.clear()
+        for rank in [r for r in attempt.connections if r not in kept]:
+            attempt.connections.pop(rank).close()
+        # Commits still in flight are told to the kept ranks too: the copy a kept rank
+        # holds of such a checkpoint becomes its committed one before the next attempt
+        # restores from it (from that copy, not from storage).
         loop.wait_for_commits()
+        attempt.connections.clear()
         pending = attempt.tracker.pending_dir_names()
         # Each rank's own exception, as Ray Train's worker_failures; the text says where
         # the committed checkpoints stay.

@@ -94,7 +94,7 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: 
     if kept is None or resume_index is None:
         return {}
     holders = {rank: info for rank, info in kept.copies.items()
-               if info is not None and info.report_index == resume_index}
+               if info is not None and info.holds(resume_index)}
     plans: dict[int, RestorePlan] = {}
     for rank in range(world_size):
         own = rank in holders
@@ -105,8 +105,10 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: 
             reason = "its own memory copy"
         elif rank in kept.copies:
             info = kept.copies[rank]
-            reason = (f"its memory copy is of report {info.report_index}" if info is not None
-                      else "it holds no snapshot in memory")
+            reason = ("it holds no snapshot in memory" if info is None
+                      else f"its memory copy is of report {info.report_index}"
+                      if info.report_index >= 0
+                      else f"it holds no memory copy of report {resume_index}")
         else:
             reason = "a replaced rank"
         if not own:

@@ -318,10 +318,17 @@ class StoppedMessage:
 class MemoryCopyInfo:
     """A kept rank's copy in memory of the committed checkpoint of report
     ``report_index``; ``address``: where it serves the copy to a replacement rank (an
-    authenticated socket, the run's secret), None where it does not."""
+    authenticated socket, the run's secret), None where it does not. ``pending``: the
+    reports it also holds a copy of whose commit it had not heard of when it stopped (one
+    of them may commit before the next attempt starts)."""
 
     report_index: int
     address: tuple[str, int] | None = None
+    pending: tuple[int, ...] = ()
+
+    def holds(self, report_index: int) -> bool:
+        """Whether the rank holds a copy of ``report_index`` (committed by now)."""
+        return report_index == self.report_index or report_index in self.pending
 
 
 @dataclass(frozen=True)

@@ -138,18 +138,19 @@ class MemoryCopies:
             c.writer.close()
 
     def info(self) -> MemoryCopyInfo | None:
-        """The committed copy this process holds, and where it serves it."""
+        """The copies held (the committed one, or -1, and those whose commit this process
+        has not heard of yet), and where they are served."""
         with self._lock:
-            copy = self._committed
-            server = self._server
-        if copy is None:
+            copy, pending, server = self._committed, tuple(sorted(self._pending)), self._server
+        if copy is None and not pending:
             return None
-        return MemoryCopyInfo(copy.report_index, server.address if server else None)
+        return MemoryCopyInfo(-1 if copy is None else copy.report_index,
+                              server.address if server else None, pending)
 
     def serve(self) -> None:
-        """Start serving the committed copy to peers (once; where a host is known)."""
+        """Start serving the held copies to peers (once; where a host is known)."""
         with self._lock:
-            if self._server is not None or self.host is None or self._committed is None:
+            if self._server or self.host is None or not (self._committed or self._pending):
                 return
         try:
             server = PeerServer(self, self.authkey, self.host)
@@ -593,8 +594,7 @@ class RestoreSources:
 
 
 def serve_copy(memory: MemoryCopies | None) -> MemoryCopyInfo | None:
-    """A stopping kept rank: serve its committed copy to peers; what it holds, and where."""
-    if memory is None:
-        return None
-    memory.serve()
-    return memory.info()
+    """A stopping kept rank: serve its held copies to peers; what it holds, and where."""
+    if memory is not None:
+        memory.serve()
+    return None if memory is None else memory.info()
