@@ -217,7 +217,10 @@ def test_the_restore_plan_gives_a_rank_without_a_copy_its_own_files_from_the_dri
     held = MemoryCopyInfo(4, ("127.0.0.1", 5000))
     files = {0: {"rank_0/rank_state.pt": b"0"}, 1: {"rank_1/rank_state.pt": b"1"}}
     plans = plan_restores(4, _kept({0: held}, {1}), 2, files)
-    assert plans[0].driver_files == {}  # its own memory copy holds them
+    # Its own memory copy holds its files; those of the replaced rank only the driver.
+    assert plans[0].driver_files == {"rank_1/rank_state.pt": b"1"}
+    assert plans[0].reason == ("its own memory copy; 1 small files of replaced ranks from "
+                               "the driver")
     assert plans[1].driver_files == {"rank_1/rank_state.pt": b"1"}
     assert plans[1].reason == ("a replaced rank; from peer rank 0; 1 small files of its own "
                                "from the driver")
@@ -226,7 +229,8 @@ def test_the_restore_plan_gives_a_rank_without_a_copy_its_own_files_from_the_dri
     plans = plan_restores(4, _kept({0: stale}, {1}), 2, files)
     assert planned_source(plans[1]) == ("driver", None)
     assert plans[1].driver_files == {"rank_1/rank_state.pt": b"1"}
-    assert plans[0].driver_files == {"rank_0/rank_state.pt": b"0"}  # its copy is stale
+    # Its copy is stale: its own files, and the replaced rank's.
+    assert plans[0].driver_files == {"rank_0/rank_state.pt": b"0", "rank_1/rank_state.pt": b"1"}
 
 
 def test_the_restore_plan_reads_storage_when_no_copy_is_the_latest() -> None:

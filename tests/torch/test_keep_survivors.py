@@ -129,6 +129,28 @@ def test_a_checkpoint_committed_while_the_survivor_stops_is_restored_from_its_me
     _assert_same_training(result.return_value, reference)
 
 
+def test_with_three_ranks_no_rank_reads_storage_after_one_crash(
+    run_config: Any, scratch: str,
+) -> None:
+    # Rank 2's own small files (its RNG state) are held by nobody but the driver: a kept
+    # rank restoring the whole checkpoint (rank 1's copy lacks rank 0's model file, so it
+    # restores files) gets them from the driver too, not from storage.
+    result = TorchTrainer(
+        survivor_workloads.train,
+        train_loop_config={**JOB, "scratch": scratch,
+                           "faults": {"0": {"rank": 2, "step": 13, "kind": "kill"}}},
+        scaling_config=ScalingConfig(num_workers=3),
+        run_config=run_config(name="three", failure_config=FailureConfig(
+            max_failures=1, keep_survivors=True)),
+    ).fit()
+    assert result.error is None
+    for rank in (0, 1):
+        assert _read(scratch, f"pid_1_{rank}.json") == _read(scratch, f"pid_0_{rank}.json")
+    [(_, planned, restored)] = _restores(result.path)
+    assert [planned[r]["kind"] for r in range(3)] == ["memory", "memory", "peer"], planned
+    assert all(restored[r]["bytes"] == 0 for r in range(3)), restored
+
+
 def _restores(path: str) -> list[tuple[int, dict[int, Any], dict[int, Any]]]:
     """Per attempt after the first: (attempt, planned by rank, restored by rank)."""
     attempts: list[tuple[int, dict[int, Any], dict[int, Any]]] = []

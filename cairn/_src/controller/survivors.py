@@ -90,7 +90,8 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: 
     """Where each rank of the next attempt restores the checkpoint of report
     ``resume_index`` from (pure; empty when the whole group restarts or nothing resumes).
     ``driver_files``: the small files each rank wrote for that checkpoint, as the driver
-    kept them (:mod:`.driver_copies`); a rank without its own memory copy gets its own."""
+    kept them (:mod:`.driver_copies`); a rank without its own memory copy gets its own,
+    and every rank those of the replaced ranks."""
     if kept is None or resume_index is None:
         return {}
     holders = {rank: info for rank, info in kept.copies.items()
@@ -115,10 +116,17 @@ def plan_restores(resume_index: int | None, kept: KeptRanks | None, world_size: 
             reason += (f"; from peer rank {peers[0][0]}" if peers
                        else f"; no kept rank holds report {resume_index} in memory"
                        if not holders else "; no kept rank serves its copy")
-        held = {} if own else dict((driver_files or {}).get(rank, {}))
-        if held:
-            reason += f"; {len(held)} small files of its own from the driver"
-        plans[rank] = RestorePlan(resume_index, own, peers, reason, held)
+        files = driver_files or {}
+        mine = {} if own else dict(files.get(rank, {}))
+        # The replaced ranks' own files: no kept rank holds them, and a restore of the
+        # whole checkpoint (as_directory) wants every file.
+        theirs = {rel: data for other in sorted(kept.replace) if other != rank
+                  for rel, data in files.get(other, {}).items()}
+        if mine:
+            reason += f"; {len(mine)} small files of its own from the driver"
+        if theirs:
+            reason += f"; {len(theirs)} small files of replaced ranks from the driver"
+        plans[rank] = RestorePlan(resume_index, own, peers, reason, {**theirs, **mine})
     return plans
 
 
