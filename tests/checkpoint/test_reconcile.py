@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from cairn import CheckpointConfig
 from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, read_index, write_index
@@ -78,3 +81,24 @@ def test_reconcile_neither_adopts_nor_deletes_a_checkpoint_directory_that_is_a_l
     assert reread is not None and reread.checkpoints == ()
     assert (tmp_path / "run" / "checkpoint_000001").is_symlink()
     assert sorted(p.name for p in exported.iterdir()) == ["_cairn_manifest.json", "a.bin"]
+
+
+def test_an_adoption_fsyncs_the_index_only_when_the_run_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cairn._src.checkpoint.opening import open_run
+
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    for durable in (False, True):
+        run = resolve(str(tmp_path / f"run_{durable}"))
+        (tmp_path / f"run_{durable}" / "checkpoint_000001").mkdir(parents=True)
+        (tmp_path / f"run_{durable}" / "checkpoint_000001" / "a.bin").write_bytes(b"a")
+        write_manifest(run.join("checkpoint_000001"), Manifest(
+            files=compute_entries(run.join("checkpoint_000001"), ["a.bin"]),
+            report_index=1), RETRY, durable=False)
+        write_index(run, RunIndex(next_report_index=1), RETRY, durable=False)
+        synced.clear()
+        opened = open_run(run, CheckpointConfig(), RETRY, durable=durable)
+        assert [r.dir_name for r in opened.index.checkpoints] == ["checkpoint_000001"]
+        # RunConfig(storage_fsync=False): the adopted index is written without an fsync.
+        assert bool(synced) is durable

@@ -483,7 +483,7 @@ class CheckpointManager:
     def reconcile(self, started: Collection[str] = (), dropped: Collection[str] = ()) -> None:
         """Settle what a dead driver left behind (:func:`.reconcile.reconcile`)."""
         self.index = reconcile(self.run, self.index, self.retry, started, dropped,
-                               fence=self.fence)
+                               fence=self.fence, durable=self.fsync)
 
     def names_holding_references(self) -> set[str]:
         """Run-directory entries that hold data of checkpoints committed by reference."""
@@ -510,11 +510,8 @@ class CheckpointManager:
         if adopted:
             logger.warning("Adopting %s: committed, but the index write of the commit failed",
                            [r.dir_name for r in adopted])
-            self._adopt(adopted)
-
-    def _adopt(self, adopted: list[CheckpointRecord]) -> None:
-        """Write the index with ``adopted`` (committed checkpoints it did not name) added."""
-        self.index = adopt(self.run, self.index, adopted, self.retry, self.fence)
+            self.index = adopt(self.run, self.index, adopted, self.retry, self.fence,
+                               durable=self.fsync)
 
     def _manifest_asked_again(self, name: str, manifest_at: StorageLocation,
                               committed: Callable[[], set[str]],

@@ -40,9 +40,11 @@ class OpenedRun:
     registered: dict[str, Target]
 
 
-def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy) -> OpenedRun:
+def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy, *,
+             durable: bool = True) -> OpenedRun:
     """Read the run's index (rebuilt from the manifests when damaged or lost while the run
-    committed checkpoints), with ``config``'s retention settings, and reconcile it."""
+    committed checkpoints), with ``config``'s retention settings, and reconcile it (an
+    index written then is fsynced with ``durable``, the run's ``storage_fsync``)."""
     try:
         index = read_index(run, retry)
     except ManifestError as exc:
@@ -84,5 +86,5 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy)
         # Dropped as damaged by an earlier resume: never adopted back.
         dropped = {str(e.dir_name) for e in events
                    if isinstance(e, CheckpointDropped) and e.dir_name is not None}
-        current = reconcile(run, current, retry, started, dropped)
+        current = reconcile(run, current, retry, started, dropped, durable=durable)
     return OpenedRun(current, registered)

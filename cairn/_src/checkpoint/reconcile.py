@@ -63,19 +63,21 @@ def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
 
 
 def adopt(run: StorageLocation, index: RunIndex, adopted: list[CheckpointRecord],
-          retry: RetryPolicy, fence: Callable[[], None] | None = None) -> RunIndex:
+          retry: RetryPolicy, fence: Callable[[], None] | None = None, *,
+          durable: bool = True) -> RunIndex:
     """Write the index with ``adopted`` (committed checkpoints it did not name) added, in
-    report order, and the next report index past them; the index written."""
+    report order, and the next report index past them; the index written (fsynced with
+    ``durable``, the run's ``storage_fsync``)."""
     index = adopt_records(index, adopted)
     if fence is not None:
         fence()
-    write_index(run, index, retry)
+    write_index(run, index, retry, durable=durable)
     return index
 
 
 def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
               started: Collection[str] = (), dropped: Collection[str] = (), *,
-              fence: Callable[[], None] | None = None) -> RunIndex:
+              fence: Callable[[], None] | None = None, durable: bool = True) -> RunIndex:
     """Settle what a dead driver left behind, before the run goes on; the index to go on
     with (written when it changed).
 
@@ -132,5 +134,5 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
     if adopted:
         logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                        len(adopted), [r.dir_name for r in adopted])
-        index = adopt(run, index, adopted, retry, fence)
+        index = adopt(run, index, adopted, retry, fence, durable=durable)
     return index

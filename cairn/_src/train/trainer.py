@@ -204,7 +204,8 @@ class Trainer:
             _raise_startup_error(run, exc)
         try:
             try:
-                opened = open_run(run, self.run_config.checkpoint_config, startup)
+                opened = open_run(run, self.run_config.checkpoint_config, startup,
+                                  durable=self.run_config.storage_fsync)
             except StorageError as exc:
                 _raise_startup_error(run, exc)
             history = SegmentLog(run.join(METRICS_DIR), retry)
