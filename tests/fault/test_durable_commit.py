@@ -105,6 +105,12 @@ def test_killed_right_after_commit_reads_back_whole_and_fsyncs_in_order(
         assert any(start > manifest_end for start in index_data), calls
     index_renamed = [start for start, _, path in calls if path == str(run)]
     assert index_renamed and max(index_renamed) > max(index_data)
+    # The event log and the metrics history are flushed durably too (a validation's
+    # request is flushed before its checkpoint exists, and must outlive it).
+    for log in ("events", "metrics"):
+        assert any(path.startswith(str(run / log) + os.sep) and TEMPORARY in path
+                   for _, _, path in calls), (log, calls)
+        assert str(run / log) in [path for _, _, path in calls], (log, calls)
 
 
 def test_storage_fsync_false_makes_no_fsync(tmp_path: Path, scratch: str) -> None:

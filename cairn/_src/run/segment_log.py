@@ -156,10 +156,15 @@ class SegmentLog:
         retry: RetryPolicy,
         *,
         records_per_segment: int = 500,
+        durable: bool = False,
     ) -> None:
         self._directory = directory
         self._retry = retry
         self._records_per_segment = records_per_segment
+        # Each flush fsynced (the run's storage_fsync): a record flushed before a
+        # checkpoint exists (a validation's request, a reference's registration) outlives
+        # a crash of the machine that the checkpoint outlives.
+        self._durable = durable
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: list[bytes] = []
@@ -188,7 +193,8 @@ class SegmentLog:
                 data = b"\n".join(lines) + b"\n"
                 try:
                     write_bytes_atomic(
-                        self._directory.join(_segment_name(self._segment)), data, self._retry
+                        self._directory.join(_segment_name(self._segment)), data, self._retry,
+                        durable=self._durable,
                     )
                 except BaseException:
                     # Nothing is lost: the records go back in front of newer ones.
