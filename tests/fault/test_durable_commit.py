@@ -105,6 +105,10 @@ def test_killed_right_after_commit_reads_back_whole_and_fsyncs_in_order(
         assert any(start > manifest_end for start in index_data), calls
     index_renamed = [start for start, _, path in calls if path == str(run)]
     assert index_renamed and max(index_renamed) > max(index_data)
+    # The directories the run created (storage/ and storage/run/): each entry in its
+    # parent.
+    synced = [path for _, _, path in calls]
+    assert str(storage) in synced and str(storage.parent) in synced, calls
     # The event log and the metrics history are flushed durably too (a validation's
     # request is flushed before its checkpoint exists, and must outlive it).
     for log in ("events", "metrics"):

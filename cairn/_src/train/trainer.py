@@ -33,6 +33,7 @@ from cairn._src.observe.callbacks import call_hooks
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
+from cairn._src.storage.durability import fsync_path
 from cairn._src.storage.location import (
     StorageLocation,
     _known_scheme_set,
@@ -192,7 +193,8 @@ class Trainer:
             self._check_local_mode()
         run_config = local_run_config(self.run_config) if local else self.run_config
         run = self._run_location()
-        _create_local_run_directory(run, self._storage_path)
+        _create_local_run_directory(run, self._storage_path,
+                                    durable=self.run_config.storage_fsync)
         retry = self.run_config.storage_retry
         # The start-up has a budget of its own (RunConfig.startup_retry): a driver started
         # during a storage outage may wait for it longer than any later call would.
@@ -299,10 +301,13 @@ def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str
     return os.path.abspath(os.path.expanduser(text))
 
 
-def _create_local_run_directory(run: StorageLocation, storage_path: str) -> None:
+def _create_local_run_directory(run: StorageLocation, storage_path: str, *,
+                                durable: bool) -> None:
     """Create the run directory on local storage, or raise :class:`ConfigError` naming
     ``storage_path`` and the system's reason (``/proc/x``, a path under a file, a
     directory this process may not write to). A failure leaves no directory it created.
+    With ``durable`` (``storage_fsync``), the entry of each directory it created is
+    fsynced in its parent: a new run's directory outlives a crash of the machine.
     """
     path = local_os_path(run)
     if path is None:
@@ -331,6 +336,9 @@ def _create_local_run_directory(run: StorageLocation, storage_path: str) -> None
             f"{path!r} cannot be created or written to ({reason}). Pass a directory this "
             "process can create and write to, or a storage URI such as 's3://bucket/runs'."
         ) from exc
+    if durable:
+        for created in missing:  # innermost first: each entry in its parent
+            fsync_path(os.path.dirname(created))
 
 
 def _log_run_start(name: str, run: StorageLocation, manager: CheckpointManager) -> None:
