@@ -57,6 +57,9 @@ def record(**changes: Any) -> dict[str, Any]:
          "field 'checkpoints[0].dir_name' is missing; expected a checkpoint directory name"),
         ({"checkpoints": [record(managed="yes")]},
          "field 'checkpoints[0].managed' is 'yes' (str); expected true or false."),
+        ({"checkpoints": [record(target_uri="relative/ckpt")]},
+         "field 'checkpoints[0].target_uri' is 'relative/ckpt' (str); expected null or a URI "
+         "with a scheme ('s3://bucket/ckpt') or an absolute path."),
         ({"checkpoints": [record(target_path="rel/path")]},
          "field 'checkpoints[0].target_path' is 'rel/path' (str); expected null or a "
          "normalized absolute path such as '/data/ckpt'."),

@@ -380,7 +380,11 @@ ABSOLUTE_PATH = String(
     expected="a normalized absolute path such as '/data/ckpt'",
     test=lambda path: check_absolute_path(path) == path,
 )
-URI = String(expected="a non-empty URI string")
+# A stored URI names one place whatever the reader's working directory: a scheme, or an
+# absolute path (a relative one would read wherever `cairn verify` runs).
+_PLACE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://|/|[A-Za-z]:[\\/]")
+URI = String(expected="a URI with a scheme ('s3://bucket/ckpt') or an absolute path",
+             test=lambda text: _PLACE.match(text) is not None)
 TIME = Number()
 COUNT = Integer(minimum=0)
 # The largest report index Cairn reads back: every integer up to it is exact in a double
