@@ -166,3 +166,13 @@ def test_rebuild_index_skips_a_checkpoint_whose_manifest_is_a_directory(run: Pat
             and "_cairn_manifest.json is a directory, not a regular file" in done.stderr)
     index = json.loads((run / "cairn_run.json").read_text())
     assert [c["dir_name"] for c in index["checkpoints"]] == ["checkpoint_000002"]
+
+
+def test_a_usage_error_with_json_still_prints_json(run: Path) -> None:
+    done = cairn_cli("prune", str(run), "--keep", "x", "--json")
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {"error": "argument --keep: invalid int value: 'x'",
+                                       "command": "prune"}
+    assert "cairn prune: error: argument --keep: invalid int value: 'x'" in done.stderr
+    done = cairn_cli("prune", str(run), "--keep", "x")  # without --json: stderr only
+    assert done.returncode == 2 and done.stdout == ""

@@ -10,6 +10,8 @@ that configures logging handlers.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -58,8 +60,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; a usage error exits 2 as argparse does, and with ``--json`` its one
+    line goes to stdout too, as ``{"error", "command"}`` (the documented contract)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return build_parser().parse_args(words)
+    except SystemExit as exc:
+        text = said.getvalue()
+        sys.stderr.write(text)
+        lines = text.strip().splitlines()
+        if exc.code == 2 and "--json" in words and lines:
+            command = next((w for w in words if not w.startswith("-")), None)
+            print(json.dumps({"error": lines[-1].partition("error: ")[2] or lines[-1],
+                              "command": command}))
+        raise
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
