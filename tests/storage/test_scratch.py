@@ -4,12 +4,14 @@ that process is gone, and nothing else removed."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import cairn
 from cairn._src.storage import scratch
 
 
@@ -76,3 +78,27 @@ def test_a_directory_of_another_user_is_left_alone(tmp_path: Path) -> None:
 
 def test_a_base_that_cannot_be_listed_removes_nothing(tmp_path: Path) -> None:
     assert scratch.sweep_stale(str(tmp_path / "missing")) == []
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_a_run_on_the_local_backend_removes_what_killed_workers_left_in_ram(
+        tmp_path: Path) -> None:
+    # A replacement killed during its peer transfer left its directory of received files
+    # in /dev/shm: the run's end removes it (not some later run's restore).
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    stale = Path(scratch.SHARED_MEMORY,
+                 f"{scratch.PREFIX}{scratch._namespace()}-{process.pid}-killed")
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.pt").write_bytes(b"x" * 4096)
+    try:
+        cairn.Trainer(_nothing, scaling_config=cairn.ScalingConfig(num_workers=1),
+                      run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path),
+                                                 progress=0)).fit()
+        assert not stale.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _nothing() -> None:
+    pass

@@ -16,11 +16,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Collection
 from typing import IO, TYPE_CHECKING, Any
 
+from cairn._src.storage.scratch import SHARED_MEMORY, sweep_stale
 from cairn._src.wire.bootstrap import ATTEMPT_VARIABLES, Bootstrap
 
 if TYPE_CHECKING:
@@ -377,6 +379,10 @@ class LocalBackend:
             _signal_group(worker.process, signal.SIGKILL)
             worker.flush_output()
             worker.exit_watcher.close()
+        # A worker killed during a restore (keep_survivors) left its directory of
+        # received files in RAM: removed now, not at some later run's restore.
+        for base in (SHARED_MEMORY, tempfile.gettempdir()):
+            sweep_stale(base)
 
     def kill(self) -> None:
         self.shutdown(grace_s=0.0)

@@ -5,7 +5,8 @@ A kept or replaced rank restores its checkpoint into ``/dev/shm`` when it has ro
 ``kill -9`` in the middle of a restore can never remove it, and a gigabyte of RAM would stay
 taken until the machine restarts. So each one is named after its process,
 ``cairn-checkpoint-<pid namespace>-<pid>-<random>``, and :func:`sweep_stale` (run when a
-process first restores there) removes those of processes that no longer run.
+process first restores there, and by the local backend once a run's workers are gone)
+removes those of processes that no longer run.
 
 What may be removed, and nothing else: a directory (never a link, a file or anything else
 under that name) directly in the RAM file system, owned by this user, whose name carries
@@ -28,6 +29,8 @@ from cairn._src.processes import process_exists
 logger = logging.getLogger(__name__)
 
 PREFIX = "cairn-checkpoint-"
+# A RAM file system: a restore from memory is written there when it fits.
+SHARED_MEMORY = "/dev/shm"
 
 
 def _namespace() -> str:

@@ -45,7 +45,7 @@ from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.scratch import sweep_stale
+from cairn._src.storage.scratch import SHARED_MEMORY, sweep_stale
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.wire.sockets import abort_connection, set_io_timeout
@@ -66,8 +66,6 @@ from cairn._src.worker.peer_shared import open_offered
 
 logger = logging.getLogger(__name__)
 
-# A RAM file system: a restore from memory is written there when it fits.
-SHARED_MEMORY = "/dev/shm"
 # How many connections a peer server authenticates at once (more wait), each how long.
 HANDSHAKES = 16
 HANDSHAKE_TIMEOUT_S = 10.0
