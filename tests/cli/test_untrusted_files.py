@@ -102,8 +102,8 @@ def test_lease_break_of_a_directory_without_a_run(tmp_path: Path) -> None:
     # exit 2, nothing removed.
     done = cairn_cli("lease", "break", str(tmp_path / "nothing"))
     assert done.returncode == 2, done.stderr
-    assert "nothing" in done.stderr and "holds no run (no run index, no event log); " \
-        "nothing removed." in done.stderr
+    assert "nothing" in done.stderr and "holds no run (no run index, no event log, no " \
+        "lease a driver wrote); nothing removed." in done.stderr
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "lease.json").write_text('{"my": "own file"}')
     (tmp_path / "mine" / "_cairn_lease.7").write_text("mine too")

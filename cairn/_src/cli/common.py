@@ -28,13 +28,18 @@ def open_run(path: str) -> tuple[StorageLocation, RunIndex]:
     return run, index
 
 
-def live_lease(run: StorageLocation) -> LeaseInfo | None:
+def read_lease(run: StorageLocation) -> LeaseInfo | None:
+    """The run's lease as a driver wrote it; None when there is none or it is invalid."""
     try:
-        lease = LeaseInfo.from_json(read_bytes(run.join(LEASE_NAME), RETRY))
+        return LeaseInfo.from_json(read_bytes(run.join(LEASE_NAME), RETRY))
     except (FileNotFoundError, ManifestError):
-        # An invalid lease holds nothing: a driver takes it over too.
         return None
-    return lease if is_live(lease) else None
+
+
+def live_lease(run: StorageLocation) -> LeaseInfo | None:
+    # An invalid lease holds nothing: a driver takes it over too.
+    lease = read_lease(run)
+    return lease if lease is not None and is_live(lease) else None
 
 
 def heartbeat_age_s(lease: LeaseInfo, *, now: float | None = None) -> float:

@@ -33,6 +33,7 @@ from cairn._src.cli.common import (
     open_run,
     print_json,
     printable,
+    read_lease,
     refuse_live_run,
 )
 from cairn._src.cli.show import checkpoint_statuses
@@ -322,10 +323,12 @@ FORCE_HELP = ("remove the lease even though its heartbeat is fresh: a driver sti
 
 def cmd_lease_break(args: argparse.Namespace) -> int:
     run = resolve(args.run)
-    if not exists(run.join(INDEX_NAME), RETRY) and not is_dir(run.join(EVENTS_DIR), RETRY):
-        # Not a run: a lease.json there is someone else's file.
-        raise CairnError(f"{run.display()} holds no run (no run index, no event log); "
-                         "nothing removed.")
+    if (not exists(run.join(INDEX_NAME), RETRY) and not is_dir(run.join(EVENTS_DIR), RETRY)
+            and read_lease(run) is None):
+        # Not a run (a driver writes its lease first, then the index and the event log):
+        # a lease.json there is someone else's file.
+        raise CairnError(f"{run.display()} holds no run (no run index, no event log, no "
+                         "lease a driver wrote); nothing removed.")
     live: LeaseInfo | None = live_lease(run)
     if live is not None and not args.force:
         raise live_run_error(run, live, (
