@@ -247,6 +247,23 @@ def scratch(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The paths fsynced in this process from now on, in order (what each descriptor
+    names then)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("reads /proc/self/fd")
+    calls: list[str] = []
+    original = os.fsync
+
+    def recording(fd: int) -> None:
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        original(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    yield calls
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # Worker processes import this module's storage factories as `conftest`: another
     # conftest.py in a directory without __init__.py takes that name and they fail to

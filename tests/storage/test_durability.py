@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,6 @@ from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.durability import sync_uploaded, write_durably
 from cairn._src.storage.location import resolve
 from cairn._src.storage.options import StorageOptions
-
-
-@pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The paths fsynced in this process, in order (what each descriptor names then)."""
-    calls: list[str] = []
-    original = os.fsync
-
-    def recording(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        original(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    yield calls
 
 
 def test_sync_uploaded_fsyncs_files_then_their_directories_deepest_first(

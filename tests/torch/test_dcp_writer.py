@@ -167,38 +167,21 @@ def test_a_dcp_checkpoint_registered_by_reference_commits_without_being_read_aga
     assert loaded["step"] == 2
 
 
-def _recorded_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths this process fsyncs from now on, in order."""
-    synced: list[str] = []
-    original = os.fsync
-
-    def recording(fd: Any) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        original(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    return synced
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
 def test_the_save_fsyncs_its_directories_after_the_metadata_rename(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fsyncs: list[str]) -> None:
     # DCP fsyncs each file and .metadata.tmp, never a directory: the files' entries, the
     # rename to .metadata and the new directories themselves could be lost in a power
     # loss after Cairn's manifest (fsynced) names them.
-    synced = _recorded_fsyncs(monkeypatch)
     path = tmp_path / "run-dcp" / "attempt_0" / "step_3"
     dcp.save(state(), storage_writer=FileSystemWriter(str(path)))
-    metadata = synced.index(str(path / ".metadata.tmp"))
-    after = synced[metadata + 1:]
+    metadata = fsyncs.index(str(path / ".metadata.tmp"))
+    after = fsyncs[metadata + 1:]
     for directory in (path, path.parent, path.parent.parent, tmp_path):
-        assert str(directory) in after, (directory, synced)
+        assert str(directory) in after, (directory, fsyncs)
     assert after.index(str(path)) < after.index(str(path.parent)) \
         < after.index(str(tmp_path))
 
 
-def test_without_sync_files_the_save_fsyncs_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    synced = _recorded_fsyncs(monkeypatch)
+def test_without_sync_files_the_save_fsyncs_nothing(tmp_path: Path, fsyncs: list[str]) -> None:
     dcp.save(state(), storage_writer=FileSystemWriter(str(tmp_path / "s"), sync_files=False))
-    assert synced == []
+    assert fsyncs == []

@@ -25,12 +25,13 @@ def _read(scratch: str, name: str) -> Any:
         return json.load(f)
 
 
-def _fit(run_config: Any, scratch: str, name: str, faults: dict[str, Any],
-         **failure: Any) -> cairn.Result:
+def _fit(run_config: Any, scratch: str, name: str, faults: dict[str, Any], *,
+         ballast_mib: int = 0, workers: int = 2, **failure: Any) -> cairn.Result:
     return TorchTrainer(
         survivor_workloads.train,
-        train_loop_config={**JOB, "scratch": scratch, "faults": faults},
-        scaling_config=ScalingConfig(num_workers=2),
+        train_loop_config={**JOB, "scratch": scratch, "faults": faults,
+                           "ballast_mib": ballast_mib},
+        scaling_config=ScalingConfig(num_workers=workers),
         run_config=run_config(name=name, failure_config=FailureConfig(**failure),
                               checkpoint_config=CheckpointConfig(num_to_keep=2)),
     ).fit()
@@ -110,15 +111,9 @@ def test_a_checkpoint_committed_while_the_survivor_stops_is_restored_from_its_me
     # own (a large one), and is stopped: it names its copy of report 3 as pending, the
     # commit completes after that, and the next attempt resumes from report 3, from rank
     # 0's memory (which learns of the commit before it rejoins), not from storage.
-    result = TorchTrainer(
-        survivor_workloads.train,
-        train_loop_config={**JOB, "scratch": scratch, "ballast_mib": 64, "faults": {
-            "0": {"rank": 1, "after_step": 15, "kind": "kill_after_snapshot"}}},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=run_config(name="in_flight", failure_config=FailureConfig(
-            max_failures=1, keep_survivors=True),
-            checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    ).fit()
+    faults = {"0": {"rank": 1, "after_step": 15, "kind": "kill_after_snapshot"}}
+    result = _fit(run_config, scratch, "in_flight", faults, ballast_mib=64, max_failures=1,
+                  keep_survivors=True)
     assert result.error is None
     assert _read(scratch, "pid_1_0.json") == _read(scratch, "pid_0_0.json")
     assert _read(scratch, "resumed_1_0.json") == _read(scratch, "resumed_1_1.json") == 15
@@ -135,14 +130,8 @@ def test_with_three_ranks_no_rank_reads_storage_after_one_crash(
     # Rank 2's own small files (its RNG state) are held by nobody but the driver: a kept
     # rank restoring the whole checkpoint (rank 1's copy lacks rank 0's model file, so it
     # restores files) gets them from the driver too, not from storage.
-    result = TorchTrainer(
-        survivor_workloads.train,
-        train_loop_config={**JOB, "scratch": scratch,
-                           "faults": {"0": {"rank": 2, "step": 13, "kind": "kill"}}},
-        scaling_config=ScalingConfig(num_workers=3),
-        run_config=run_config(name="three", failure_config=FailureConfig(
-            max_failures=1, keep_survivors=True)),
-    ).fit()
+    result = _fit(run_config, scratch, "three", {"0": {"rank": 2, "step": 13, "kind": "kill"}},
+                  workers=3, max_failures=1, keep_survivors=True)
     assert result.error is None
     for rank in (0, 1):
         assert _read(scratch, f"pid_1_{rank}.json") == _read(scratch, f"pid_0_{rank}.json")
@@ -194,14 +183,8 @@ def test_a_peer_killed_during_the_transfer_falls_back_to_storage(
     # is killed in the middle of sending its copy, which rank 1 fetches from its start.
     faults = {"0": {"rank": 1, "step": 13, "kind": "kill"},
               "1": {"rank": 0, "kind": "kill_while_serving"}}
-    result = TorchTrainer(
-        survivor_workloads.train,
-        train_loop_config={**JOB, "scratch": scratch, "faults": faults, "ballast_mib": 64},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=run_config(name="transfer", failure_config=FailureConfig(
-            max_failures=2, keep_survivors=True),
-            checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    ).fit()
+    result = _fit(run_config, scratch, "transfer", faults, ballast_mib=64, max_failures=2,
+                  keep_survivors=True)
     assert result.error is None
     first, second = _restores(result.path)
     assert first[1][1]["kind"] == "peer", first

@@ -5,9 +5,7 @@ writes is hashed only."""
 from __future__ import annotations
 
 import io
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,19 +41,6 @@ def job_for(files: dict[str, object], tmp_path: Path) -> tuple[UploadJob, _Write
 def read(destination: StorageLocation, rel: str) -> bytes:
     with destination.filesystem.open_input_stream(destination.join(rel).path) as stream:
         return bytes(stream.read())
-
-
-@pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    calls: list[str] = []
-    original = os.fsync
-
-    def recording(fd: int) -> None:
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
-        original(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    yield calls
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])

@@ -216,10 +216,10 @@ def _regular_files(root: str) -> list[str]:
     """The regular files under ``root`` (``/``-relative), no link followed."""
     found: list[str] = []
     for directory, _, names in os.walk(root):
-        relative = os.path.relpath(directory, root)
         for name in names:
-            if os.path.isfile(path := os.path.join(directory, name)) and not os.path.islink(path):
-                found.append(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/"))
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                found.append(os.path.relpath(path, root).replace(os.sep, "/"))
     return found
 
 
