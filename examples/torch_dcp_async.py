@@ -99,6 +99,10 @@ def train_func(config: dict[str, Any]) -> dict[str, Any]:
     loss = torch.zeros(())
     for step in range(state["app"].step, config["steps"]):
         if (attempt, rank, step) == (0, 1, config["crash_at"]):
+            # The first checkpoint commits before the crash (the restart resumes from it,
+            # however slow the machine); a later save may still be running.
+            if handles:
+                handles[0].wait()
             print(f"injecting a crash: kill -9 of rank 1 at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         inputs, targets = batch(step, rank)
