@@ -4,12 +4,14 @@ one attempt's deadline (the real processes are in tests/fault/test_preemption.py
 from __future__ import annotations
 
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import cairn
 from cairn import ConfigError, FailureConfig, PreemptionError, PreemptionInfo
+from cairn._src.controller.connections import describe_lost
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.preemption import AttemptPreemption
 from cairn._src.controller.worker_failures import WorkerFailure
@@ -109,13 +111,41 @@ def test_an_attempt_maps_a_notice_to_its_node_and_keeps_the_deadline() -> None:
 
 def test_a_death_during_a_notice_is_the_preemption_a_raise_alone_is_not() -> None:
     preemption = AttemptPreemption([(0, "a"), (1, "a")], FailureConfig(), FakeClock())
-    died = WorkerFailure(rank=1, summary="Worker rank 1 was killed by SIGKILL", traceback="")
+    died = WorkerFailure(rank=1, summary="Worker rank 1 was killed by SIGKILL", traceback="",
+                         exited=True)
     raised = WorkerFailure(rank=0, summary="ValueError: x", traceback="Traceback ...",
                            exception=b"x")
-    assert not preemption.caused([died], {1})  # no notice: an ordinary failure
+    assert not preemption.caused([died])  # no notice: an ordinary failure
     preemption.on_notice(PreemptionNoticeMessage(0, None, "SIGTERM"))
-    assert preemption.caused([died, raised], {0, 1})
-    assert not preemption.caused([raised], {0})
+    assert preemption.caused([died, raised])
+    assert not preemption.caused([raised])
+
+
+def test_a_rank_whose_connection_closed_as_it_died_is_the_preemption() -> None:
+    # Both ranks killed at once: their closed connections can end the attempt before
+    # either exit watcher fires. A process that could be reaped went all the same; one
+    # that closed its connection and lives on did not go.
+    preemption = AttemptPreemption([(0, "a"), (1, "a")], FailureConfig(), FakeClock())
+    preemption.on_notice(PreemptionNoticeMessage(1, None, "SIGTERM"))
+    attempt = SimpleNamespace(workers=[_Worker(0, exits=True), _Worker(1, exits=True)])
+    lost = [describe_lost(attempt, 0), describe_lost(attempt, 1)]  # type: ignore[arg-type]
+    assert all(f.exited for f in lost) and "killed by SIGKILL" in lost[0].summary
+    assert preemption.caused(lost)
+    alive = SimpleNamespace(workers=[_Worker(0, exits=False)])
+    closed = describe_lost(alive, 0)  # type: ignore[arg-type]
+    assert not closed.exited and "closed its connection" in closed.summary
+    assert not preemption.caused([closed])
+
+
+class _Worker:
+    def __init__(self, rank: int, *, exits: bool) -> None:
+        self.rank, self.pid, self._exits = rank, 100 + rank, exits
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        return self._exits
+
+    def describe_exit(self) -> str:
+        return "was killed by SIGKILL"
 
 
 def test_preemption_error_pickles_and_says_what_ray_says() -> None:

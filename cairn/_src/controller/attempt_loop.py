@@ -201,7 +201,7 @@ class AttemptLoop:
                     rank=worker.rank,
                     summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
                     f"{worker.describe_exit()}",
-                    traceback="",
+                    traceback="", exited=True,
                 ))
         if clock.monotonic() >= self._next_flush:
             self.flush_logs()
@@ -223,7 +223,7 @@ class AttemptLoop:
                          | self._services.collectives.waiting())
             if (clock.monotonic() >= self._failure_deadline
                     or len(accounted) == len(attempt.workers)):
-                preempted = self.preemption.caused(attempt.failures, self.exited)
+                preempted = self.preemption.caused(attempt.failures)
                 self.ended = AttemptFailure(
                     # The rank that caused the failure first (a killed rank before the
                     # ranks whose collective then lost it).

@@ -216,6 +216,6 @@ def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:
         return WorkerFailure(rank=rank, traceback="",
                              summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
                              "connection to the controller")
-    return WorkerFailure(rank=rank, traceback="",
+    return WorkerFailure(rank=rank, traceback="", exited=True,
                          summary=f"Worker rank {rank} (pid {worker.pid}) "
                          f"{worker.describe_exit()}")

@@ -94,14 +94,14 @@ class AttemptPreemption:
         deadline = self.deadline_t()
         return deadline is not None and self._clock.time() >= deadline
 
-    def caused(self, failures: Iterable[WorkerFailure], exited: set[int]) -> bool:
+    def caused(self, failures: Iterable[WorkerFailure]) -> bool:
         """Whether failures seen while a notice is in force are the preemption: a worker
         that went (exited or was killed, no error of its own) is, and then the errors of
-        the other ranks count as its consequences (Ray: "the preemption wins")."""
+        the other ranks count as its consequences (Ray: "the preemption wins"). Whether
+        its exit watcher or its closed connection told of it first does not matter."""
         if self.info is None:
             return False
-        return any(f.rank in exited and f.exception is None and not f.traceback
-                   for f in failures)
+        return any(f.exited and f.exception is None and not f.traceback for f in failures)
 
 
 def preemption_error(failure: AttemptFailure, error: WorkerGroupError,
