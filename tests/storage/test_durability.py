@@ -97,3 +97,51 @@ def test_a_file_system_that_cannot_sync_a_directory_syncs_its_files_still(
     monkeypatch.setattr(os, "fsync", failing)
     with pytest.raises(OSError, match="Input/output error"):
         sync_uploaded(str(tmp_path / "checkpoint"), ["a.pt"])
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_retention_removes_the_manifest_durably_before_the_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    # A machine that crashes while a checkpoint is deleted must not come back with its
+    # manifest naming files that are gone: the unlinked manifest's directory is fsynced
+    # before the first data file goes (RunConfig(storage_fsync=True)).
+    from cairn._src.checkpoint import manager as manager_module
+    from cairn._src.checkpoint.index import CheckpointRecord
+    from cairn._src.checkpoint.manager import CheckpointManager
+    from cairn._src.run.segment_log import SegmentLog
+    from cairn._src.storage.transfer import compute_entries
+
+    run = resolve(str(tmp_path / "run"))
+    checkpoint = tmp_path / "run" / "checkpoint_000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "a.bin").write_bytes(b"a")
+    write_manifest(run.join("checkpoint_000001"), Manifest(
+        files=compute_entries(run.join("checkpoint_000001"), ["a.bin"]), report_index=1))
+    record = CheckpointRecord(dir_name="checkpoint_000001", report_index=1)
+    index = RunIndex(checkpoints=(record,), next_report_index=2)
+    manager = CheckpointManager(run, cairn.CheckpointConfig(), cairn.RetryPolicy(), index,
+                                SegmentLog(run.join("metrics"), cairn.RetryPolicy()),
+                                fsync=durable)
+    calls: list[tuple[str, ...]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"),
+                      str((checkpoint / MANIFEST_NAME).exists()),
+                      str((checkpoint / "a.bin").exists())))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    real_delete_dir = manager_module.delete_dir
+    monkeypatch.setattr(manager_module, "delete_dir", lambda loc, retry: (
+        calls.append(("delete_dir", loc.path)), real_delete_dir(loc, retry))[1])
+
+    assert manager.delete_owned(record, delete_references=False)
+    assert not checkpoint.exists()
+    if durable:
+        # The manifest gone, its data still there, then the data.
+        assert calls == [("fsync", str(checkpoint), "False", "True"),
+                         ("delete_dir", run.join("checkpoint_000001").path)]
+    else:
+        assert calls == [("delete_dir", run.join("checkpoint_000001").path)]

@@ -368,9 +368,9 @@ class CheckpointManager:
             if not plan.checkpoint_dir:
                 return False
             self._approved[record.dir_name] = plan
-        # The manifest goes first: a crash half-way leaves a directory without one,
-        # which is never taken for a checkpoint again.
-        delete_file(manifest_dir.join(MANIFEST_NAME), self.retry)
+        # The manifest goes first, durably: a crash half-way (of the machine too) leaves a
+        # directory without one, which is never taken for a checkpoint again.
+        delete_file(manifest_dir.join(MANIFEST_NAME), self.retry, durable=self.fsync)
         if plan.reference:
             target = self.view(record).data
             if self._shared_with_kept(target):

@@ -20,7 +20,7 @@ from typing import TypeVar
 import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError, CheckpointNotFoundError, StorageError
-from cairn._src.storage.durability import write_durably
+from cairn._src.storage.durability import fsync_path, write_durably
 from cairn._src.storage.location import StorageLocation, local_root, supports_atomic_rename
 from cairn._src.storage.reader import local_os_path, read_small_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
@@ -293,9 +293,15 @@ def delete_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None
         pass  # Deleted concurrently, or by an earlier attempt whose reply was lost.
 
 
-def delete_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Delete the file at ``loc``; a missing file is fine."""
+def delete_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY, *,
+                durable: bool = False) -> None:
+    """Delete the file at ``loc``; a missing file is fine. ``durable``: on storage with an
+    OS path its directory is fsynced afterwards, so the deletion survives a crash of the
+    machine once this returns (and comes before whatever is deleted next)."""
     try:
         storage_call(lambda: loc.filesystem.delete_file(loc.path), loc, retry, "delete")
     except CheckpointNotFoundError:
         pass
+    os_path = local_os_path(loc) if durable else None
+    if os_path is not None and os.path.isdir(os.path.dirname(os_path)):
+        storage_call(lambda: fsync_path(os.path.dirname(os_path)), loc, retry, "fsync")
