@@ -20,6 +20,7 @@ from cairn._src.controller.survivors import (
 )
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.wire.messages import (
+    DoneMessage,
     MemoryCopyInfo,
     RejoinMessage,
     RestorePlan,
@@ -86,6 +87,27 @@ def test_a_dead_rank_is_replaced_and_the_stopped_survivor_rejoins(make) -> None:
     assert setups[0].keep_survivors  # type: ignore[attr-defined]
     starts = [e for e in harness.event_types() if e == "attempt_start"]
     assert len(starts) == 2
+
+
+def test_a_rank_that_returned_is_replaced_with_the_failed_one_not_waited_for(
+        make, caplog: pytest.LogCaptureFixture) -> None:
+    # Rank 2's train function returned (Done; its process is on its way out) before rank
+    # 1 died: it cannot be stopped and kept, so it is replaced too, while rank 0 is kept.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    backend = harness.backend
+    first = _start(harness)
+    assert first[2].peer is not None and first[0].peer is not None
+    first[2].peer.send(DoneMessage(2, 0, None))
+    first[1].end()
+    first[0].peer.send(StoppedMessage(0, 0))
+    with caplog.at_level(logging.WARNING):
+        assert harness.controller.step().new is S.RESTARTING
+    assert "did not stop" not in caplog.text
+    assert backend.killed_ranks == [{1, 2}] and backend.kills == 0
+    assert _of(harness.received(first[0]), StopMessage)
+    assert harness.controller.step().new is S.STARTING
+    assert backend.replaced == [{1, 2}]
+    assert backend.groups[-1][0] is first[0]
 
 
 def _until_closed(worker: FakeWorker) -> list[object]:

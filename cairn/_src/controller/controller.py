@@ -402,7 +402,9 @@ class Controller:
         plan = plan_survivors(
             enabled=self._keep_survivors, can_replace=isinstance(backend, RankReplacer),
             ranks=[w.rank for w in attempt.workers], failures=attempt.failures,
-            exited=loop.exited, connected=attempt.connected, fatal=failure.fatal)
+            # A rank whose train function returned is on its way out: replaced, not kept.
+            exited=loop.exited | set(attempt.done), connected=attempt.connected,
+            fatal=failure.fatal)
         damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
                       or "MissingCheckpointFile" in f.summary for f in attempt.failures)
         if plan.keep and not damaged and isinstance(backend, RankReplacer):
