@@ -112,7 +112,7 @@ def test_an_attempt_maps_a_notice_to_its_node_and_keeps_the_deadline() -> None:
 def test_a_death_during_a_notice_is_the_preemption_a_raise_alone_is_not() -> None:
     preemption = AttemptPreemption([(0, "a"), (1, "a")], FailureConfig(), FakeClock())
     died = WorkerFailure(rank=1, summary="Worker rank 1 was killed by SIGKILL", traceback="",
-                         exited=True)
+                         went=True)
     raised = WorkerFailure(rank=0, summary="ValueError: x", traceback="Traceback ...",
                            exception=b"x")
     assert not preemption.caused([died])  # no notice: an ordinary failure
@@ -121,20 +121,30 @@ def test_a_death_during_a_notice_is_the_preemption_a_raise_alone_is_not() -> Non
     assert not preemption.caused([raised])
 
 
-def test_a_rank_whose_connection_closed_as_it_died_is_the_preemption() -> None:
+def test_a_rank_whose_connection_ended_went_whether_or_not_it_was_reaped_yet() -> None:
     # Both ranks killed at once: their closed connections can end the attempt before
-    # either exit watcher fires. A process that could be reaped went all the same; one
-    # that closed its connection and lives on did not go.
+    # either exit watcher fires, and a dying process (Ray's actor, a GPU process) may be
+    # reaped well after its socket closed: either way the rank went.
     preemption = AttemptPreemption([(0, "a"), (1, "a")], FailureConfig(), FakeClock())
     preemption.on_notice(PreemptionNoticeMessage(1, None, "SIGTERM"))
-    attempt = SimpleNamespace(workers=[_Worker(0, exits=True), _Worker(1, exits=True)])
+    attempt = SimpleNamespace(workers=[_Worker(0, exits=True), _Worker(1, exits=False)])
     lost = [describe_lost(attempt, 0), describe_lost(attempt, 1)]  # type: ignore[arg-type]
-    assert all(f.exited for f in lost) and "killed by SIGKILL" in lost[0].summary
-    assert preemption.caused(lost)
-    alive = SimpleNamespace(workers=[_Worker(0, exits=False)])
-    closed = describe_lost(alive, 0)  # type: ignore[arg-type]
-    assert not closed.exited and "closed its connection" in closed.summary
-    assert not preemption.caused([closed])
+    assert all(f.went for f in lost) and "killed by SIGKILL" in lost[0].summary
+    assert "closed its connection" in lost[1].summary
+    assert preemption.caused(lost[:1]) and preemption.caused(lost[1:])
+
+
+def test_a_rank_that_went_on_a_node_without_a_notice_is_an_ordinary_failure() -> None:
+    # Node b is drained; rank 0 on node a crashes meanwhile: counted as a failure, so a
+    # crash loop cannot hide in the preemption budget during a drain.
+    preemption = AttemptPreemption([(0, "a"), (1, "b")], FailureConfig(), FakeClock())
+    preemption.on_notice(PreemptionNoticeMessage(1, None, "drain"))
+    crashed = WorkerFailure(rank=0, summary="Worker rank 0 was killed by SIGSEGV",
+                            traceback="", went=True)
+    reclaimed = WorkerFailure(rank=1, summary="Worker rank 1 was killed by SIGKILL",
+                              traceback="", went=True)
+    assert not preemption.caused([crashed])
+    assert preemption.caused([crashed, reclaimed])
 
 
 class _Worker:

@@ -193,15 +193,13 @@ class AttemptLoop:
                 # (Ray reports a finished actor task through its own channel).
                 connection.poll(LAST_MESSAGE_GRACE_S)
                 self._read_connection(worker.rank, connection, everything=True)
-            if worker.preempted:  # Ray: lost with a preempted node
-                self._on_preemption_notice(PreemptionNoticeMessage(
-                    worker.rank, None, PREEMPTED_SOURCE))
+            self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
                 attempt.failures.append(WorkerFailure(
                     rank=worker.rank,
                     summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
                     f"{worker.describe_exit()}",
-                    traceback="", exited=True,
+                    traceback="", went=True,
                 ))
         if clock.monotonic() >= self._next_flush:
             self.flush_logs()
@@ -320,7 +318,9 @@ class AttemptLoop:
 
     def stop_ranks(self, ranks: set[int], reason: str, timeout_s: float) -> bool:
         """Stop the train functions of ``ranks`` (kept after another rank failed) and wait
-        until each says it is idle; False when one died or did not stop in ``timeout_s``.
+        until each says it is idle, or went (exited, lost its connection, returned):
+        False when one has done neither within ``timeout_s``. Which of them can be kept is
+        the caller's to decide again (:attr:`stopped`, the failures that came meanwhile).
 
         Their messages meanwhile are handled as usual: a report the failed rank had
         reached may still commit."""
@@ -328,15 +328,14 @@ class AttemptLoop:
         for rank in sorted(ranks):
             self._send(rank, StopMessage(attempt.number, reason))
         deadline = clock.monotonic() + timeout_s
-        watchers = {w.exit_watcher.fileno(): w.rank for w in attempt.workers
-                    if w.rank in ranks}
-        while not ranks <= self.stopped:
-            if ranks & self.exited or not ranks <= set(attempt.connections):
-                return False
+        while waiting := {r for r in ranks - self.stopped - self.exited - set(attempt.done)
+                          if r in attempt.connections}:
+            watchers = {w.exit_watcher.fileno(): w.rank for w in attempt.workers
+                        if w.rank in ranks and w.rank not in self.exited}
             now = clock.monotonic()
             if now >= deadline:
-                logger.warning("%s did not stop within %gs", describe_ranks(
-                    sorted(ranks - self.stopped)), timeout_s)
+                logger.warning("%s did not stop within %gs", describe_ranks(sorted(waiting)),
+                               timeout_s)
                 return False
             for item in self._wait_and_read(watchers, min(1.0, deadline - now)):
                 if isinstance(item, int) and item in watchers:
@@ -374,6 +373,16 @@ class AttemptLoop:
                          everything: bool = False) -> None:
         self._parts.channels.read(self.attempt, rank, connection, self._handle,
                                   everything=everything)
+        if rank not in self.attempt.connections:  # it ended: the rank went
+            self._check_preempted(rank)
+
+    def _check_preempted(self, rank: int) -> None:
+        """A rank went: on Ray, lost with a preempted node (a notice of its own), whether
+        its exit or the end of its connection came first."""
+        worker = next(w for w in self.attempt.workers if w.rank == rank)
+        if worker.preempted:
+            self._on_preemption_notice(PreemptionNoticeMessage(
+                rank, None, PREEMPTED_SOURCE))
 
     def _handle(self, message: object) -> None:
         attempt, parts = self.attempt, self._parts

@@ -213,9 +213,9 @@ def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:
     worker = next(w for w in attempt.workers if w.rank == rank)
     # A dying process closes its socket a moment before it can be reaped.
     if not worker.wait_exit(0.5):
-        return WorkerFailure(rank=rank, traceback="",
+        return WorkerFailure(rank=rank, traceback="", went=True,
                              summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
                              "connection to the controller")
-    return WorkerFailure(rank=rank, traceback="", exited=True,
+    return WorkerFailure(rank=rank, traceback="", went=True,
                          summary=f"Worker rank {rank} (pid {worker.pid}) "
                          f"{worker.describe_exit()}")

@@ -49,6 +49,7 @@ from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
 from cairn._src.controller.survivors import (
     KeptRanks,
+    SurvivorPlan,
     plan_restores,
     plan_survivors,
     planned_source,
@@ -399,12 +400,7 @@ class Controller:
         """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the
         kept ranks, or None when the whole group was killed."""
         attempt, backend = loop.attempt, self._parts.backend
-        plan = plan_survivors(
-            enabled=self._keep_survivors, can_replace=isinstance(backend, RankReplacer),
-            ranks=[w.rank for w in attempt.workers], failures=attempt.failures,
-            # A rank whose train function returned is on its way out: replaced, not kept.
-            exited=loop.exited | set(attempt.done), connected=attempt.connected,
-            fatal=failure.fatal)
+        plan = self._plan_survivors(loop, fatal=failure.fatal)
         damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
                       or "MissingCheckpointFile" in f.summary for f in attempt.failures)
         if plan.keep and not damaged and isinstance(backend, RankReplacer):
@@ -413,16 +409,36 @@ class Controller:
             # collective with one of them fails there at once.
             backend.kill_ranks(plan.replace)
             if loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s):
-                logger.info("Attempt %d: %s", attempt.number, plan.reason)
-                return KeptRanks({r: attempt.connections[r] for r in plan.keep},
-                                 plan.replace, {r: loop.copies.get(r) for r in plan.keep})
-            logger.warning("Attempt %d: restarting the whole group: a kept rank did not stop",
-                           attempt.number)
+                # Planned again with what came while they stopped: a kept rank's own error,
+                # its return, its exit or the end of its connection.
+                again = self._plan_survivors(loop, fatal=failure.fatal or attempt.fatal)
+                if again.keep and again.keep <= loop.stopped & set(attempt.connections):
+                    if again.replace - plan.replace:
+                        backend.kill_ranks(again.replace - plan.replace)
+                    logger.info("Attempt %d: %s", attempt.number, again.reason)
+                    return KeptRanks({r: attempt.connections[r] for r in again.keep},
+                                     again.replace, {r: loop.copies.get(r) for r in again.keep})
+                reason = again.reason if not again.keep else "a kept rank went as it stopped"
+            else:
+                reason = "a kept rank did not stop"
+            logger.warning("Attempt %d: restarting the whole group: %s", attempt.number,
+                           reason)
         elif self._keep_survivors:
             logger.info("Attempt %d: restarting the whole group: %s", attempt.number,
                         plan.reason if not damaged else "the resume checkpoint is suspect")
         backend.kill()
         return None
+
+    def _plan_survivors(self, loop: AttemptLoop, *, fatal: bool) -> SurvivorPlan:
+        attempt = loop.attempt
+        info = loop.preemption.info
+        return plan_survivors(
+            enabled=self._keep_survivors,
+            can_replace=isinstance(self._parts.backend, RankReplacer),
+            ranks=[w.rank for w in attempt.workers], failures=attempt.failures,
+            # A rank whose train function returned is on its way out: replaced, not kept.
+            exited=loop.exited | set(attempt.done), connected=attempt.connected,
+            fatal=fatal, preempted=info.preempted_ranks if info is not None else ())
 
     def _finish(self, loop: AttemptLoop) -> RunOutcome:
         parts, attempt = self._parts, loop.attempt

@@ -95,13 +95,16 @@ class AttemptPreemption:
         return deadline is not None and self._clock.time() >= deadline
 
     def caused(self, failures: Iterable[WorkerFailure]) -> bool:
-        """Whether failures seen while a notice is in force are the preemption: a worker
-        that went (exited or was killed, no error of its own) is, and then the errors of
-        the other ranks count as its consequences (Ray: "the preemption wins"). Whether
-        its exit watcher or its closed connection told of it first does not matter."""
+        """Whether failures seen while a notice is in force are the preemption: a rank of
+        a noticed node that went (exited, was killed or lost its connection, no error of
+        its own) is, and then the errors of the other ranks count as its consequences
+        (Ray: "the preemption wins"). A rank elsewhere that crashes meanwhile is an
+        ordinary failure."""
         if self.info is None:
             return False
-        return any(f.exited and f.exception is None and not f.traceback for f in failures)
+        noticed = set(self.info.preempted_ranks)
+        return any(f.went and f.exception is None and not f.traceback and f.rank in noticed
+                   for f in failures)
 
 
 def preemption_error(failure: AttemptFailure, error: WorkerGroupError,

@@ -12,7 +12,11 @@ The whole group restarts, as without the option, when:
 * the backend cannot replace one rank (a backend that is no :class:`RankReplacer`);
 * the failure is fatal, or more than one rank failed on its own (two failures overlap);
 * not every rank had connected, or no rank is left to keep;
-* a kept rank does not stop within ``FailureConfig.stop_timeout_s``, or dies meanwhile.
+* a kept rank does not stop within ``FailureConfig.stop_timeout_s``, or the plan made
+  again once the kept ranks stopped (what they sent meanwhile: an error of their own, a
+  return, an exit) keeps a rank that did not stop.
+
+Ranks on a node about to be reclaimed (a preemption notice) are never kept.
 
 Where the next attempt's ranks restore the checkpoint it resumes from is decided here too
 (:func:`plan_restores`, pure): a kept rank that holds the committed checkpoint in memory
@@ -43,8 +47,11 @@ class SurvivorPlan:
 
 def plan_survivors(*, enabled: bool, can_replace: bool, ranks: Collection[int],
                    failures: list[WorkerFailure], exited: Collection[int],
-                   connected: Collection[int], fatal: bool) -> SurvivorPlan:
-    """Which ranks to keep after a failed attempt (pure)."""
+                   connected: Collection[int], fatal: bool,
+                   preempted: Collection[int] = ()) -> SurvivorPlan:
+    """Which ranks to keep after a failed attempt (pure). ``exited``: ranks whose process
+    went or whose train function returned; ``preempted``: ranks on nodes about to be
+    reclaimed (a preemption notice): neither can be kept."""
     everyone = frozenset(ranks)
 
     def whole(reason: str) -> SurvivorPlan:
@@ -61,7 +68,7 @@ def plan_survivors(*, enabled: bool, can_replace: bool, ranks: Collection[int],
     causes = {f.rank for f in failures if cause_order(f) == 0}
     if len(causes) > 1:
         return whole(f"{len(causes)} ranks failed at once ({sorted(causes)})")
-    replace = frozenset(causes | set(exited))
+    replace = frozenset(causes | set(exited) | set(preempted))
     keep = everyone - replace
     if not keep:
         return whole("no rank is left to keep")

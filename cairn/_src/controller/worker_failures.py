@@ -33,9 +33,9 @@ class WorkerFailure:
     exception: bytes | None = None
     # Where it failed: {"file", "line", "function"} (code_locations.failing_frame), or None.
     frame: dict[str, Any] | None = None
-    # The rank's process went (exited or was killed), whichever saw it first: its exit
-    # watcher, or the end of its connection once the process could be reaped.
-    exited: bool = False
+    # The rank went without an error of its own: its process exited or was killed, or its
+    # connection to the controller ended (whichever the controller saw first).
+    went: bool = False
 
 
 def cause_order(failure: WorkerFailure) -> int:

@@ -1,0 +1,211 @@
+"""How an attempt's failure is classified and counted, whichever of a rank's exit, the end
+of its connection and its last messages the controller sees first (stepped with fakes:
+each ordering is forced, no processes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_fakes import FakeWorker, Harness, make_harness
+
+from cairn import FailureConfig
+from cairn._src.controller.state import ControllerState
+from cairn._src.wire.messages import DoneMessage, ErrorMessage, StoppedMessage
+from cairn._src.wire.preemption import PreemptionMessage, PreemptionNoticeMessage
+
+S = ControllerState
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def build(**options: Any) -> Harness:
+        harness = make_harness(tmp_path / str(len(made)), **options)
+        made.append(harness)
+        return harness
+
+    yield build
+    for harness in made:
+        harness.close()
+
+
+def _running(harness: Harness) -> list[FakeWorker]:
+    assert harness.controller.step().new is S.STARTING
+    workers = harness.backend.groups[-1]
+    for worker in workers:
+        harness.connect(worker)
+    assert harness.controller.step().new is S.RUNNING
+    return workers
+
+
+def _peer(worker: FakeWorker) -> Any:
+    assert worker.peer is not None
+    return worker.peer
+
+
+def _notice(worker: FakeWorker) -> None:
+    _peer(worker).send(PreemptionNoticeMessage(worker.rank, None, "SIGTERM"))
+
+
+def _counts(harness: Harness) -> tuple[int, int]:
+    index = harness.manager.index
+    return index.preemptions, index.failures
+
+
+@pytest.mark.parametrize("order", ["exit first", "connection first, reaped late"])
+def test_ranks_killed_after_a_notice_are_a_preemption_in_either_order(make, order) -> None:
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    _notice(workers[0])
+    for worker in workers:
+        if order == "exit first":
+            worker.end()
+        else:  # the socket is closed; the process cannot be reaped yet
+            _peer(worker).close()
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
+
+
+@pytest.mark.parametrize("order", ["exit first", "connection first"])
+def test_ranks_lost_with_a_preempted_ray_node_are_a_preemption_in_either_order(
+        make, order) -> None:
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    for worker in workers:
+        worker.preempted = True
+    for worker in workers:
+        if order == "exit first":
+            worker.end()
+        else:
+            worker.exited = True  # reapable, but its exit watcher fires later
+            _peer(worker).close()
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
+
+
+def test_a_crash_off_the_noticed_node_counts_as_a_failure(make) -> None:
+    harness = make(failure_config=FailureConfig(max_failures=0, max_preemption_failures=-1))
+    start = harness.backend.start
+
+    def on_two_nodes(*args: Any, **kwargs: Any) -> list[FakeWorker]:
+        group = start(*args, **kwargs)
+        group[1].node_id = "node-b"
+        return group
+
+    harness.backend.start = on_two_nodes  # type: ignore[method-assign]
+    workers = _running(harness)
+    _notice(workers[1])  # node-b (rank 1 only) is drained
+    workers[0].end()  # rank 0, elsewhere, crashes meanwhile
+    assert harness.controller.step().new is S.ERRORED
+    assert _counts(harness) == (0, 1)
+
+
+def _during_stop(harness: Harness, act: Callable[[], None]) -> None:
+    """Run ``act`` right after the controller killed the failed ranks (as the kept ranks
+    are told to stop)."""
+    kill_ranks = harness.backend.kill_ranks
+
+    def then(ranks: set[int]) -> None:
+        kill_ranks(ranks)
+        if not getattr(then, "done", False):
+            then.done = True  # type: ignore[attr-defined]
+            act()
+
+    harness.backend.kill_ranks = then  # type: ignore[method-assign]
+
+
+def test_a_kept_rank_that_dies_right_after_it_stopped_restarts_the_whole_group(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True)
+    workers = _running(harness)
+    workers[1].end()
+
+    def stopped_then_died() -> None:
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        workers[0].end()
+
+    _during_stop(harness, stopped_then_died)
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is None and harness.backend.kills == 1
+
+
+def test_a_kept_rank_whose_own_error_arrives_as_it_stops_is_not_kept(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+
+    def own_error() -> None:
+        _peer(workers[0]).send(ErrorMessage(
+            0, "RuntimeError", "CUDA error: an illegal memory access was encountered",
+            "Traceback ...\nRuntimeError: CUDA error", None, False))
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        _peer(workers[2]).send(StoppedMessage(2, 0))
+
+    _during_stop(harness, own_error)
+    assert harness.controller.step().new is S.RESTARTING
+    # Two ranks failed on their own: the whole group restarts.
+    assert harness.controller._kept is None and harness.backend.kills == 1
+
+
+def test_a_rank_that_returns_as_the_others_stop_is_replaced_and_the_rest_kept(make) -> None:
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+
+    def returned() -> None:
+        _peer(workers[2]).send(DoneMessage(2, 0, None))
+        workers[2].end()
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+
+    _during_stop(harness, returned)
+    assert harness.controller.step().new is S.RESTARTING
+    kept = harness.controller._kept
+    assert kept is not None and set(kept.connections) == {0} and kept.replace == {1, 2}
+    assert harness.backend.killed_ranks == [{1}, {2}] and harness.backend.kills == 0
+
+
+def test_ranks_on_a_noticed_node_are_never_kept(make) -> None:
+    # Every rank is on the one machine the notice names: none can be kept, so the next
+    # attempt starts afresh (and its ranks hear of a notice again from their new node).
+    harness = make(failure_config=FailureConfig(max_failures=0, keep_survivors=True),
+                   keep_survivors=True)
+    workers = _running(harness)
+    _notice(workers[0])
+    workers[1].end()
+    _peer(workers[0]).send(StoppedMessage(0, 0))  # it would stop if asked
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
+    assert harness.controller._kept is None and harness.backend.kills == 1
+    assert any(isinstance(m, PreemptionMessage) for m in _until_closed(workers[0]))
+
+
+def _until_closed(worker: FakeWorker) -> list[object]:
+    messages = []
+    try:
+        while _peer(worker).poll():
+            messages.append(_peer(worker).recv())
+    except EOFError:
+        pass
+    return messages
+
+
+def test_a_rank_reaped_after_the_failure_grace_still_counts_as_gone(make) -> None:
+    harness = make(workers=3, failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    _notice(workers[0])
+    dying = workers[1]
+
+    def reaped_late(timeout_s: float) -> bool:
+        if not dying.exited:  # the watcher fires in a later turn
+            dying.exited = True
+            os.write(dying._exit_w, b"x")
+        return False
+
+    dying.wait_exit = reaped_late  # type: ignore[method-assign]
+    _peer(dying).close()
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
