@@ -36,9 +36,12 @@ def test_the_default_level_says_which_run_starts_continues_or_gives_up(
     _fit(run_config, {"steps": 2})
     assert _notices(capfd.readouterr().err) == [f"cairn: starting run 'run' at {where}"]
 
-    _fit(run_config, {"steps": 2})
+    again = _fit(run_config, {"steps": 2})
     notices = _notices(capfd.readouterr().err)
     assert len(notices) == 1, notices
+    # As the notice says, and as Result.from_path reads it: the last report's metrics.
+    assert again.metrics is not None and again.metrics["step"] == 1
+    assert again.metrics == cairn.Result.from_path(where).metrics
     assert notices[0].startswith(
         f"cairn: run 'run' at {where} already finished in an earlier fit(); this fit() "
         "continues it from checkpoint_000002 (report 2): "), notices

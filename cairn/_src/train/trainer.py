@@ -228,8 +228,9 @@ class Trainer:
                                     fence=lease.fence, stream=observers.stream,
                                     pending=pending)
             _log_run_start(self._run_name, run, manager)
+            earlier = _last_report(run.join(METRICS_DIR), retry)
             next_index = max(manager.index.next_report_index,
-                             _next_from_history(run.join(METRICS_DIR), retry))
+                             int(earlier.get("report_index", 0)) + 1)
             # Local mode: the train function runs on this thread, the controller on another.
             returned: list[Any] = []
             driver = DriverRun()
@@ -243,10 +244,15 @@ class Trainer:
             outcome = controller.run() if backend is None else driver.run(controller, backend)
         finally:
             lease.release()
-        result = build_result(run, manager.index, self.run_config.checkpoint_config,
-                              metrics=outcome.last_metrics or None, error=outcome.error,
-                              return_value=returned[-1] if returned else outcome.return_value,
-                              retry=retry, report_index=outcome.last_report_index)
+        # A fit() without a report of its own (a finished run run again: its train function
+        # resumes at its end) gives the run's last report, as Result.from_path does.
+        reported = bool(outcome.last_metrics)
+        result = build_result(
+            run, manager.index, self.run_config.checkpoint_config,
+            metrics=outcome.last_metrics if reported else earlier.get("metrics") or None,
+            error=outcome.error,
+            return_value=returned[-1] if returned else outcome.return_value, retry=retry,
+            report_index=outcome.last_report_index if reported else earlier.get("report_index"))
         call_hooks(self.run_config.callbacks, "on_run_end", result)
         if outcome.error is not None:
             # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's
@@ -354,7 +360,9 @@ def _log_run_start(name: str, run: StorageLocation, manager: CheckpointManager) 
                     run.display(), latest.dir_name, latest.report_index)
 
 
-def _next_from_history(metrics: StorageLocation, retry: RetryPolicy) -> int:
-    records = read_log(metrics, retry)
-    indices = [int(r["report_index"]) for r in records if "report_index" in r]
-    return max(indices) + 1 if indices else 1
+def _last_report(metrics: StorageLocation, retry: RetryPolicy) -> dict[str, Any]:
+    """The run's last report in its metrics history (``report_index``, ``metrics``), or
+    an empty dict for a run without one."""
+    records = [r for r in read_log(metrics, retry)
+               if isinstance(r.get("report_index"), int) and isinstance(r.get("metrics"), dict)]
+    return max(records, key=lambda r: int(r["report_index"]), default={})
