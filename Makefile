@@ -17,6 +17,10 @@ $(BIN)/python:
 $(DEMO_STAMP): pyproject.toml requirements/constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[torch]'
+	# The checkout on sys.path too (setuptools' editable finder comes after it): a directory
+	# named `cairn` beside a script (a storage path such as /tmp/cairn, for a script in /tmp)
+	# is then never imported as an empty namespace package in place of Cairn.
+	$(BIN)/python -c 'import os, sysconfig; open(os.path.join(sysconfig.get_paths()["purelib"], "cairn-checkout.pth"), "w").write(os.getcwd() + "\n")'
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP) pyproject.toml requirements/constraints.txt examples/xyzstorage/pyproject.toml | $(BIN)/python

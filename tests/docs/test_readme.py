@@ -22,13 +22,18 @@ def test_readme_tour_runs(tmp_path: Path) -> None:
     code = tour_code()
     assert '"/tmp/cairn"' in code
     script = tmp_path / "tour.py"
-    script.write_text(code.replace('"/tmp/cairn"', repr(str(tmp_path / "storage"))))
+    # The storage directory beside the script and named `cairn`, there from the start (a
+    # second run of a script in /tmp meets the README's /tmp/cairn so): the directory on
+    # sys.path must not be imported in place of the installed package.
+    storage = tmp_path / "cairn"
+    storage.mkdir()
+    script.write_text(code.replace('"/tmp/cairn"', repr(str(storage))))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=300, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "'epoch': 4" in done.stdout
     assert "goodput" in done.stdout
-    kept = sorted(p.name for p in (tmp_path / "storage" / "my-run").iterdir()
+    kept = sorted(p.name for p in (storage / "my-run").iterdir()
                   if p.name.startswith("checkpoint_"))
     # num_to_keep=2 by lowest loss: the last two epochs (also the latest).
     assert kept == ["checkpoint_000004", "checkpoint_000005"]
