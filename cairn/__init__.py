@@ -63,6 +63,10 @@ from cairn._src.worker.report_handle import ReportHandle
 # submodules on first attribute access, as `import cairn.torch` would.
 _SUBMODULES = frozenset({"collective", "huggingface", "lightning", "storage", "torch"})
 
+# The name of the dataset that ``ray.train`` scripts pass as ``datasets={TRAIN_DATASET_KEY:
+# ...}`` and read back with ``get_dataset_shard(TRAIN_DATASET_KEY)``: Ray Train's value.
+TRAIN_DATASET_KEY = "train"
+
 
 def __getattr__(name: str) -> object:
     if name in _SUBMODULES:
@@ -72,6 +76,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "TRAIN_DATASET_KEY",
     "AttemptStopped",
     "CairnError",
     "Callback",

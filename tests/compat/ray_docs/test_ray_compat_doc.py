@@ -140,3 +140,25 @@ def test_the_verdict_counts_are_the_table_s() -> None:
     line = (f"Verdicts today: {len(rows)} names: {counts['same']} *same*, "
             f"{counts['stricter']} *stricter*, {counts['not supported']} *not supported*.")
     assert line in DOC.read_text()
+
+
+def test_every_name_marked_same_is_cairn_s_with_ray_s_value_for_a_constant() -> None:
+    """A top-level name marked *same* exists in ``cairn`` (under the name its row gives); a constant
+    (a str, int or float in Ray) has Ray's value, so scripts that pass it keep working."""
+    ray_train = pytest.importorskip("ray.train")
+    import cairn
+
+    wrong = []
+    for key, (verdict, note) in doc_rows().items():
+        if verdict != "same" or not re.fullmatch(r"[A-Za-z_]\w*", key):
+            continue
+        # A row may name Cairn's own name for it (`cairn.Trainer` for DataParallelTrainer).
+        renamed = re.match(r"`cairn\.(\w+)`", note)
+        name = renamed.group(1) if renamed else key
+        if not hasattr(cairn, name):
+            wrong.append(f"{key}: cairn has no {name}")
+            continue
+        ours, theirs = getattr(cairn, name), getattr(ray_train, key, None)
+        if isinstance(theirs, (str, int, float)) and ours != theirs:
+            wrong.append(f"{key}: {ours!r}, Ray's is {theirs!r}")
+    assert not wrong, wrong
