@@ -200,7 +200,8 @@ def _message_lines(message: str) -> list[str]:
 
 def _retention_text(retention: dict[str, Any] | None) -> str:
     if retention is None:
-        return "not recorded (the run was written by an older Cairn): every checkpoint kept"
+        return ("not recorded (the index was rebuilt from the manifests, or an older Cairn "
+                "wrote it): cairn prune needs --score or --latest")
     n, attribute = retention["num_to_keep"], retention["score_attribute"]
     attribute = None if attribute is None else printable(attribute)
     if n is None:
