@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 from controller_fakes import FakeWorker, Harness, make_harness
 
-from cairn._src.controller.attempt_loop import FAILURE_GRACE_S, WORKER_START_TIMEOUT_S
+from cairn._src.controller.attempt_loop import (
+    FAILURE_GRACE_S,
+    REPORT_GRACE_S,
+    WORKER_START_TIMEOUT_S,
+)
 from cairn._src.controller.state import (
     ControllerState,
     StateMachine,
@@ -165,6 +169,24 @@ def test_the_failure_grace_waits_for_a_rank_outside_the_collective_call(make) ->
     change = harness.controller.step()
     assert change.new is S.RESTARTING
     assert harness.clock.now - failed >= FAILURE_GRACE_S
+
+
+def test_the_report_grace_waits_for_a_rank_that_has_not_connected_yet(make) -> None:
+    # Rank 1 starts fast, reports three times and fails while rank 0 is still starting
+    # (a loaded machine): rank 0 may still reach those reports once it connects, so the
+    # attempt waits for it (at most the report grace) instead of ending at once.
+    harness = make(max_failures=2)
+    assert harness.controller.step().new is S.STARTING
+    workers = harness.backend.groups[-1]
+    harness.connect(workers[1])
+    assert workers[1].peer is not None
+    for index in (1, 2, 3):
+        workers[1].peer.send(ReportMessage(1, index, {"step": index}, None, 0.0))
+    failed = harness.clock.now
+    harness.error(workers[1])
+    change = harness.controller.step()
+    assert change.new is S.RESTARTING
+    assert harness.clock.now - failed >= REPORT_GRACE_S
 
 
 def test_workers_that_never_connect_fail_the_attempt_after_the_start_timeout(make) -> None:

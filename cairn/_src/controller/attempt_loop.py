@@ -256,7 +256,10 @@ class AttemptLoop:
             return False
         surviving = ({w.rank for w in attempt.workers} - self.exited - failed
                      - set(attempt.done))
-        if not surviving or not all(rank in attempt.connections for rank in surviving):
+        # A surviving rank whose connection ended can report nothing more; one that has not
+        # connected yet (still starting on a loaded machine) still can.
+        if not surviving or any(rank in attempt.connected and rank not in attempt.connections
+                                for rank in surviving):
             return False
         return bool(attempt.tracker.unresolved_before(target)) or attempt.commits_in_flight > 0
 
