@@ -55,3 +55,13 @@ def test_nested_score_attribute() -> None:
     records = [CheckpointRecord(dir_name="a", report_index=1, metrics={"val": {"acc": 0.1}}),
                CheckpointRecord(dir_name="b", report_index=2, metrics={"val": {"acc": 0.9}})]
     assert KeepBest(1, "val/acc").should_keep(records) == [False, True]
+
+
+def test_a_flat_score_key_with_a_slash_ranks_as_report_checked_it() -> None:
+    # report() accepts {"val/loss": x} for checkpoint_score_attribute="val/loss" (the flat
+    # key first, as Ray's flattened metrics are), so retention ranks by it too: the best
+    # checkpoint is kept, not the latest one by default.
+    records = [CheckpointRecord(dir_name=f"c{i}", report_index=i, metrics={"val/loss": loss})
+               for i, loss in ((1, 0.1), (2, 0.9), (3, 0.5))]
+    assert KeepBest(1, "val/loss", "min").should_keep(records) == [True, False, False]
+    assert [r.dir_name for r in best_first(records, "val/loss", "min")] == ["c1", "c3", "c2"]

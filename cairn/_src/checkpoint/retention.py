@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
+from cairn._src.run.report_checks import score_value
 
 
 class RetentionPolicy(Protocol):
@@ -42,9 +43,9 @@ class KeepLatest:
 
 
 def _score(record: CheckpointRecord, attribute: str) -> float:
-    value: Any = record.metrics
-    for part in attribute.split("/"):
-        value = value.get(part) if isinstance(value, dict) else None
+    # As report() checked it and Result reads it: the flat key ("val/loss") first, then
+    # "/" reaching into nested metrics.
+    value = score_value(record.metrics, attribute)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return -math.inf
     return float(value)
@@ -151,8 +152,9 @@ def best_first(
 
 
 def score_of(record: CheckpointRecord, attribute: str) -> float | None:
-    """The record's ``attribute`` (``/`` reaches into nested metrics) as a number, or None
-    when it has no usable one (missing, not a number, NaN): what ranks it last."""
+    """The record's ``attribute`` (a flat key, else ``/`` reaching into nested metrics) as
+    a number, or None when it has no usable one (missing, not a number, NaN): what ranks
+    it last."""
     score = _score(record, attribute)
     return None if score == -math.inf else score
 
