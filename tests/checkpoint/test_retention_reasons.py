@@ -17,6 +17,7 @@ from cairn._src.checkpoint.retention import (
     retention_reasons,
     score_of,
 )
+from cairn._src.controller.validations import ProtectPending
 
 
 def record(index: int, **metrics: object) -> CheckpointRecord:
@@ -50,9 +51,24 @@ def test_max_order_ranks_the_highest_first() -> None:
 def test_one_checkpoint_can_have_every_reason() -> None:
     records = [record(1, loss=0.5), record(2, loss=0.1)]
     reasons = retention_reasons(records, Retention(1, "loss", "min"),
-                                resumed_from="checkpoint_000002", pending={"checkpoint_000002"})
-    assert codes(reasons) == [[], ["best", "latest", "resumed_from", "pending_validation"]]
-    assert reasons[1][3].text == "its validation is pending"
+                                resumed_from="checkpoint_000002")
+    assert codes(reasons) == [[], ["best", "latest", "resumed_from"]]
+
+
+def test_a_checkpoint_pending_validation_takes_no_best_place() -> None:
+    # Its reported score may be replaced by the validation's: ranked, it could push the
+    # validated best out for good (reported 9, validated 0 later).
+    records = [record(1, score=5.0), record(2, score=9.0), record(3, score=1.0)]
+    reasons = retention_reasons(records, Retention(1, "score", "max"),
+                                pending={"checkpoint_000002", "checkpoint_000003"})
+    assert codes(reasons) == [["best"], ["pending_validation"],
+                              ["latest", "pending_validation"]]
+    assert reasons[1][0].text == "its validation is pending"
+    policy = ProtectPending(make_policy(1, "score", "max"),
+                            lambda: {"checkpoint_000002", "checkpoint_000003"})
+    assert decide_retention(policy, records) == [True, True, True]
+    validated = [records[0], record(2, score=0.0), records[2]]
+    assert decide_retention(make_policy(1, "score", "max"), validated) == [True, False, True]
 
 
 def test_without_a_score_the_latest_n_are_kept() -> None:
@@ -103,8 +119,9 @@ def test_kept_exactly_when_decide_retention_keeps(seed: int) -> None:
         pending = {name for name in names if name and rng.random() < 0.2}
         reasons = retention_reasons(records, Retention(num, attribute, order),
                                     resumed_from=resumed, pending=pending)
-        keep = decide_retention(make_policy(num, attribute, order), records,
-                                protected=[resumed, *pending])
+        # As the driver decides: pending validations protected, and out of the ranking.
+        policy = ProtectPending(make_policy(num, attribute, order), pending.copy)
+        keep = decide_retention(policy, records, protected=[resumed])
         assert [bool(found) for found in reasons] == keep, (num, attribute, order)
 
 

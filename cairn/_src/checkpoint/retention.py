@@ -194,17 +194,20 @@ def retention_reasons(
     n, attribute = retention.num_to_keep, retention.score_attribute
     order: Literal["max", "min"] = "min" if retention.score_order == "min" else "max"
     reasons: list[list[KeepReason]] = [[] for _ in records]
+    pending_names = set(pending)
+    # A checkpoint whose validation is pending takes no place (its score may change).
+    ranked = [i for i, r in enumerate(records) if r.dir_name not in pending_names]
     if n is None:
         for found in reasons:
             found.append(KeepReason("all", "every checkpoint is kept (no num_to_keep)"))
     elif attribute is None:
-        by_recency = sorted(range(len(records)), key=lambda i: records[i].report_index,
-                            reverse=True)
+        by_recency = sorted(ranked, key=lambda i: records[i].report_index, reverse=True)
         for place, i in enumerate(by_recency[:n], start=1):
             reasons[i].append(KeepReason("latest_n", f"#{place} of the latest {n}"))
     else:
         best = KeepBest(n, attribute, order)
-        for place, i in enumerate(best.ranking(records)[: best.n], start=1):
+        order_of = best.ranking([records[i] for i in ranked])
+        for place, i in enumerate([ranked[j] for j in order_of][: best.n], start=1):
             text = f"#{place} of the best {n} by {attribute} ({order})"
             if score_of(records[i], attribute) is None:
                 text += f", though it has no {attribute}"
@@ -212,7 +215,6 @@ def retention_reasons(
     if records:
         latest = max(range(len(records)), key=lambda i: records[i].report_index)
         reasons[latest].append(KeepReason("latest", "the latest checkpoint"))
-    pending_names = set(pending)
     for record, found in zip(records, reasons, strict=True):
         if resumed_from and record.dir_name == resumed_from:
             found.append(KeepReason("resumed_from", "the run's last attempt resumed from it"))

@@ -51,16 +51,22 @@ FINISHED = "validation_finished"
 
 @dataclass(frozen=True)
 class ProtectPending:
-    """A retention policy that keeps whatever ``inner`` keeps and every checkpoint whose
-    validation is pending."""
+    """A retention policy that keeps every checkpoint whose validation is pending and,
+    among the others, what ``inner`` keeps. A pending checkpoint takes none of the best-N
+    places: its score may still change (the validation's metrics replace the reported
+    ones), so it must not push a validated checkpoint out for good."""
 
     inner: RetentionPolicy
     pending: Callable[[], set[str]]
 
     def should_keep(self, records: Sequence[CheckpointRecord]) -> list[bool]:
         protected = self.pending()
-        keep = self.inner.should_keep(records)
-        return [k or r.dir_name in protected for k, r in zip(keep, records, strict=True)]
+        keep = [r.dir_name in protected for r in records]
+        ranked = [i for i, k in enumerate(keep) if not k]
+        for i, kept in zip(ranked, self.inner.should_keep([records[i] for i in ranked]),
+                           strict=True):
+            keep[i] = kept
+        return keep
 
 
 @dataclass(frozen=True)
