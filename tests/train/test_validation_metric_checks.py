@@ -25,7 +25,7 @@ def bad_validation(checkpoint: Checkpoint, **kwargs: Any) -> dict[str, Any]:
     with checkpoint.as_directory() as d, open(os.path.join(d, "score.json")) as f:
         score = json.load(f)["score"]
     return [{"val_score": math.nan}, {"val_score": "high"}, {"val\x1bscore": 3},
-            {"val_score": 7}][score]
+            {"val_score": None}, {"val_score": 7}][score]
 
 
 def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_on(
@@ -36,7 +36,7 @@ def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_o
         checkpoint_score_attribute="val_score"))
     result = Trainer(
         v2_workloads.validating,
-        train_loop_config={"epochs": 4, "scores": [0, 1, 2, 3], "scratch": scratch},
+        train_loop_config={"epochs": 5, "scores": [0, 1, 2, 3, 4], "scratch": scratch},
         run_config=config, validation_config=cairn.ValidationConfig(bad_validation),
     ).fit()
     run = os.path.join(os.fspath(config.storage_path), "run")
@@ -45,7 +45,9 @@ def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_o
     assert finished == {"checkpoint_000001": ("VALIDATION_FAILED", {}),
                         "checkpoint_000002": ("VALIDATION_FAILED", {}),
                         "checkpoint_000003": ("VALIDATION_FAILED", {}),
-                        "checkpoint_000004": ("VALIDATED", {"val_score": 7})}
+                        # None is no score either (it would erase the reported one).
+                        "checkpoint_000004": ("VALIDATION_FAILED", {}),
+                        "checkpoint_000005": ("VALIDATED", {"val_score": 7})}
     messages = [r.getMessage() for r in caplog.records]
     what = "The validation function bad_validation returned metrics for checkpoint_00000"
     assert any(m.startswith(f"{what}1 that has 'val_score'=nan; the "
@@ -55,11 +57,12 @@ def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_o
                             "checkpoint_score_attribute must be a number") for m in messages)
     assert any(m.startswith(f"{what}3 that has the metric name 'val\\x1bscore', which holds "
                             "the control character '\\x1b'") for m in messages)
+    assert any(m.startswith(f"{what}4 that has no 'val_score'") for m in messages), messages
     assert all("its metrics are not merged" in m and "the run goes on" in m
                for m in messages)
     # The failed validations left the reported metrics alone, in the index and manifests.
     metrics = {os.path.basename(c.path): m for c, m in result.best_checkpoints}
     assert metrics["checkpoint_000001"] == {"epoch": 0}
-    assert metrics["checkpoint_000004"] == {"epoch": 3, "val_score": 7}
+    assert metrics["checkpoint_000005"] == {"epoch": 4, "val_score": 7}
     with open(os.path.join(run, "checkpoint_000002", "_cairn_manifest.json")) as f:
         assert json.load(f)["metrics"] == {"epoch": 1}

@@ -40,7 +40,11 @@ from cairn._src.config.validation import ValidationConfig, merged_task
 from cairn._src.errors import ReportError
 from cairn._src.observe.observer import EventStream
 from cairn._src.run.events import Event, ValidationFinished, ValidationRequested, as_events
-from cairn._src.run.report_checks import check_score_attribute, score_value, validate_metrics
+from cairn._src.run.report_checks import (
+    check_score_attribute,
+    score_present,
+    validate_metrics,
+)
 from cairn._src.storage.options import StorageOptions
 
 logger = logging.getLogger(__name__)
@@ -274,7 +278,9 @@ class ValidationRunner:
         try:
             metrics = validate_metrics(value, what=what)
             attribute = self._manager.config.checkpoint_score_attribute
-            if attribute is not None and score_value(metrics, attribute) is not None:
+            # Without the attribute the checkpoint keeps its reported score; with it (None
+            # included) the score must be one retention can rank by.
+            if attribute is not None and score_present(metrics, attribute):
                 check_score_attribute(metrics, attribute, what=what)
         except ReportError as exc:
             logger.error("%s The validation is VALIDATION_FAILED: its metrics are not "

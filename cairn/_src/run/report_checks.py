@@ -111,12 +111,27 @@ def validate_metrics(metrics: object, *, what: str = "report(metrics=...)") -> d
 
 
 def score_value(metrics: Mapping[str, Any], attribute: str) -> Any:
+    """``metrics``' value of ``attribute``: the flat key first, then ``/`` reaching into
+    nested metrics; None when it has none (or it is None)."""
+    found = _lookup(metrics, attribute)
+    return None if found is _MISSING else found
+
+
+def score_present(metrics: Mapping[str, Any], attribute: str) -> bool:
+    """Whether ``metrics`` name ``attribute`` at all (its value may be None)."""
+    return _lookup(metrics, attribute) is not _MISSING
+
+
+_MISSING = object()
+
+
+def _lookup(metrics: Mapping[str, Any], attribute: str) -> Any:
     if attribute in metrics:
         return metrics[attribute]
     value: Any = metrics
     for part in attribute.split("/"):
         if not isinstance(value, Mapping) or part not in value:
-            return None
+            return _MISSING
         value = value[part]
     return value
 
