@@ -50,6 +50,8 @@ from cairn._src.storage.options import StorageOptions
 logger = logging.getLogger(__name__)
 
 REQUESTED = "validation_requested"
+# How often fit(), waiting at its end for validations, says which ones it waits for.
+WAIT_NOTE_S = 60.0
 FINISHED = "validation_finished"
 
 
@@ -212,10 +214,22 @@ class ValidationRunner:
         self._jobs.put(job)
 
     def wait_idle(self) -> None:
-        """Block until no validation is pending (the end of a successful run)."""
+        """Block until no validation is pending (the end of a successful run), saying
+        every :data:`WAIT_NOTE_S` which ones it waits for."""
+        started = time.monotonic()
+        note_at = started + WAIT_NOTE_S
         with self._pending.idle:
             while self._pending.jobs and self.config is not None:
-                self._pending.idle.wait(1.0)
+                self._pending.idle.wait(min(1.0, WAIT_NOTE_S))
+                now = time.monotonic()
+                if self._pending.jobs and now >= note_at:
+                    logger.warning(
+                        "fit() has waited %.0fs for the validation of %s: a run ends once "
+                        "its validations have finished, and a validation runs to its end "
+                        "unless ValidationConfig(timeout_s=...) or report(validation="
+                        "ValidationTaskConfig(timeout_s=...)) bounds it", now - started,
+                        ", ".join(sorted(self._pending.jobs)))
+                    note_at = now + WAIT_NOTE_S
 
     def close(self) -> None:
         self._jobs.put(_STOP)
