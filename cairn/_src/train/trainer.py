@@ -246,10 +246,11 @@ class Trainer:
             lease.release()
         # A fit() without a report of its own (a finished run run again: its train function
         # resumes at its end) gives the run's last report, as Result.from_path does.
-        reported = bool(outcome.last_metrics)
+        reported = outcome.last_report_index is not None
         result = build_result(
             run, manager.index, self.run_config.checkpoint_config,
-            metrics=outcome.last_metrics if reported else earlier.get("metrics") or None,
+            metrics=(outcome.last_metrics or None) if reported
+            else earlier.get("metrics") or None,
             error=outcome.error,
             return_value=returned[-1] if returned else outcome.return_value, retry=retry,
             report_index=outcome.last_report_index if reported else earlier.get("report_index"))
