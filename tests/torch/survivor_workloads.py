@@ -101,8 +101,11 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
                                                extra=ballast))
                 if (fault and fault["kind"] == "kill_after_snapshot"
                         and rank == fault["rank"] and step == fault["after_step"]):
-                    # Its part of the report is sent; the other rank is still writing
-                    # its snapshot, so the commit is in flight when the failure is seen.
+                    # Its part of the report is sent (its own small file is on storage:
+                    # under load its background upload can take longer than any fixed
+                    # wait); the other rank is still writing its snapshot, so the commit
+                    # is in flight when the failure is seen.
+                    _wait_for_own_part(handles[-1].index, rank)
                     time.sleep(0.3)
                     os.kill(os.getpid(), signal.SIGKILL)
     for handle in handles:
@@ -110,6 +113,16 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     final = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return {"step": step, "model": {k: v.clone() for k, v in final.state_dict().items()},
             "next_draw": torch.rand(2)}
+
+
+def _wait_for_own_part(index: int, rank: int) -> None:
+    from cairn._src.worker.session import get_session
+
+    part = get_session("test")._setup.run.join(f"checkpoint_{index:06d}",
+                                                 f"rank_{rank}", "rank_state.pt")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(part.path) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _hold_if_lost(config: dict[str, Any], fault: dict[str, Any], rank: int,
