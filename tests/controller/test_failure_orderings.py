@@ -5,6 +5,7 @@ each ordering is forced, no processes)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from controller_fakes import FakeWorker, Harness, make_harness
 
 from cairn import FailureConfig
+from cairn._src.controller.attempt_loop import LAST_MESSAGE_GRACE_S
 from cairn._src.controller.state import ControllerState
 from cairn._src.wire.messages import DoneMessage, ErrorMessage, StoppedMessage
 from cairn._src.wire.preemption import PreemptionMessage, PreemptionNoticeMessage
@@ -209,3 +211,57 @@ def test_a_rank_reaped_after_the_failure_grace_still_counts_as_gone(make) -> Non
     _peer(dying).close()
     assert harness.controller.step().new is S.RESTARTING
     assert _counts(harness) == (1, 0)
+
+
+def test_a_rank_that_returned_is_done_when_its_done_trails_the_exit(make) -> None:
+    # Ray reports a returned actor task on its own channel: under load its Done came
+    # more than LAST_MESSAGE_GRACE_S after, and the run failed with "exited with code 0".
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    for worker in workers:
+        worker.returned = True
+        worker.exit_seen()
+
+    def done_late() -> None:
+        for worker in workers:
+            _peer(worker).send(DoneMessage(worker.rank, 0, None))
+            _peer(worker).close()
+
+    timer = threading.Timer(LAST_MESSAGE_GRACE_S + 0.5, done_late)
+    timer.start()
+    try:
+        assert harness.controller.step().new is S.FINISHING
+    finally:
+        timer.join()
+    assert _counts(harness) == (0, 0)
+
+
+def test_a_killed_rank_without_a_last_message_fails_within_the_short_grace(make) -> None:
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    workers[1].exit_seen()  # killed: no Done will come, its connection stays silent
+    assert harness.controller.step().new is S.ERRORED
+    assert _counts(harness) == (0, 1)
+
+
+def test_the_error_of_a_rank_that_returned_is_its_failure_when_it_trails_the_exit(
+        make) -> None:
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    workers[1].returned = True
+    workers[1].exit_seen()
+
+    def error_late() -> None:
+        _peer(workers[1]).send(ErrorMessage(1, "ValueError", "bad batch", "Traceback ...",
+                                            None, False))
+        _peer(workers[1]).close()
+
+    timer = threading.Timer(LAST_MESSAGE_GRACE_S + 0.5, error_late)
+    timer.start()
+    try:
+        assert harness.controller.step().new is S.ERRORED
+    finally:
+        timer.join()
+    outcome = harness.controller.outcome
+    assert outcome is not None and "bad batch" in str(outcome.error)
+    assert "exited with code" not in str(outcome.error)

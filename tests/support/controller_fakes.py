@@ -73,6 +73,7 @@ class FakeWorker:
         self.pid = 10_000 + rank
         self.node_id = "node-0"
         self.preempted = False
+        self.returned = False  # ended by returning (any exit code; not killed)
         self._exit_r, self._exit_w = os.pipe()
         self.exited = False
         self.peer: Connection | None = None  # the worker's end of its connection
@@ -89,6 +90,12 @@ class FakeWorker:
 
     def wait_exit(self, timeout: float) -> bool:
         return self.exited
+
+    def exit_seen(self) -> None:
+        """Only the exit watcher fires (a Ray task's return, on Ray's own channel): the
+        connection stays as it is."""
+        self.exited = True
+        os.write(self._exit_w, b"x")
 
     def end(self) -> None:
         """The process is gone: its connection closes, its exit watcher fires."""

@@ -157,6 +157,10 @@ class InProcessWorker:
             else:
                 raise_in_thread(self._running_in, TrainFunctionStopped)
 
+    @property
+    def returned(self) -> bool:
+        return self._ended.is_set() and self.error is None
+
     def describe_exit(self) -> str:
         if not self._ended.is_set():
             return "is still running (in the driver's process)"

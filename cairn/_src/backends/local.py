@@ -100,6 +100,11 @@ class WorkerProcess:
     def exit_code(self) -> int | None:
         return self.process.poll()
 
+    @property
+    def returned(self) -> bool:
+        code = self.process.poll()
+        return code is not None and code >= 0
+
     def describe_exit(self) -> str:
         code = self.process.poll()
         if code is None:

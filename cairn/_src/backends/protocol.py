@@ -38,6 +38,12 @@ class WorkerHandle(Protocol):
         """Whether the worker was lost with a node its cluster says was preempted (the Ray
         backend); False where the backend cannot tell."""
 
+    @property
+    def returned(self) -> bool:
+        """Whether the worker ended by returning, with any exit code (not killed, not lost
+        with its node): it closed its connection after its last message (Done or its
+        error), so that message is still to come however early the exit was seen."""
+
     def describe_exit(self) -> str:
         """How the worker ended, for error messages ("was killed by SIGKILL")."""
 

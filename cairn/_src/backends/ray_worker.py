@@ -80,6 +80,8 @@ class _RefWatcher:
     def __init__(self, ref: Any, name: str, node_id: str) -> None:
         self._read_fd, self._write_fd = os.pipe()
         self.outcome: str | None = None
+        # The run task's exit code, once it returned (not killed, not lost with its node).
+        self.code: int | None = None
         # Ray says the actor died because its node was preempted (RayActorError.preempted:
         # a node drained for preemption, then lost): a preemption, noticed or not.
         self.preempted = False
@@ -90,6 +92,7 @@ class _RefWatcher:
     def _wait(self, ref: Any) -> None:
         try:
             code = ray.get(ref)
+            self.code = code if isinstance(code, int) else None
             self.outcome = f"exited with code {code}"
         except ray.exceptions.RayActorError as exc:
             self.preempted = bool(getattr(exc, "preempted", False))
@@ -137,6 +140,10 @@ class RayWorker:
 
     def describe_exit(self) -> str:
         return self.exit_watcher.outcome or "is still running"
+
+    @property
+    def returned(self) -> bool:
+        return self.exit_watcher.code is not None
 
     @property
     def preempted(self) -> bool:

@@ -15,6 +15,7 @@ failure, or a lost lease, ends the attempt at once.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -88,7 +89,11 @@ FAILURE_GRACE_S = 0.2
 # the failed rank's last report, so that those are committed before the teardown.
 REPORT_GRACE_S = 10.0
 HISTORY_FLUSH_S = 1.0
+# How long a rank's last messages may trail the news of its exit: a rank that returned
+# closed its connection after sending Done or its error, so that end is awaited longer (a
+# Ray task's return travels on Ray's own channel; under load it came more than 2 s first).
 LAST_MESSAGE_GRACE_S = 2.0
+RETURNED_GRACE_S = 30.0
 # Workers that have not connected by then are reported (a node that cannot reach the
 # controller, an interpreter that hangs while importing).
 WORKER_START_TIMEOUT_S = 300.0
@@ -189,10 +194,7 @@ class AttemptLoop:
             # first, so a Done or an error is never mistaken for a crash.
             connection = attempt.connections.get(worker.rank)
             if connection is not None:
-                # An exit can be reported before the worker's last message is readable
-                # (Ray reports a finished actor task through its own channel).
-                connection.poll(LAST_MESSAGE_GRACE_S)
-                self._read_connection(worker.rank, connection, everything=True)
+                self._read_last_messages(worker.rank, connection, worker.returned)
             self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
                 attempt.failures.append(WorkerFailure(
@@ -371,6 +373,21 @@ class AttemptLoop:
                     self.on_committed(item)
                 elif isinstance(item, NewConnection):
                     item.connection.close()
+
+    def _read_last_messages(self, rank: int, connection: Connection,
+                            returned: bool) -> None:
+        """A rank exited: read what it sent before. Its exit can be reported before its
+        last message is readable (Ray reports a finished actor task through its own
+        channel); one that returned is read until its Done, its error or the end of its
+        connection, for at most ``RETURNED_GRACE_S``."""
+        attempt = self.attempt
+        wait_until = time.monotonic() + (RETURNED_GRACE_S if returned
+                                         else LAST_MESSAGE_GRACE_S)
+        while connection.poll(max(0.0, wait_until - time.monotonic())):
+            self._read_connection(rank, connection, everything=True)
+            if (rank not in attempt.connections or rank in attempt.done
+                    or attempt.has_failure(rank)):
+                return
 
     def _read_connection(self, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
