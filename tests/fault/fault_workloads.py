@@ -75,6 +75,33 @@ def resumable(config: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def index_answer_lost(config: dict[str, Any]) -> None:
+    """Reports ``steps`` checkpoints asking for their validation; before the first commit
+    the store starts losing the answers of ``lost`` index writes (``lying_store``)."""
+    import lying_store
+
+    resumed = cairn.get_checkpoint()
+    start = 0
+    if resumed is not None:
+        with resumed.as_directory() as d, open(os.path.join(d, "step.json")) as f:
+            start = json.load(f)["step"] + 1
+    elif cairn.get_context().get_world_rank() == 0:
+        lying_store.add_rule(config["control"], "lost_answer", "cairn_run.json",
+                             times=config["lost"])
+    for step in range(start, config["steps"]):
+        directory = tempfile.mkdtemp()
+        with open(os.path.join(directory, "step.json"), "w") as f:
+            json.dump({"step": step}, f)
+        cairn.report({"step": step}, checkpoint=Checkpoint.from_directory(directory),
+                     validation=True)
+
+
+def step_score(checkpoint: Checkpoint) -> dict[str, Any]:
+    """A validation function: the step stored in the checkpoint."""
+    with checkpoint.as_directory() as d, open(os.path.join(d, "step.json")) as f:
+        return {"val_step": json.load(f)["step"]}
+
+
 def diverging(config: dict[str, Any]) -> None:
     """Rank 1 skips the checkpoint report that the other ranks make."""
     rank = cairn.get_context().get_world_rank()

@@ -8,7 +8,9 @@ eventually consistent S3-compatible store:
 
 * ``not_found``: an object that exists is answered as missing (read and stat);
 * ``unlisted``: an object that exists is left out of listings;
-* ``drop``: a write is acknowledged and nothing is kept.
+* ``drop``: a write is acknowledged and nothing is kept;
+* ``lost_answer``: a write is kept and its answer is lost (the client raises
+  ``ConnectionResetError``).
 
 The lies are rules in ``<control>/rules.json`` (:func:`add_rule`), shared by the driver,
 its worker processes and a restarted driver: a rule applies to keys containing ``match``,
@@ -45,8 +47,8 @@ def lying_uri(inner: str, control: str) -> str:
 
 def add_rule(control: str, kind: str, match: str, *, times: int | None = None,
              ratio: float | None = None, per_key: int = 3) -> None:
-    """Add a lie: ``kind`` is ``not_found``, ``unlisted`` or ``drop``."""
-    assert kind in ("not_found", "unlisted", "drop"), kind
+    """Add a lie: ``kind`` is ``not_found``, ``unlisted``, ``drop`` or ``lost_answer``."""
+    assert kind in ("not_found", "unlisted", "drop", "lost_answer"), kind
     os.makedirs(control, exist_ok=True)
     with _locked(control):
         rules = _rules(control)
@@ -152,6 +154,8 @@ class LyingStore:
             self._fs.create_dir(path.rpartition("/")[0], recursive=True)
         with self._fs.open_output_stream(path) as out:
             out.write(data)
+        if self._lies("lost_answer", key):
+            raise ConnectionResetError(f"writing {key!r}: connection reset (a lie)")
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         selector = pafs.FileSelector(self._base or "/", allow_not_found=True, recursive=True)

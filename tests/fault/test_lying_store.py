@@ -23,7 +23,7 @@ from cairn._src.checkpoint.index import RunIndex
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, write_manifest
 from cairn._src.checkpoint.recheck import recheck_uncommitted
-from cairn._src.run.segment_log import SegmentLog
+from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
@@ -281,3 +281,30 @@ def test_a_resume_over_thousands_of_index_records_without_directories_reads_no_b
                                       sleep=slept.append)
         assert recheck.never_committed
     assert slept == []
+
+
+# --- an index write whose answer is lost --------------------------------------------------
+
+
+def test_a_commit_whose_index_write_answer_was_lost_is_adopted_and_validated(
+        root: str, control: str, scratch: str) -> None:
+    # Every try of the first commit's index write is kept by the store but answered with
+    # an error: the attempt fails, the next one adopts the checkpoint (its manifest
+    # landed) and resumes from it, and its validation runs in this same fit().
+    storage = lying_store.lying_uri(root, control)
+    config = cairn.RunConfig(name="run", storage_path=storage,
+                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+                             failure_config=cairn.FailureConfig(max_failures=1))
+    result = Trainer(fault_workloads.index_answer_lost,
+                     train_loop_config={"steps": 2, "control": control, "lost": 3},
+                     scaling_config=ScalingConfig(num_workers=1), run_config=config,
+                     validation_config=cairn.ValidationConfig(fault_workloads.step_score),
+                     ).fit()
+    assert lying_store.lies_told(control) == {"lost_answer": 3}
+    run = resolve(storage).join("run")
+    finished = {e["dir_name"]: e["status"] for e in read_log(run.join("events"), RETRY)
+                if e.get("type") == "validation_finished"}
+    assert finished == {"checkpoint_000001": "VALIDATED", "checkpoint_000002": "VALIDATED"}
+    validated = {os.path.basename(c.path): m.get("val_step")
+                 for c, m in result.best_checkpoints}
+    assert validated == {"checkpoint_000001": 0, "checkpoint_000002": 1}

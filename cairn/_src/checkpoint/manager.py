@@ -489,8 +489,9 @@ class CheckpointManager:
         """Run-directory entries that hold data of checkpoints committed by reference."""
         return names_holding_references(self.run, self.index)
 
-    def settle_uncertain(self) -> None:
-        """Settle commits whose index write failed after their manifest landed.
+    def settle_uncertain(self) -> set[str]:
+        """Settle commits whose index write failed after their manifest landed; the names
+        of those adopted.
 
         The store may have written the index and lost its answer: the checkpoint is
         committed (its manifest says so), so the index names it again and the next attempt
@@ -512,6 +513,7 @@ class CheckpointManager:
                            [r.dir_name for r in adopted])
             self.index = adopt(self.run, self.index, adopted, self.retry, self.fence,
                                durable=self.fsync)
+        return {r.dir_name for r in adopted}
 
     def _manifest_asked_again(self, name: str, manifest_at: StorageLocation,
                               committed: Callable[[], set[str]],

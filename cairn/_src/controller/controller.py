@@ -256,8 +256,9 @@ class Controller:
             manager.retry_deletions()
             number = manager.index.attempts
             # A commit whose index write failed after its manifest landed is settled
-            # first (committed: adopted), so this attempt resumes from it consistently.
-            manager.settle_uncertain()
+            # first (committed: adopted), so this attempt resumes from it consistently, and
+            # the validation it asked for runs.
+            parts.validations.settled(manager.settle_uncertain())
             resume = manager.choose_resume()
             manager.save_index(attempts=number + 1,
                                resumed_from=resume.dir_name if resume else None,

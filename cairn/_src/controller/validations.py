@@ -125,6 +125,9 @@ class ValidationRunner:
         # Shared with the manager's retention policy (ProtectPending).
         self._pending = pending
         self._status: dict[str, ReportedCheckpointStatus] = {}
+        # Validations of commits that failed, kept until the next attempt settles whether
+        # the store wrote their index and lost its answer (adopted: they run after all).
+        self._uncertain: dict[str, _Job] = {}
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -198,11 +201,21 @@ class ValidationRunner:
         with self._pending.lock:
             job = self._pending.jobs.get(ready.dir_name)
             if not committed:
-                self._pending.jobs.pop(ready.dir_name, None)
+                dropped = self._pending.jobs.pop(ready.dir_name, None)
+                if dropped is not None:
+                    self._uncertain[ready.dir_name] = dropped
                 self._pending.idle.notify_all()
                 return
         if job is not None:
             self._enqueue(job)
+
+    def settled(self, adopted: set[str]) -> None:
+        """The failed commits were settled (``CheckpointManager.settle_uncertain``): the
+        validations of those ``adopted`` as committed run; the others are forgotten."""
+        with self._pending.lock:
+            jobs, self._uncertain = self._uncertain, {}
+        for name in sorted(adopted & set(jobs), key=lambda n: jobs[n].index):
+            self._enqueue(jobs[name])
 
     def _enqueue(self, job: _Job) -> None:
         with self._pending.lock:
