@@ -5,7 +5,6 @@ each ordering is forced, no processes)."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,12 +226,8 @@ def test_a_rank_that_returned_is_done_when_its_done_trails_the_exit(make) -> Non
             _peer(worker).send(DoneMessage(worker.rank, 0, None))
             _peer(worker).close()
 
-    timer = threading.Timer(LAST_MESSAGE_GRACE_S + 0.5, done_late)
-    timer.start()
-    try:
-        assert harness.controller.step().new is S.FINISHING
-    finally:
-        timer.join()
+    harness.clock.after(LAST_MESSAGE_GRACE_S + 0.5, done_late)
+    assert harness.controller.step().new is S.FINISHING
     assert _counts(harness) == (0, 0)
 
 
@@ -256,12 +251,22 @@ def test_the_error_of_a_rank_that_returned_is_its_failure_when_it_trails_the_exi
                                             None, False))
         _peer(workers[1]).close()
 
-    timer = threading.Timer(LAST_MESSAGE_GRACE_S + 0.5, error_late)
-    timer.start()
-    try:
-        assert harness.controller.step().new is S.ERRORED
-    finally:
-        timer.join()
+    harness.clock.after(LAST_MESSAGE_GRACE_S + 0.5, error_late)
+    assert harness.controller.step().new is S.ERRORED
     outcome = harness.controller.outcome
     assert outcome is not None and "bad batch" in str(outcome.error)
     assert "exited with code" not in str(outcome.error)
+
+
+def test_ranks_lost_together_wait_out_one_grace_for_their_last_messages(make) -> None:
+    # A lost node's ranks exit at once and their connections go silent (no end arrives):
+    # their last messages are awaited together, not one grace after another, and on the
+    # controller's clock like its every other wait.
+    harness = make(workers=4, failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    for worker in workers[1:]:
+        worker.exit_seen()
+    started = harness.clock.now
+    assert harness.controller.step().new is S.ERRORED
+    assert LAST_MESSAGE_GRACE_S <= harness.clock.now - started < 2 * LAST_MESSAGE_GRACE_S
+    assert _counts(harness) == (0, 1)

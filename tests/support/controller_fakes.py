@@ -9,7 +9,7 @@ worker's side of the protocol.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
@@ -48,10 +48,18 @@ from cairn._src.wire.messages import DoneMessage, ErrorMessage
 
 
 class FakeClock:
-    """Time moves only when the controller waits and nothing is ready: by the whole wait."""
+    """Time moves only when the controller waits and nothing is ready: by the whole wait,
+    or up to the first action :meth:`after` scheduled within it (then run)."""
 
     def __init__(self) -> None:
         self.now = 1_000.0
+        self._scheduled: list[tuple[float, int, Callable[[], None]]] = []
+
+    def after(self, seconds: float, action: Callable[[], None]) -> None:
+        """Run ``action`` (a worker's side: a message sent, a connection closed) once the
+        controller's waits have moved the clock ``seconds`` on."""
+        self._scheduled.append((self.now + seconds, len(self._scheduled), action))
+        self._scheduled.sort()
 
     def time(self) -> float:
         return self.now
@@ -61,8 +69,14 @@ class FakeClock:
 
     def wait(self, objects: list[Any], timeout: float) -> list[Any]:
         ready = list(wait(objects, 0))
+        end = self.now + max(timeout, 0.001)
+        while not ready and self._scheduled and self._scheduled[0][0] <= end:
+            at, _, action = self._scheduled.pop(0)
+            self.now = max(self.now, at)
+            action()
+            ready = list(wait(objects, 0))
         if not ready:
-            self.now += max(timeout, 0.001)
+            self.now = end
         return ready
 
 

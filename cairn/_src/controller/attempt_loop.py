@@ -15,13 +15,12 @@ failure, or a lost lease, ends the attempt at once.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
-from cairn._src.backends.protocol import WorkerBackend
+from cairn._src.backends.protocol import WorkerBackend, WorkerHandle
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.config.run import RunConfig
 from cairn._src.controller.attempt import Attempt
@@ -185,16 +184,13 @@ class AttemptLoop:
                     if d is not None and d > now]
         deadline = min([*upcoming, self._next_flush, now + 1.0])
         ready = self._wait_and_read(watchers, max(0.0, deadline - now))
-        for item in ready:
-            worker = watchers.get(item) if isinstance(item, int) else None
-            if worker is None:
-                continue
-            self.exited.add(worker.rank)
-            # Messages sent just before the exit are already in the socket: read them
-            # first, so a Done or an error is never mistaken for a crash.
-            connection = attempt.connections.get(worker.rank)
-            if connection is not None:
-                self._read_last_messages(worker.rank, connection, worker.returned)
+        gone = [watchers[item] for item in ready
+                if isinstance(item, int) and item in watchers]
+        self.exited.update(w.rank for w in gone)
+        # Messages sent just before the exits are already in the sockets: read them first,
+        # so a Done or an error is never mistaken for a crash.
+        self._read_last_messages(gone)
+        for worker in gone:
             self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
                 attempt.failures.append(WorkerFailure(
@@ -374,20 +370,26 @@ class AttemptLoop:
                 elif isinstance(item, NewConnection):
                     item.connection.close()
 
-    def _read_last_messages(self, rank: int, connection: Connection,
-                            returned: bool) -> None:
-        """A rank exited: read what it sent before. Its exit can be reported before its
-        last message is readable (Ray reports a finished actor task through its own
-        channel); one that returned is read until its Done, its error or the end of its
-        connection, for at most ``RETURNED_GRACE_S``."""
-        attempt = self.attempt
-        wait_until = time.monotonic() + (RETURNED_GRACE_S if returned
-                                         else LAST_MESSAGE_GRACE_S)
-        while connection.poll(max(0.0, wait_until - time.monotonic())):
-            self._read_connection(rank, connection, everything=True)
-            if (rank not in attempt.connections or rank in attempt.done
-                    or attempt.has_failure(rank)):
+    def _read_last_messages(self, gone: list[WorkerHandle]) -> None:
+        """Ranks exited: read what they sent before, all at once (a lost node's ranks
+        wait out one grace, not one each). An exit can be reported before the last
+        message is readable (Ray reports a finished actor task through its own channel):
+        a rank is read until its Done, its error or the end of its connection, for at most
+        ``LAST_MESSAGE_GRACE_S``, or ``RETURNED_GRACE_S`` for one that returned."""
+        attempt, clock = self.attempt, self._clock
+        now = clock.monotonic()
+        deadlines = {w.rank: now + (RETURNED_GRACE_S if w.returned else LAST_MESSAGE_GRACE_S)
+                     for w in gone}
+        while True:
+            now = clock.monotonic()
+            waiting = {attempt.connections[rank]: rank for rank, until in deadlines.items()
+                       if until > now and rank in attempt.connections
+                       and rank not in attempt.done and not attempt.has_failure(rank)}
+            if not waiting:
                 return
+            until = min(deadlines[rank] for rank in waiting.values())
+            for connection in clock.wait(list(waiting), max(0.0, until - now)):
+                self._read_connection(waiting[connection], connection, everything=True)
 
     def _read_connection(self, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
