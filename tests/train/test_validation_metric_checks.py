@@ -66,3 +66,58 @@ def test_a_validation_whose_metrics_report_would_refuse_fails_and_the_run_goes_o
     assert metrics["checkpoint_000005"] == {"epoch": 4, "val_score": 7}
     with open(os.path.join(run, "checkpoint_000002", "_cairn_manifest.json")) as f:
         assert json.load(f)["metrics"] == {"epoch": 1}
+
+
+def _losses_reported(config: dict[str, Any]) -> None:
+    """Three checkpoints with losses 0.1, 0.5, 0.9 (the first the best); only the first is
+    validated. ``flat``: the loss is reported as the flat key 'val/loss'."""
+    for epoch, loss in enumerate([0.1, 0.5, 0.9]):
+        metrics = {"val/loss": loss} if config["flat"] else {"val": {"loss": loss}}
+        directory = os.path.join(config["scratch"], str(epoch))
+        os.makedirs(directory)
+        with open(os.path.join(directory, "w"), "w") as f:
+            f.write(str(epoch))
+        cairn.report({"epoch": epoch, **metrics},
+                     checkpoint=Checkpoint.from_directory(directory), validation=epoch == 0)
+
+
+def _merged_badly(checkpoint: Checkpoint, *, value: dict[str, Any]) -> dict[str, Any]:
+    return value
+
+
+@pytest.mark.parametrize(("flat", "validated", "message"), [
+    # The shallow merge (Ray Train's) would replace 'val' and erase the reported loss.
+    (False, {"val": {"accuracy": 0.99}},
+     "that replace 'val' of the checkpoint's reported metrics with {'accuracy': 0.99}, "
+     "which has no 'val/loss', the checkpoint_score_attribute: retention would rank the "
+     "checkpoint last."),
+    (False, {"val": 3}, "that replace 'val' of the checkpoint's reported metrics with 3"),
+    # The report's flat key would shadow the validation's nested score.
+    (True, {"val": {"loss": 0.95}},
+     "that give 'val/loss' nested, while the checkpoint's reported metrics have the flat "
+     "key 'val/loss', which retention reads first: return it as the flat key 'val/loss' "
+     "too."),
+])
+def test_a_validation_that_would_lose_or_shadow_the_score_fails_and_keeps_the_best(
+    run_config: RunConfigFactory, scratch: str, caplog: pytest.LogCaptureFixture,
+    flat: bool, validated: dict[str, Any], message: str,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="cairn")
+    config = run_config(progress=0, checkpoint_config=CheckpointConfig(
+        num_to_keep=1, checkpoint_score_attribute="val/loss", checkpoint_score_order="min"))
+    result = Trainer(
+        _losses_reported, train_loop_config={"flat": flat, "scratch": scratch},
+        scaling_config=cairn.ScalingConfig(num_workers=0), run_config=config,
+        validation_config=cairn.ValidationConfig(
+            _merged_badly, cairn.ValidationTaskConfig(fn_kwargs={"value": validated})),
+    ).fit()
+    run = os.path.join(os.fspath(config.storage_path), "run")
+    assert [(e["dir_name"], e["status"]) for e in events(run, "validation_finished")] == [
+        ("checkpoint_000001", "VALIDATION_FAILED")]
+    what = ("The validation function _merged_badly returned metrics for checkpoint_000001 "
+            + message)
+    assert any(r.getMessage().startswith(what) for r in caplog.records), caplog.text
+    # The best checkpoint (loss 0.1) keeps its reported score and its place.
+    assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
+        "checkpoint_000001", "checkpoint_000003"]
+    assert os.path.isdir(os.path.join(run, "checkpoint_000001"))

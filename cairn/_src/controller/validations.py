@@ -41,6 +41,7 @@ from cairn._src.errors import ReportError
 from cairn._src.observe.observer import EventStream
 from cairn._src.run.events import Event, ValidationFinished, ValidationRequested, as_events
 from cairn._src.run.report_checks import (
+    check_merged_score,
     check_score_attribute,
     score_present,
     validate_metrics,
@@ -309,6 +310,7 @@ class ValidationRunner:
             # included) the score must be one retention can rank by.
             if attribute is not None and score_present(metrics, attribute):
                 check_score_attribute(metrics, attribute, what=what)
+            check_merged_score(record.metrics, metrics, attribute, what=what)
         except ReportError as exc:
             logger.error("%s The validation is VALIDATION_FAILED: its metrics are not "
                          "merged into %s, which keeps its reported metrics and its place "

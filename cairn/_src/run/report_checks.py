@@ -154,6 +154,33 @@ def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None, *,
         )
 
 
+def check_merged_score(reported: Mapping[str, Any], validated: Mapping[str, Any],
+                       attribute: str | None, *, what: str) -> None:
+    """:class:`ReportError` when merging a validation's ``validated`` metrics into a
+    checkpoint's ``reported`` ones (``{**reported, **validated}``, as Ray Train does) would
+    leave retention a score the validation did not give: the reported score erased (a
+    nested dict replaced by one without it), or the validation's own score shadowed (the
+    report named it as the flat key ``"val/loss"``, the validation nested)."""
+    if attribute is None:
+        return
+    merged = {**reported, **validated}
+    if score_present(validated, attribute):
+        if _lookup(merged, attribute) is not _lookup(validated, attribute):
+            raise ReportError(
+                f"{what} give {attribute!r} nested, while the checkpoint's reported metrics "
+                f"have the flat key {attribute!r}, which retention reads first: return it "
+                f"as the flat key {attribute!r} too."
+            )
+    elif score_present(reported, attribute) and not score_present(merged, attribute):
+        top = attribute.split("/", 1)[0]
+        raise ReportError(
+            f"{what} replace {top!r} of the checkpoint's reported metrics with "
+            f"{_short(validated.get(top))}, which has no {attribute!r}, the "
+            "checkpoint_score_attribute: retention would rank the checkpoint last. Return "
+            f"{attribute!r} in it too, or use another key."
+        )
+
+
 def check_dir_name(name: object) -> str:
     """``name`` if a report may use it as ``checkpoint_dir_name``, else :class:`ReportError`.
 
