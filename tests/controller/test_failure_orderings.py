@@ -218,7 +218,7 @@ def test_a_rank_that_returned_is_done_when_its_done_trails_the_exit(make) -> Non
     harness = make(failure_config=FailureConfig(max_failures=0))
     workers = _running(harness)
     for worker in workers:
-        worker.returned = True
+        worker.last_message_may_trail = True
         worker.exit_seen()
 
     def done_late() -> None:
@@ -243,7 +243,7 @@ def test_the_error_of_a_rank_that_returned_is_its_failure_when_it_trails_the_exi
         make) -> None:
     harness = make(failure_config=FailureConfig(max_failures=0))
     workers = _running(harness)
-    workers[1].returned = True
+    workers[1].last_message_may_trail = True
     workers[1].exit_seen()
 
     def error_late() -> None:

@@ -87,7 +87,8 @@ class FakeWorker:
         self.pid = 10_000 + rank
         self.node_id = "node-0"
         self.preempted = False
-        self.returned = False  # ended by returning (any exit code; not killed)
+        # Its last message may trail its end (a Ray task that returned).
+        self.last_message_may_trail = False
         self._exit_r, self._exit_w = os.pipe()
         self.exited = False
         self.peer: Connection | None = None  # the worker's end of its connection

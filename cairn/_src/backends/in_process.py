@@ -71,6 +71,8 @@ class InProcessWorker:
     rank = 0
     node_id = "local"
     preempted = False
+    # Its connection is shut down before its end is signalled.
+    last_message_may_trail = False
 
     def __init__(self, bootstrap: Bootstrap) -> None:
         self.bootstrap = bootstrap
@@ -156,10 +158,6 @@ class InProcessWorker:
                 signal.pthread_kill(self._running_in, self._signal)
             else:
                 raise_in_thread(self._running_in, TrainFunctionStopped)
-
-    @property
-    def returned(self) -> bool:
-        return self._ended.is_set() and self.error is None
 
     def describe_exit(self) -> str:
         if not self._ended.is_set():

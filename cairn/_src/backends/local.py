@@ -100,10 +100,9 @@ class WorkerProcess:
     def exit_code(self) -> int | None:
         return self.process.poll()
 
-    @property
-    def returned(self) -> bool:
-        code = self.process.poll()
-        return code is not None and code >= 0
+    # The process's exit closed its sockets (a child it forked may hold one open): what it
+    # sent is readable when its exit is seen.
+    last_message_may_trail = False
 
     def describe_exit(self) -> str:
         code = self.process.poll()

@@ -39,10 +39,12 @@ class WorkerHandle(Protocol):
         backend); False where the backend cannot tell."""
 
     @property
-    def returned(self) -> bool:
-        """Whether the worker ended by returning, with any exit code (not killed, not lost
-        with its node): it closed its connection after its last message (Done or its
-        error), so that message is still to come however early the exit was seen."""
+    def last_message_may_trail(self) -> bool:
+        """Whether the worker's last message (Done or its error) may still arrive well
+        after its end was seen: a Ray actor task that returned (its return travels on
+        Ray's own channel; the worker closed its connection after that message). False
+        where the end closes the worker's sockets (a local process: what it sent is
+        readable when its exit is), and for a worker killed or lost with its node."""
 
     def describe_exit(self) -> str:
         """How the worker ended, for error messages ("was killed by SIGKILL")."""

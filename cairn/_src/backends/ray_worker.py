@@ -142,7 +142,7 @@ class RayWorker:
         return self.exit_watcher.outcome or "is still running"
 
     @property
-    def returned(self) -> bool:
+    def last_message_may_trail(self) -> bool:
         return self.exit_watcher.code is not None
 
     @property

@@ -88,9 +88,9 @@ FAILURE_GRACE_S = 0.2
 # the failed rank's last report, so that those are committed before the teardown.
 REPORT_GRACE_S = 10.0
 HISTORY_FLUSH_S = 1.0
-# How long a rank's last messages may trail the news of its exit: a rank that returned
-# closed its connection after sending Done or its error, so that end is awaited longer (a
-# Ray task's return travels on Ray's own channel; under load it came more than 2 s first).
+# How long a rank's last messages may trail the news of its exit. A Ray actor task that
+# returned closed its connection after sending Done or its error, and its return travels
+# on Ray's own channel (under load it came more than 2 s first): that end is awaited longer.
 LAST_MESSAGE_GRACE_S = 2.0
 RETURNED_GRACE_S = 30.0
 # Workers that have not connected by then are reported (a node that cannot reach the
@@ -375,10 +375,12 @@ class AttemptLoop:
         wait out one grace, not one each). An exit can be reported before the last
         message is readable (Ray reports a finished actor task through its own channel):
         a rank is read until its Done, its error or the end of its connection, for at most
-        ``LAST_MESSAGE_GRACE_S``, or ``RETURNED_GRACE_S`` for one that returned."""
+        ``LAST_MESSAGE_GRACE_S``, or ``RETURNED_GRACE_S`` for one whose last message may
+        trail its end (a Ray task that returned)."""
         attempt, clock = self.attempt, self._clock
         now = clock.monotonic()
-        deadlines = {w.rank: now + (RETURNED_GRACE_S if w.returned else LAST_MESSAGE_GRACE_S)
+        deadlines = {w.rank: now + (RETURNED_GRACE_S if w.last_message_may_trail
+                                         else LAST_MESSAGE_GRACE_S)
                      for w in gone}
         while True:
             now = clock.monotonic()
