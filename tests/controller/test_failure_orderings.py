@@ -270,3 +270,24 @@ def test_ranks_lost_together_wait_out_one_grace_for_their_last_messages(make) ->
     assert harness.controller.step().new is S.ERRORED
     assert LAST_MESSAGE_GRACE_S <= harness.clock.now - started < 2 * LAST_MESSAGE_GRACE_S
     assert _counts(harness) == (0, 1)
+
+
+def test_a_ray_preemption_flag_that_comes_after_the_connection_end_still_counts(make) -> None:
+    # A node drained faster than the workers' drain poll: no notice; the actor's socket
+    # ends at once, and Ray says RayActorError(preempted=True) only with the actor's death,
+    # which the stop of the group waits for.
+    harness = make(failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    lost = workers[1]
+    killed = harness.backend.kill
+
+    def kill() -> None:
+        killed()
+        lost.preempted = True
+        lost.exit_seen()
+
+    harness.backend.kill = kill  # type: ignore[method-assign]
+    _peer(lost).close()
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
+    assert "preemption_notice" in harness.event_types()

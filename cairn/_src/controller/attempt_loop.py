@@ -14,6 +14,7 @@ failure, or a lost lease, ends the attempt at once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -456,12 +457,30 @@ class AttemptLoop:
                 frame=message.frame,
             ))
 
-    def _on_preemption_notice(self, message: PreemptionNoticeMessage) -> None:
+    def preemption_after_stop(self, failure: AttemptFailure) -> AttemptFailure:
+        """The failed attempt's ranks are stopped (the stop waits for their ends): a rank
+        whose connection ended before Ray said its actor was lost with a preempted node
+        (the flag comes with the actor's death) makes the failure the preemption it was."""
+        if failure.preemption is not None or failure.fatal:
+            return failure
+        for went in [f for f in self.attempt.failures if f.went]:
+            worker = next(w for w in self.attempt.workers if w.rank == went.rank)
+            if worker.preempted:
+                # Not sent to the ranks: the attempt is over, kept ranks wait for the next.
+                self._on_preemption_notice(PreemptionNoticeMessage(
+                    went.rank, None, PREEMPTED_SOURCE), tell_ranks=False)
+        if not self.preemption.caused(self.attempt.failures):
+            return failure
+        return dataclasses.replace(failure, preemption=self.preemption.info)
+
+    def _on_preemption_notice(self, message: PreemptionNoticeMessage, *,
+                              tell_ranks: bool = True) -> None:
         info = self.preemption.on_notice(message)
         if info is None:
             return
-        # Every rank learns it, so that get_preemption_info() agrees on every rank.
-        self._parts.channels.broadcast(self.attempt, PreemptionMessage(info))
+        if tell_ranks:
+            # Every rank learns it, so that get_preemption_info() agrees on every rank.
+            self._parts.channels.broadcast(self.attempt, PreemptionMessage(info))
         self._parts.events.emit(PreemptionNotice(
             t=self._clock.time(), attempt=self.attempt.number,
             ranks=tuple(info.preempted_ranks), nodes=tuple(info.preempted_node_ids),

@@ -210,7 +210,7 @@ class Controller:
         if failure is FINISHED:
             return self._machine.transition(ControllerState.FINISHING, "all workers finished")
         assert isinstance(failure, AttemptFailure)
-        error, index = self._end_failed_attempt(loop, failure)
+        failure, error, index = self._end_failed_attempt(loop, failure)
         if attempt.resume_damaged:
             logger.warning(
                 "Attempt %d: a rank found the checkpoint it resumed from, %s, damaged "
@@ -341,11 +341,13 @@ class Controller:
 
     # --- ends of attempts ----------------------------------------------------------------
 
-    def _end_failed_attempt(self, loop: AttemptLoop,
-                            failure: AttemptFailure) -> tuple[BaseException, RunIndex]:
+    def _end_failed_attempt(
+            self, loop: AttemptLoop, failure: AttemptFailure,
+    ) -> tuple[AttemptFailure, BaseException, RunIndex]:
         parts, attempt = self._parts, loop.attempt
         manager = parts.manager
         self._kept = self._keep_or_kill(loop, failure)
+        failure = loop.preemption_after_stop(failure)
         kept = self._kept.connections if self._kept is not None else {}
         for rank in [r for r in attempt.connections if r not in kept]:
             attempt.connections.pop(rank).close()
@@ -395,7 +397,7 @@ class Controller:
         # The event log, the live view and the callbacks (after_exception, on_failure).
         parts.events.emit(AttemptFailed(logged, failure.reason, error))
         loop.flush_logs()
-        return raised, index
+        return failure, raised, index
 
     def _keep_or_kill(self, loop: AttemptLoop, failure: AttemptFailure) -> KeptRanks | None:
         """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the
