@@ -4,6 +4,7 @@ each ordering is forced, no processes)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from controller_fakes import FakeWorker, Harness, make_harness
 from cairn import FailureConfig
 from cairn._src.controller.attempt_loop import LAST_MESSAGE_GRACE_S
 from cairn._src.controller.state import ControllerState
+from cairn._src.run.layout import EVENTS_DIR
+from cairn._src.run.segment_log import read_log
 from cairn._src.wire.messages import DoneMessage, ErrorMessage, StoppedMessage
 from cairn._src.wire.preemption import PreemptionMessage, PreemptionNoticeMessage
 
@@ -291,3 +294,27 @@ def test_a_ray_preemption_flag_that_comes_after_the_connection_end_still_counts(
     assert harness.controller.step().new is S.RESTARTING
     assert _counts(harness) == (1, 0)
     assert "preemption_notice" in harness.event_types()
+
+
+@pytest.mark.parametrize("order", ["exit first", "connection first"])
+def test_a_kept_rank_that_dies_while_stopping_is_a_failure_in_either_order(
+        make, order) -> None:
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+
+    def one_stops_one_dies() -> None:
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        if order == "exit first":  # its connection has not ended yet
+            workers[2].exit_seen()
+        else:
+            _peer(workers[2]).close()
+
+    _during_stop(harness, one_stops_one_dies)
+    assert harness.controller.step().new is S.RESTARTING
+    # Two ranks failed on their own: the whole group restarts, and both are on record.
+    assert harness.controller._kept is None and harness.backend.kills == 1
+    harness.events.flush()
+    failure = [e for e in read_log(harness.manager.run.join(EVENTS_DIR), harness.manager.retry)
+               if e["type"] == "failure"][-1]
+    assert "Worker rank 2 (pid 10002)" in json.dumps(failure["errors"]), failure

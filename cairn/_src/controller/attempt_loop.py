@@ -185,21 +185,8 @@ class AttemptLoop:
                     if d is not None and d > now]
         deadline = min([*upcoming, self._next_flush, now + 1.0])
         ready = self._wait_and_read(watchers, max(0.0, deadline - now))
-        gone = [watchers[item] for item in ready
-                if isinstance(item, int) and item in watchers]
-        self.exited.update(w.rank for w in gone)
-        # Messages sent just before the exits are already in the sockets: read them first,
-        # so a Done or an error is never mistaken for a crash.
-        self._read_last_messages(gone)
-        for worker in gone:
-            self._check_preempted(worker.rank)
-            if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
-                attempt.failures.append(WorkerFailure(
-                    rank=worker.rank,
-                    summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
-                    f"{worker.describe_exit()}",
-                    traceback="", went=True,
-                ))
+        self._on_exits([watchers[item] for item in ready
+                        if isinstance(item, int) and item in watchers])
         if clock.monotonic() >= self._next_flush:
             self.flush_logs()
             self._next_flush = clock.monotonic() + HISTORY_FLUSH_S
@@ -332,16 +319,18 @@ class AttemptLoop:
         deadline = clock.monotonic() + timeout_s
         while waiting := {r for r in ranks - self.stopped - self.exited - set(attempt.done)
                           if r in attempt.connections}:
-            watchers = {w.exit_watcher.fileno(): w.rank for w in attempt.workers
+            watchers = {w.exit_watcher.fileno(): w for w in attempt.workers
                         if w.rank in ranks and w.rank not in self.exited}
             now = clock.monotonic()
             if now >= deadline:
                 logger.warning("%s did not stop within %gs", describe_ranks(sorted(waiting)),
                                timeout_s)
                 return False
-            for item in self._wait_and_read(watchers, min(1.0, deadline - now)):
-                if isinstance(item, int) and item in watchers:
-                    self.exited.add(watchers[item])
+            ready = self._wait_and_read(watchers, min(1.0, deadline - now))
+            # One that went while stopping is a failure, whichever of its exit and its
+            # connection's end came first.
+            self._on_exits([watchers[item] for item in ready
+                            if isinstance(item, int) and item in watchers])
         return True
 
     def _wait_and_read(self, watchers: Collection[int], timeout_s: float) -> list[Any]:
@@ -370,6 +359,23 @@ class AttemptLoop:
                     self.on_committed(item)
                 elif isinstance(item, NewConnection):
                     item.connection.close()
+
+    def _on_exits(self, gone: list[WorkerHandle]) -> None:
+        """Workers ended: each that did not finish or fail on its own went."""
+        attempt = self.attempt
+        self.exited.update(w.rank for w in gone)
+        # Messages sent just before the exits are already in the sockets: read them first,
+        # so a Done or an error is never mistaken for a crash.
+        self._read_last_messages(gone)
+        for worker in gone:
+            self._check_preempted(worker.rank)
+            if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
+                attempt.failures.append(WorkerFailure(
+                    rank=worker.rank,
+                    summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
+                    f"{worker.describe_exit()}",
+                    traceback="", went=True,
+                ))
 
     def _read_last_messages(self, gone: list[WorkerHandle]) -> None:
         """Ranks exited: read what they sent before, all at once (a lost node's ranks
