@@ -318,3 +318,60 @@ def test_a_kept_rank_that_dies_while_stopping_is_a_failure_in_either_order(
     failure = [e for e in read_log(harness.manager.run.join(EVENTS_DIR), harness.manager.retry)
                if e["type"] == "failure"][-1]
     assert "Worker rank 2 (pid 10002)" in json.dumps(failure["errors"]), failure
+
+
+def _nodes(harness: Harness, *nodes: str) -> None:
+    """The next group's ranks run on ``nodes`` (rank i on nodes[i])."""
+    start = harness.backend.start
+
+    def placed(*args: Any, **kwargs: Any) -> list[FakeWorker]:
+        group = start(*args, **kwargs)
+        for worker, node in zip(group, nodes, strict=True):
+            worker.node_id = node
+        return group
+
+    harness.backend.start = placed  # type: ignore[method-assign]
+
+
+def test_a_crash_while_another_node_is_noticed_stays_a_failure_when_survivors_are_kept(
+        make) -> None:
+    # Rank 2's node is noticed; rank 1, elsewhere, crashes. Rank 2 is replaced (a noticed
+    # rank is never kept), and the controller's own kill of it is no preemption.
+    harness = make(failure_config=FailureConfig(max_failures=0, keep_survivors=True),
+                   keep_survivors=True, workers=3)
+    _nodes(harness, "node-0", "node-0", "node-b")
+    workers = _running(harness)
+    _notice(workers[2])
+    workers[1].end()
+    _during_stop(harness, lambda: _peer(workers[0]).send(StoppedMessage(0, 0)))
+    assert harness.controller.step().new is S.ERRORED
+    assert _counts(harness) == (0, 1)
+
+
+def test_a_rank_on_a_node_ray_says_was_preempted_is_not_kept(make) -> None:
+    # Ranks 1 and 2 share node-b. Rank 1's connection ends before Ray's preempted flag,
+    # which comes with its actor's death (its kill waits for it): rank 2 is replaced too.
+    harness = make(failure_config=FailureConfig(max_failures=0, keep_survivors=True),
+                   keep_survivors=True, workers=3)
+    _nodes(harness, "node-a", "node-b", "node-b")
+    workers = _running(harness)
+    kill_ranks = harness.backend.kill_ranks
+
+    def flagged(ranks: set[int]) -> None:
+        kill_ranks(ranks)
+        for worker in workers:
+            if worker.rank in ranks:
+                worker.preempted = True
+
+    harness.backend.kill_ranks = flagged  # type: ignore[method-assign]
+    _peer(workers[1]).close()
+
+    def both_stop() -> None:
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        _peer(workers[2]).send(StoppedMessage(2, 0))
+
+    _during_stop(harness, both_stop)
+    assert harness.controller.step().new is S.RESTARTING
+    assert _counts(harness) == (1, 0)
+    kept = harness.controller._kept
+    assert kept is not None and set(kept.connections) == {0} and kept.replace == {1, 2}

@@ -463,19 +463,26 @@ class AttemptLoop:
                 frame=message.frame,
             ))
 
-    def preemption_after_stop(self, failure: AttemptFailure) -> AttemptFailure:
-        """The failed attempt's ranks are stopped (the stop waits for their ends): a rank
-        whose connection ended before Ray said its actor was lost with a preempted node
-        (the flag comes with the actor's death) makes the failure the preemption it was."""
-        if failure.preemption is not None or failure.fatal:
-            return failure
-        for went in [f for f in self.attempt.failures if f.went]:
+    def note_preempted(self, failure: AttemptFailure) -> None:
+        """The ranks that ended the attempt were killed and their ends waited for: one whose
+        connection ended before Ray said its actor was lost with a preempted node (the flag
+        comes with the actor's death) is noticed now, so its node's other ranks are not
+        kept. Not sent to the ranks: the attempt is over, kept ranks wait for the next."""
+        for went in [f for f in self.attempt.failures if f.went and f.rank in failure.ranks]:
             worker = next(w for w in self.attempt.workers if w.rank == went.rank)
             if worker.preempted:
-                # Not sent to the ranks: the attempt is over, kept ranks wait for the next.
                 self._on_preemption_notice(PreemptionNoticeMessage(
                     went.rank, None, PREEMPTED_SOURCE), tell_ranks=False)
-        if not self.preemption.caused(self.attempt.failures):
+
+    def preemption_after_stop(self, failure: AttemptFailure) -> AttemptFailure:
+        """After the stop (:meth:`note_preempted`): the failure is the preemption it was when
+        a rank that ended the attempt went from a preempted node. Only those ranks count:
+        not a noticed rank the controller itself killed to replace it."""
+        if failure.preemption is not None or failure.fatal:
+            return failure
+        self.note_preempted(failure)
+        if not self.preemption.caused(f for f in self.attempt.failures
+                                      if f.rank in failure.ranks):
             return failure
         return dataclasses.replace(failure, preemption=self.preemption.info)
 

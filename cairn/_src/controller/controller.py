@@ -413,7 +413,10 @@ class Controller:
             backend.kill_ranks(plan.replace)
             if loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s):
                 # Planned again with what came while they stopped: a kept rank's own error,
-                # its return, its exit or the end of its connection.
+                # its return, its exit or the end of its connection, and Ray's word that a
+                # failed rank's node was preempted (its other ranks are then replaced).
+                if not failure.fatal:
+                    loop.note_preempted(failure)
                 again = self._plan_survivors(loop, fatal=failure.fatal or attempt.fatal)
                 if again.keep and again.keep <= loop.stopped & set(attempt.connections):
                     if again.replace - plan.replace:
