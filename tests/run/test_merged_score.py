@@ -20,6 +20,7 @@ WHAT = "The validation function f returned metrics for checkpoint_000001 that"
     ({"val/loss": 0.1}, {"accuracy": 0.9}),  # the reported score stays
     ({"val": {"loss": 0.1}}, {"train": {"loss": 3}}),
     ({"epoch": 0}, {"val": {"accuracy": 0.9}}),  # no score reported to lose
+    ({"val/loss": 0.5}, {"val": {"loss": float("0.5")}}),  # shadowed by the same value
 ])
 def test_merges_that_keep_a_score_retention_can_use(reported: dict[str, Any],
                                                      validated: dict[str, Any]) -> None:

@@ -165,7 +165,7 @@ def check_merged_score(reported: Mapping[str, Any], validated: Mapping[str, Any]
         return
     merged = {**reported, **validated}
     if score_present(validated, attribute):
-        if _lookup(merged, attribute) is not _lookup(validated, attribute):
+        if _lookup(merged, attribute) != _lookup(validated, attribute):
             raise ReportError(
                 f"{what} give {attribute!r} nested, while the checkpoint's reported metrics "
                 f"have the flat key {attribute!r}, which retention reads first: return it "
