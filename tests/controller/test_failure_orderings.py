@@ -375,3 +375,17 @@ def test_a_rank_on_a_node_ray_says_was_preempted_is_not_kept(make) -> None:
     assert _counts(harness) == (1, 0)
     kept = harness.controller._kept
     assert kept is not None and set(kept.connections) == {0} and kept.replace == {1, 2}
+
+
+def test_a_kept_rank_that_fails_while_stopping_ends_the_stop_at_once(make) -> None:
+    # Rank 2 dies as it stops; rank 0 would take stop_timeout_s to stop. The whole group
+    # restarts either way: the stop does not wait for rank 0.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+    _during_stop(harness, workers[2].end)
+    started = harness.clock.now
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is None and harness.backend.kills == 1
+    stop_timeout_s = FailureConfig().stop_timeout_s
+    assert harness.clock.now - started < stop_timeout_s

@@ -331,6 +331,9 @@ class AttemptLoop:
             # connection's end came first.
             self._on_exits([watchers[item] for item in ready
                             if isinstance(item, int) and item in watchers])
+            if any(attempt.has_failure(rank) for rank in ranks):
+                # A second failure: the whole group restarts, the others need not stop.
+                return True
         return True
 
     def _wait_and_read(self, watchers: Collection[int], timeout_s: float) -> list[Any]:
