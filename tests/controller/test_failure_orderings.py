@@ -14,7 +14,7 @@ import pytest
 from controller_fakes import FakeWorker, Harness, make_harness
 
 from cairn import FailureConfig
-from cairn._src.controller.attempt_loop import LAST_MESSAGE_GRACE_S
+from cairn._src.controller.connections import LAST_MESSAGE_GRACE_S
 from cairn._src.controller.state import ControllerState
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import read_log

@@ -89,11 +89,6 @@ FAILURE_GRACE_S = 0.2
 # the failed rank's last report, so that those are committed before the teardown.
 REPORT_GRACE_S = 10.0
 HISTORY_FLUSH_S = 1.0
-# How long a rank's last messages may trail the news of its exit. A Ray actor task that
-# returned closed its connection after sending Done or its error, and its return travels
-# on Ray's own channel (under load it came more than 2 s first): that end is awaited longer.
-LAST_MESSAGE_GRACE_S = 2.0
-RETURNED_GRACE_S = 30.0
 # Workers that have not connected by then are reported (a node that cannot reach the
 # controller, an interpreter that hangs while importing).
 WORKER_START_TIMEOUT_S = 300.0
@@ -369,7 +364,7 @@ class AttemptLoop:
         self.exited.update(w.rank for w in gone)
         # Messages sent just before the exits are already in the sockets: read them first,
         # so a Done or an error is never mistaken for a crash.
-        self._read_last_messages(gone)
+        self._parts.channels.read_last_messages(attempt, gone, self._clock, self._handle)
         for worker in gone:
             self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
@@ -379,29 +374,6 @@ class AttemptLoop:
                     f"{worker.describe_exit()}",
                     traceback="", went=True,
                 ))
-
-    def _read_last_messages(self, gone: list[WorkerHandle]) -> None:
-        """Ranks exited: read what they sent before, all at once (a lost node's ranks
-        wait out one grace, not one each). An exit can be reported before the last
-        message is readable (Ray reports a finished actor task through its own channel):
-        a rank is read until its Done, its error or the end of its connection, for at most
-        ``LAST_MESSAGE_GRACE_S``, or ``RETURNED_GRACE_S`` for one whose last message may
-        trail its end (a Ray task that returned)."""
-        attempt, clock = self.attempt, self._clock
-        now = clock.monotonic()
-        deadlines = {w.rank: now + (RETURNED_GRACE_S if w.last_message_may_trail
-                                         else LAST_MESSAGE_GRACE_S)
-                     for w in gone}
-        while True:
-            now = clock.monotonic()
-            waiting = {attempt.connections[rank]: rank for rank, until in deadlines.items()
-                       if until > now and rank in attempt.connections
-                       and rank not in attempt.done and not attempt.has_failure(rank)}
-            if not waiting:
-                return
-            until = min(deadlines[rank] for rank in waiting.values())
-            for connection in clock.wait(list(waiting), max(0.0, until - now)):
-                self._read_connection(waiting[connection], connection, everything=True)
 
     def _read_connection(self, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:

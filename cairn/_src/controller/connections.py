@@ -23,7 +23,9 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
+from cairn._src.backends.protocol import WorkerHandle
 from cairn._src.controller.attempt import Attempt
+from cairn._src.controller.clock import Clock
 from cairn._src.controller.inbox import Inbox, NewConnection
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.wire.channel_security import CredentialFreeConnection, RefusalLog, is_same_host
@@ -34,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT_S = 10.0
 _MESSAGES_PER_WAKE = 1000
+# How long a rank's last messages may trail the news of its exit. A Ray actor task that
+# returned closed its connection after sending Done or its error, and its return travels
+# on Ray's own channel (under load it came more than 2 s first): that end is awaited longer.
+LAST_MESSAGE_GRACE_S = 2.0
+RETURNED_GRACE_S = 30.0
 
 
 class WorkerChannels:
@@ -166,6 +173,28 @@ class WorkerChannels:
             connection.close()
             if rank not in attempt.done and not attempt.has_failure(rank):
                 attempt.failures.append(describe_lost(attempt, rank))
+
+    def read_last_messages(self, attempt: Attempt, gone: list[WorkerHandle], clock: Clock,
+                           handle: Callable[[object], None]) -> None:
+        """Ranks exited: read what they sent before, all at once (a lost node's ranks
+        wait out one grace, not one each). An exit can be reported before the last
+        message is readable (Ray reports a finished actor task through its own channel):
+        a rank is read until its Done, its error or the end of its connection, for at most
+        ``LAST_MESSAGE_GRACE_S``, or ``RETURNED_GRACE_S`` for one whose last message may
+        trail its end (a Ray task that returned)."""
+        now = clock.monotonic()
+        deadlines = {w.rank: now + (RETURNED_GRACE_S if w.last_message_may_trail
+                                    else LAST_MESSAGE_GRACE_S) for w in gone}
+        while True:
+            now = clock.monotonic()
+            waiting = {attempt.connections[rank]: rank for rank, until in deadlines.items()
+                       if until > now and rank in attempt.connections
+                       and rank not in attempt.done and not attempt.has_failure(rank)}
+            if not waiting:
+                return
+            until = min(deadlines[rank] for rank in waiting.values())
+            for connection in clock.wait(list(waiting), max(0.0, until - now)):
+                self.read(attempt, waiting[connection], connection, handle, everything=True)
 
     def send(self, attempt: Attempt, rank: int, message: object) -> None:
         """Send to one worker; a worker gone meanwhile is left to the reader.
