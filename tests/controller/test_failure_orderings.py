@@ -389,3 +389,22 @@ def test_a_kept_rank_that_fails_while_stopping_ends_the_stop_at_once(make) -> No
     assert harness.controller._kept is None and harness.backend.kills == 1
     stop_timeout_s = FailureConfig().stop_timeout_s
     assert harness.clock.now - started < stop_timeout_s
+
+
+def test_a_kept_rank_whose_collective_lost_the_failed_peer_is_still_kept(make) -> None:
+    # Rank 0's all_reduce fails when rank 1 dies; that error is no second cause: the stop
+    # waits for rank 0 to stop, and it is kept.
+    harness = make(max_failures=1, keep_survivors=True)
+    workers = _running(harness)
+    workers[1].end()
+
+    def collective_lost_then_stopped() -> None:
+        _peer(workers[0]).send(ErrorMessage(
+            0, "DistBackendError", "Connection closed by peer [127.0.0.1]:29500",
+            "Traceback ...\nDistBackendError: Connection closed by peer", None, False))
+        harness.clock.after(1.5, lambda: _peer(workers[0]).send(StoppedMessage(0, 0)))
+
+    _during_stop(harness, collective_lost_then_stopped)
+    assert harness.controller.step().new is S.RESTARTING
+    kept = harness.controller._kept
+    assert kept is not None and set(kept.connections) == {0} and kept.replace == {1}

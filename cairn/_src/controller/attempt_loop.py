@@ -36,7 +36,12 @@ from cairn._src.controller.progress import check_progress
 from cairn._src.controller.reports import Verdict, describe_ranks
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.validations import ValidationRunner
-from cairn._src.controller.worker_failures import WorkerFailure, group_failures, ordered_ranks
+from cairn._src.controller.worker_failures import (
+    WorkerFailure,
+    cause_order,
+    group_failures,
+    ordered_ranks,
+)
 from cairn._src.errors import ReportError
 from cairn._src.observe.driver_events import (
     CheckpointSkipped,
@@ -326,8 +331,10 @@ class AttemptLoop:
             # connection's end came first.
             self._on_exits([watchers[item] for item in ready
                             if isinstance(item, int) and item in watchers])
-            if any(attempt.has_failure(rank) for rank in ranks):
-                # A second failure: the whole group restarts, the others need not stop.
+            if len({f.rank for f in attempt.failures if cause_order(f) == 0}) > 1:
+                # A second cause (a kept rank went, or raised its own error): the whole
+                # group restarts and the others need not stop. A kept rank's collective
+                # that lost the failed peer is no cause: it still stops, and is kept.
                 return True
         return True
 
