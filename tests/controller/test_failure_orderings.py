@@ -14,7 +14,7 @@ import pytest
 from controller_fakes import FakeWorker, Harness, make_harness
 
 from cairn import FailureConfig
-from cairn._src.controller.connections import LAST_MESSAGE_GRACE_S
+from cairn._src.controller.connections import LAST_MESSAGE_GRACE_S, LOST_EXIT_GRACE_S
 from cairn._src.controller.state import ControllerState
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.segment_log import read_log
@@ -273,6 +273,44 @@ def test_ranks_lost_together_wait_out_one_grace_for_their_last_messages(make) ->
     assert harness.controller.step().new is S.ERRORED
     assert LAST_MESSAGE_GRACE_S <= harness.clock.now - started < 2 * LAST_MESSAGE_GRACE_S
     assert _counts(harness) == (0, 1)
+
+
+def _failure_errors(harness: Harness) -> str:
+    failure = [e for e in read_log(harness.manager.run.join(EVENTS_DIR), harness.manager.retry)
+               if e["type"] == "failure"][-1]
+    return json.dumps(failure["errors"])
+
+
+def test_ranks_whose_connections_end_before_their_exits_await_them_together(make) -> None:
+    # A dying process closes its sockets a moment before it can be reaped: each rank's
+    # failure says how its process ended, and the ranks of a lost node wait for their
+    # exits together, on the controller's clock (one after another, in real time, the
+    # loop stood still for each).
+    harness = make(workers=4, failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    for worker in workers[1:]:
+        _peer(worker).close()
+    harness.clock.after(LOST_EXIT_GRACE_S / 2,
+                        lambda: [worker.exit_seen() for worker in workers[1:]])
+    started = harness.clock.now
+    assert harness.controller.step().new is S.ERRORED
+    assert harness.clock.now - started < LOST_EXIT_GRACE_S
+    errors = _failure_errors(harness)
+    for rank in (1, 2, 3):
+        assert f"Worker rank {rank} (pid {10_000 + rank}) exited with code 1" in errors
+    assert "closed its connection" not in errors
+
+
+def test_a_rank_whose_exit_never_comes_fails_after_one_short_wait(make) -> None:
+    # A node lost on Ray: its actor's socket ends at once, its death comes seconds later.
+    harness = make(workers=3, failure_config=FailureConfig(max_failures=0))
+    workers = _running(harness)
+    _peer(workers[2]).close()
+    started = harness.clock.now
+    assert harness.controller.step().new is S.ERRORED
+    assert LOST_EXIT_GRACE_S <= harness.clock.now - started < 2 * LOST_EXIT_GRACE_S
+    assert ("Worker rank 2 (pid 10002) closed its connection to the controller"
+            in _failure_errors(harness))
 
 
 def test_a_ray_preemption_flag_that_comes_after_the_connection_end_still_counts(make) -> None:

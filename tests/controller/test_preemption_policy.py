@@ -4,7 +4,6 @@ one attempt's deadline (the real processes are in tests/fault/test_preemption.py
 from __future__ import annotations
 
 import pickle
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -127,8 +126,8 @@ def test_a_rank_whose_connection_ended_went_whether_or_not_it_was_reaped_yet() -
     # reaped well after its socket closed: either way the rank went.
     preemption = AttemptPreemption([(0, "a"), (1, "a")], FailureConfig(), FakeClock())
     preemption.on_notice(PreemptionNoticeMessage(1, None, "SIGTERM"))
-    attempt = SimpleNamespace(workers=[_Worker(0, exits=True), _Worker(1, exits=False)])
-    lost = [describe_lost(attempt, 0), describe_lost(attempt, 1)]  # type: ignore[arg-type]
+    workers = [_Worker(0, exits=True), _Worker(1, exits=False)]
+    lost = [describe_lost(w, w.wait_exit(0)) for w in workers]  # type: ignore[arg-type]
     assert all(f.went for f in lost) and "killed by SIGKILL" in lost[0].summary
     assert "closed its connection" in lost[1].summary
     assert preemption.caused(lost[:1]) and preemption.caused(lost[1:])

@@ -35,9 +35,19 @@ class Attempt:
     last_commit_t: float | None = None
     # A rank found the resume checkpoint damaged (see Controller._resume_found_damaged).
     resume_damaged: bool = False
+    # Ranks whose connection ended before their exit was seen: until when (the loop's
+    # clock) the exit is awaited, to say how the process ended (connections.py).
+    exits_awaited: dict[int, float] = field(default_factory=dict)
 
     def has_failure(self, rank: int) -> bool:
         return any(f.rank == rank for f in self.failures)
+
+    def exit_awaited_until(self, now: float) -> float | None:
+        """When the last exit still awaited is due; None when none is. A rank whose exit
+        did not come by its time keeps the failure that says its connection closed."""
+        for rank in [rank for rank, due in self.exits_awaited.items() if due <= now]:
+            del self.exits_awaited[rank]
+        return max(self.exits_awaited.values(), default=None)
 
 
 def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:

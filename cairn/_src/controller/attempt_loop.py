@@ -27,7 +27,7 @@ from cairn._src.config.run import RunConfig
 from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.clock import Clock
 from cairn._src.controller.commit_pipeline import CommitPipeline
-from cairn._src.controller.connections import WorkerChannels
+from cairn._src.controller.connections import WorkerChannels, describe_lost
 from cairn._src.controller.driver_copies import DriverCopies
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
@@ -181,8 +181,8 @@ class AttemptLoop:
         now = clock.monotonic()
         # A failure deadline already past while the report grace runs: wait for
         # messages, exits or the grace's own deadline instead of spinning.
-        upcoming = [d for d in (self._failure_deadline, self._report_deadline)
-                    if d is not None and d > now]
+        upcoming = [d for d in (self._failure_deadline, self._report_deadline,
+                                attempt.exit_awaited_until(now)) if d is not None and d > now]
         deadline = min([*upcoming, self._next_flush, now + 1.0])
         ready = self._wait_and_read(watchers, max(0.0, deadline - now))
         self._on_exits([watchers[item] for item in ready
@@ -205,8 +205,9 @@ class AttemptLoop:
             # a failed rank will never reach): no other error can still come.
             accounted = (self.exited | {f.rank for f in attempt.failures} | set(attempt.done)
                          | self._services.collectives.waiting())
-            if (clock.monotonic() >= self._failure_deadline
-                    or len(accounted) == len(attempt.workers)):
+            if ((clock.monotonic() >= self._failure_deadline
+                    or len(accounted) == len(attempt.workers))
+                    and attempt.exit_awaited_until(clock.monotonic()) is None):
                 preempted = self.preemption.caused(attempt.failures)
                 self.ended = AttemptFailure(
                     # The rank that caused the failure first (a killed rank before the
@@ -372,20 +373,16 @@ class AttemptLoop:
         # Messages sent just before the exits are already in the sockets: read them first,
         # so a Done or an error is never mistaken for a crash.
         self._parts.channels.read_last_messages(attempt, gone, self._clock, self._handle)
+        self._parts.channels.exits_seen(attempt, gone)
         for worker in gone:
             self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
-                attempt.failures.append(WorkerFailure(
-                    rank=worker.rank,
-                    summary=f"Worker rank {worker.rank} (pid {worker.pid}) "
-                    f"{worker.describe_exit()}",
-                    traceback="", went=True,
-                ))
+                attempt.failures.append(describe_lost(worker, True))
 
     def _read_connection(self, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
         self._parts.channels.read(self.attempt, rank, connection, self._handle,
-                                  everything=everything)
+                                  self._clock.monotonic(), everything=everything)
         if rank not in self.attempt.connections:  # it ended: the rank went
             self._check_preempted(rank)
 

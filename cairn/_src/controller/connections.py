@@ -21,6 +21,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from cairn._src.backends.protocol import WorkerHandle
@@ -41,6 +42,11 @@ _MESSAGES_PER_WAKE = 1000
 # on Ray's own channel (under load it came more than 2 s first): that end is awaited longer.
 LAST_MESSAGE_GRACE_S = 2.0
 RETURNED_GRACE_S = 30.0
+# A dying process closes its sockets a moment before it can be reaped: the end of a rank's
+# connection waits this long for its exit, to say how the process ended. Ranks whose
+# connections end together wait together, on the loop's clock, and the loop goes on
+# meanwhile (Attempt.exits_awaited).
+LOST_EXIT_GRACE_S = 0.5
 
 
 class WorkerChannels:
@@ -158,9 +164,11 @@ class WorkerChannels:
     # --- the loop's side -----------------------------------------------------------------
 
     def read(self, attempt: Attempt, rank: int, connection: Connection,
-             handle: Callable[[object], None], *, everything: bool = False) -> None:
+             handle: Callable[[object], None], now: float, *,
+             everything: bool = False) -> None:
         """Hand the rank's waiting messages to ``handle``; a broken connection is the
-        rank's failure."""
+        rank's failure (its exit, when not seen yet, awaited from ``now``: see
+        :data:`LOST_EXIT_GRACE_S`)."""
         try:
             # Bounded, so one chatty rank cannot hold up the others' exits and commits;
             # after the worker exited, everything it sent is read.
@@ -172,7 +180,22 @@ class WorkerChannels:
             attempt.connections.pop(rank, None)
             connection.close()
             if rank not in attempt.done and not attempt.has_failure(rank):
-                attempt.failures.append(describe_lost(attempt, rank))
+                worker = next(w for w in attempt.workers if w.rank == rank)
+                exited = worker.wait_exit(0)
+                attempt.failures.append(describe_lost(worker, exited))
+                if not exited:
+                    attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
+
+    @staticmethod
+    def exits_seen(attempt: Attempt, gone: list[WorkerHandle]) -> None:
+        """Ranks whose exits were just seen: a failure recorded at the end of their
+        connection, before the exit, now says how the process ended."""
+        for worker in gone:
+            if attempt.exits_awaited.pop(worker.rank, None) is None:
+                continue
+            attempt.failures = [replace(f, summary=exit_summary(worker))
+                                if f.rank == worker.rank and f.went else f
+                                for f in attempt.failures]
 
     def read_last_messages(self, attempt: Attempt, gone: list[WorkerHandle], clock: Clock,
                            handle: Callable[[object], None]) -> None:
@@ -194,7 +217,8 @@ class WorkerChannels:
                 return
             until = min(deadlines[rank] for rank in waiting.values())
             for connection in clock.wait(list(waiting), max(0.0, until - now)):
-                self.read(attempt, waiting[connection], connection, handle, everything=True)
+                self.read(attempt, waiting[connection], connection, handle,
+                          clock.monotonic(), everything=True)
 
     def send(self, attempt: Attempt, rank: int, message: object) -> None:
         """Send to one worker; a worker gone meanwhile is left to the reader.
@@ -237,14 +261,14 @@ class WorkerChannels:
             self.inbox.close()
 
 
-def describe_lost(attempt: Attempt, rank: int) -> WorkerFailure:
-    """A worker's connection closed without Done: say how its process ended."""
-    worker = next(w for w in attempt.workers if w.rank == rank)
-    # A dying process closes its socket a moment before it can be reaped.
-    if not worker.wait_exit(0.5):
-        return WorkerFailure(rank=rank, traceback="", went=True,
-                             summary=f"Worker rank {rank} (pid {worker.pid}) closed its "
-                             "connection to the controller")
-    return WorkerFailure(rank=rank, traceback="", went=True,
-                         summary=f"Worker rank {rank} (pid {worker.pid}) "
-                         f"{worker.describe_exit()}")
+def describe_lost(worker: WorkerHandle, exited: bool) -> WorkerFailure:
+    """A worker's connection closed without Done: how its process ended, when its exit
+    was seen (``exited``); that it closed its connection otherwise."""
+    summary = (exit_summary(worker) if exited else
+               f"Worker rank {worker.rank} (pid {worker.pid}) closed its connection to the "
+               "controller")
+    return WorkerFailure(rank=worker.rank, traceback="", went=True, summary=summary)
+
+
+def exit_summary(worker: WorkerHandle) -> str:
+    return f"Worker rank {worker.rank} (pid {worker.pid}) {worker.describe_exit()}"
