@@ -472,7 +472,8 @@ def timed_save(worker: Rank, side: str, tag: dict[str, Any], busy: bool,
     result = {"call": returned - started, "commit": pending.committed_at - started,
               "steps": steps, "restore_from": pending.restore_from,
               "after_save": None if pending.saved_at is None
-              else pending.committed_at - pending.saved_at}
+              else pending.committed_at - pending.saved_at,
+              "saved": None if pending.saved_at is None else pending.saved_at - started}
     if not busy:
         result["write_bytes"] = worker.total(io_after[0] - io_before[0])
         result["cancelled_bytes"] = worker.total(io_after[1] - io_before[1])
@@ -506,6 +507,7 @@ def train_dcp_comparison(config: dict[str, Any]) -> dict[str, Any]:
                 record(side, key, idle[key])
             if idle["after_save"] is not None:
                 record(side, "after_save", idle["after_save"])
+                record(side, "saved", idle["saved"])
             record(side, "restore", worker.restore(side, idle["restore_from"]))
             worker.discard(side, idle["restore_from"])
             if side == DCP_SAVE:

@@ -49,7 +49,8 @@ def fake_samples() -> dict[str, Any]:
                                      fsync=0.0, restore=1.7),
             worker.SHARDED: side(0.09, 0.63, busy_commit=0.96, restore=1.7),
             worker.SHARDED_FN: {**side(0.09, 0.62, busy_commit=0.84, restore=1.7),
-                                "after_save": [0.004, 0.006, 0.2]},
+                                "after_save": [0.004, 0.006, 0.2],
+                                "saved": [0.61, 1.3, 0.5]},
         },
         "idle_steps": [0.01] * 9 + [0.02],
         "state_bytes": 500e6,
@@ -109,6 +110,16 @@ def test_sharded_route_rows_check_the_commit_target() -> None:
     busy = rows["sharded route: call to committed, steps running"]
     assert busy.ratio == pytest.approx(1.05)
     assert busy.note.startswith("target <= 1.1x: met") and "checkpoint_upload_fn" in busy.note
+    assert "per round 0.84 against 0.80 alone" in busy.note
+
+
+def test_sharded_route_rows_part_dcp_own_save_from_cairn_part() -> None:
+    rows = rows_by_metric()
+    own = rows["sharded route: DCP's own part (call to DCP's future done), loop idle"]
+    assert (own.cairn, own.reference) == (0.61, 0.6)
+    assert "per round 0.61/1.30/0.50 against 0.60 alone" in own.note
+    part = rows["sharded route: Cairn's part (DCP's future done to committed), loop idle"]
+    assert part.cairn == 0.006 and "1.01x of it (target <= 1.1x: met)" in part.note
 
 
 def test_model_width_matches_the_state_size() -> None:
