@@ -276,6 +276,7 @@ def test_ranks_lost_together_wait_out_one_grace_for_their_last_messages(make) ->
 
 
 def _failure_errors(harness: Harness) -> str:
+    harness.events.flush()
     failure = [e for e in read_log(harness.manager.run.join(EVENTS_DIR), harness.manager.retry)
                if e["type"] == "failure"][-1]
     return json.dumps(failure["errors"])
@@ -356,6 +357,31 @@ def test_a_kept_rank_that_dies_while_stopping_is_a_failure_in_either_order(
     failure = [e for e in read_log(harness.manager.run.join(EVENTS_DIR), harness.manager.retry)
                if e["type"] == "failure"][-1]
     assert "Worker rank 2 (pid 10002)" in json.dumps(failure["errors"]), failure
+
+
+def test_a_kept_rank_lost_while_stopping_says_how_its_process_ended(make) -> None:
+    # The stop ends at once on the second cause, before the lost rank's exit is read: the
+    # failure recorded afterwards still says how the process ended, once it is known.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+    dying, looks = workers[2], []
+
+    def reaped_just_after_its_connection_ended(timeout_s: float) -> bool:
+        looks.append(timeout_s)
+        return len(looks) > 1
+
+    def one_stops_one_is_lost() -> None:
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        dying.wait_exit = reaped_just_after_its_connection_ended  # type: ignore[method-assign]
+        _peer(dying).close()
+
+    _during_stop(harness, one_stops_one_is_lost)
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is None
+    errors = _failure_errors(harness)
+    assert "Worker rank 2 (pid 10002) exited with code 1" in errors
+    assert "closed its connection" not in errors
 
 
 def _nodes(harness: Harness, *nodes: str) -> None:

@@ -44,10 +44,9 @@ class Attempt:
 
     def exit_awaited_until(self, now: float) -> float | None:
         """When the last exit still awaited is due; None when none is. A rank whose exit
-        did not come by its time keeps the failure that says its connection closed."""
-        for rank in [rank for rank, due in self.exits_awaited.items() if due <= now]:
-            del self.exits_awaited[rank]
-        return max(self.exits_awaited.values(), default=None)
+        did not come by its time keeps the failure that says its connection closed,
+        unless the exit is seen before the attempt's failure is recorded."""
+        return max((due for due in self.exits_awaited.values() if due > now), default=None)
 
 
 def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:

@@ -186,6 +186,15 @@ class WorkerChannels:
                 if not exited:
                     attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
 
+    @classmethod
+    def late_exits(cls, attempt: Attempt) -> bool:
+        """The attempt's failure is being recorded: the ranks whose exits were awaited and
+        have come by now (after their time, or during the survivors' stop) say how their
+        processes ended too. Whether any did."""
+        late = [w for w in attempt.workers if w.rank in attempt.exits_awaited and w.wait_exit(0)]
+        cls.exits_seen(attempt, late)
+        return bool(late)
+
     @staticmethod
     def exits_seen(attempt: Attempt, gone: list[WorkerHandle]) -> None:
         """Ranks whose exits were just seen: a failure recorded at the end of their

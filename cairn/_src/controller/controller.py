@@ -28,7 +28,7 @@ Policies decide (retention, failures), the controller acts.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
@@ -54,6 +54,7 @@ from cairn._src.controller.survivors import (
     plan_survivors,
     planned_source,
 )
+from cairn._src.controller.worker_failures import group_failures
 from cairn._src.errors import CheckpointDamagedError, WorkerGroupError
 from cairn._src.observe.driver_events import AttemptFailed, Notice, WorkerGroupStarted
 from cairn._src.observe.live_state import give_up_notice, start_notice
@@ -348,6 +349,9 @@ class Controller:
         manager = parts.manager
         self._kept = self._keep_or_kill(loop, failure)
         failure = loop.preemption_after_stop(failure)
+        reason = group_failures(attempt.failures)
+        if parts.channels.late_exits(attempt) and failure.reason == reason:
+            failure = replace(failure, reason=group_failures(attempt.failures))
         kept = self._kept.connections if self._kept is not None else {}
         for rank in [r for r in attempt.connections if r not in kept]:
             attempt.connections.pop(rank).close()
