@@ -310,6 +310,8 @@ class Rank:
         self.shared_stager = DefaultStager(StagingOptions(False, True, False, False))
         self.dcp_root = Path(config["dcp_root"])
         self.saves = 0
+        # The sharded routes' directories Cairn may still reference (its latest checkpoint).
+        self.references: list[str] = []
         self.step()  # Adam's moments exist before the first save
 
     def state_bytes(self) -> int:
@@ -410,9 +412,23 @@ class Rank:
         return seconds
 
     def discard(self, side: str, restore_from: Any) -> None:
-        """Delete a DCP directory Cairn does not reference (Cairn prunes its own)."""
-        if side in (DCP_SAVE, DCP_ASYNC, DCP_CACHED, DCP_PROCESS) and self.rank == 0:
+        """Delete a DCP directory Cairn does not reference (Cairn prunes its own). A
+        sharded route's directory is the user's (Cairn never deletes a reference): it is
+        deleted here once a later checkpoint committed (``num_to_keep=1``), so that the
+        saves do not pile up gigabytes on the disk and in the page cache."""
+        if self.rank != 0:
+            return
+        if side in (DCP_SAVE, DCP_ASYNC, DCP_CACHED, DCP_PROCESS):
             shutil.rmtree(restore_from, ignore_errors=True)
+            return
+        if side in (SHARDED, SHARDED_FN) and restore_from is not None:
+            path = Path(restore_from.path)
+            # The directory DCP wrote, never anything of Cairn's run.
+            assert path.parent == self.dcp_root, (path, self.dcp_root)
+            self.references.append(str(path))
+        for path in self.references[:-1] if side in (SHARDED, SHARDED_FN) else self.references:
+            shutil.rmtree(path, ignore_errors=True)
+        del self.references[:-1 if side in (SHARDED, SHARDED_FN) else None]
 
     def close(self) -> None:
         self.cached_stager.close()

@@ -198,9 +198,9 @@ def test_tiny_run_prints_every_figure() -> None:
     table = completed.stdout
     for _, metric, _, _ in dcp.FIGURES:
         assert metric in table, metric
-    # Five figures each, and Cairn's own part after DCP's future.
-    assert table.count("sharded route:") == 6
-    assert table.count("sharded route, NO_UPLOAD at a step boundary:") == 6
+    # Five figures each, then DCP's own part of the route and Cairn's part after it.
+    assert table.count("sharded route:") == 7
+    assert table.count("sharded route, NO_UPLOAD at a step boundary:") == 7
     assert "| error" not in table
     lines = [line for line in table.splitlines() if line.startswith("| dcp ")]
     ratios = [line.split("|")[7].strip() for line in lines]
