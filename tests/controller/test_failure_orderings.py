@@ -384,6 +384,22 @@ def test_a_kept_rank_lost_while_stopping_says_how_its_process_ended(make) -> Non
     assert "closed its connection" not in errors
 
 
+def test_a_rank_whose_exit_never_came_is_not_described_by_the_kill_that_ends_it(make) -> None:
+    # Its connection closed, its exit did not come within the wait: the controller then
+    # kills it to replace it, and that exit (the fakes' kill ends the worker) is Cairn's
+    # own doing, not how the rank ended.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    _peer(workers[2]).close()
+    _during_stop(harness, lambda: [_peer(w).send(StoppedMessage(w.rank, 0))
+                                   for w in workers[:2]])
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is not None and workers[2].exited
+    errors = _failure_errors(harness)
+    assert "Worker rank 2 (pid 10002) closed its connection to the controller" in errors
+    assert "exited with code" not in errors
+
+
 def _nodes(harness: Harness, *nodes: str) -> None:
     """The next group's ranks run on ``nodes`` (rank i on nodes[i])."""
     start = harness.backend.start

@@ -187,13 +187,13 @@ class WorkerChannels:
                     attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
 
     @classmethod
-    def late_exits(cls, attempt: Attempt) -> bool:
-        """The attempt's failure is being recorded: the ranks whose exits were awaited and
-        have come by now (after their time, or during the survivors' stop) say how their
-        processes ended too. Whether any did."""
+    def settle_exits(cls, attempt: Attempt) -> None:
+        """Before the controller kills ranks: each rank whose exit was awaited and has come
+        by now (after its time, or during the survivors' stop) says how its process
+        ended; the others are awaited no more, since an exit after this is the kill's."""
         late = [w for w in attempt.workers if w.rank in attempt.exits_awaited and w.wait_exit(0)]
         cls.exits_seen(attempt, late)
-        return bool(late)
+        attempt.exits_awaited.clear()
 
     @staticmethod
     def exits_seen(attempt: Attempt, gone: list[WorkerHandle]) -> None:

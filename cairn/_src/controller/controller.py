@@ -347,10 +347,11 @@ class Controller:
     ) -> tuple[AttemptFailure, BaseException, RunIndex]:
         parts, attempt = self._parts, loop.attempt
         manager = parts.manager
+        ranks, reason = [f.rank for f in attempt.failures], group_failures(attempt.failures)
         self._kept = self._keep_or_kill(loop, failure)
         failure = loop.preemption_after_stop(failure)
-        reason = group_failures(attempt.failures)
-        if parts.channels.late_exits(attempt) and failure.reason == reason:
+        if failure.reason == reason and [f.rank for f in attempt.failures] == ranks:
+            # Only summaries can have changed (exits seen late): the headline says them too.
             failure = replace(failure, reason=group_failures(attempt.failures))
         kept = self._kept.connections if self._kept is not None else {}
         for rank in [r for r in attempt.connections if r not in kept]:
@@ -407,6 +408,9 @@ class Controller:
         """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the
         kept ranks, or None when the whole group was killed."""
         attempt, backend = loop.attempt, self._parts.backend
+        # Exits seen since the failure, before any kill of Cairn's own (whose exit says
+        # nothing of how the rank ended): how each lost rank's process ended.
+        self._parts.channels.settle_exits(attempt)
         plan = self._plan_survivors(loop, fatal=failure.fatal)
         damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
                       or "MissingCheckpointFile" in f.summary for f in attempt.failures)
@@ -415,7 +419,9 @@ class Controller:
             # The failed ranks go first: their sockets close, so a kept rank blocked in a
             # collective with one of them fails there at once.
             backend.kill_ranks(plan.replace)
-            if loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s):
+            stopped = loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s)
+            self._parts.channels.settle_exits(attempt)  # a kept rank lost while stopping
+            if stopped:
                 # Planned again with what came while they stopped: a kept rank's own error,
                 # its return, its exit or the end of its connection, and Ray's word that a
                 # failed rank's node was preempted (its other ranks are then replaced).
