@@ -426,9 +426,13 @@ class Rank:
             # The directory DCP wrote, never anything of Cairn's run.
             assert path.parent == self.dcp_root, (path, self.dcp_root)
             self.references.append(str(path))
-        for path in self.references[:-1] if side in (SHARDED, SHARDED_FN) else self.references:
-            shutil.rmtree(path, ignore_errors=True)
-        del self.references[:-1 if side in (SHARDED, SHARDED_FN) else None]
+        # Cairn's latest checkpoint is the one just committed: a sharded save's own
+        # directory stays referenced, any older one (or all, after a Cairn snapshot) not.
+        latest = self.references[-1:] if side in (SHARDED, SHARDED_FN) else []
+        for path in self.references:
+            if path not in latest:
+                shutil.rmtree(path, ignore_errors=True)
+        self.references = latest
 
     def close(self) -> None:
         self.cached_stager.close()

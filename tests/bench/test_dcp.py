@@ -122,6 +122,26 @@ def test_sharded_route_rows_part_dcp_own_save_from_cairn_part() -> None:
     assert part.cairn == 0.006 and "1.01x of it (target <= 1.1x: met)" in part.note
 
 
+def test_sharded_directories_go_once_cairn_no_longer_references_them(tmp_path: Path) -> None:
+    # Cairn never deletes a checkpoint registered by reference: the benchmark deletes each
+    # sharded save's DCP directory once a later checkpoint committed (num_to_keep=1).
+    rank = object.__new__(worker.Rank)
+    rank.rank, rank.dcp_root, rank.references = 0, tmp_path, []
+
+    def saved(name: str) -> Any:
+        (tmp_path / name).mkdir()
+        return type("Committed", (), {"path": str(tmp_path / name)})()
+
+    rank.discard(worker.SHARDED, saved("save_0001"))
+    rank.discard(worker.DCP_CACHED, str(tmp_path / "missing"))  # commits nothing in Cairn
+    rank.discard(worker.SHARDED_FN, saved("save_0002"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["save_0002"]
+    rank.discard(worker.CAIRN, None)  # a snapshot in the run's own storage committed
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(AssertionError):  # never a directory outside the benchmark's DCP root
+        rank.discard(worker.SHARDED, type("Run", (), {"path": str(tmp_path.parent)})())
+
+
 def test_model_width_matches_the_state_size() -> None:
     width = worker.model_width(500.0)
     state_mb = worker.MODEL_DEPTH * width * width * 4 * 3 / 1e6
