@@ -10,10 +10,9 @@ import pytest
 
 import cairn
 from cairn import ConfigError, FailureConfig, PreemptionError, PreemptionInfo
-from cairn._src.controller.connections import describe_lost
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.preemption import AttemptPreemption
-from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.controller.worker_failures import WorkerFailure, describe_lost
 from cairn._src.wire.preemption import PreemptionNoticeMessage, merge_preemption_info
 
 RETRY, RAISE = FailureDecision.RETRY, FailureDecision.RAISE

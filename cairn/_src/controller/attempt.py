@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
 from cairn._src.backends.protocol import WorkerHandle
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.controller.reports import ReportTracker
-from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.controller.worker_failures import WorkerFailure, exit_summary
 from cairn._src.wire.messages import DoneMessage
 
 
@@ -36,7 +36,8 @@ class Attempt:
     # A rank found the resume checkpoint damaged (see Controller._resume_found_damaged).
     resume_damaged: bool = False
     # Ranks whose connection ended before their exit was seen: until when (the loop's
-    # clock) the exit is awaited, to say how the process ended (connections.py).
+    # clock) the exit is awaited, to say how the process ended (see
+    # connections.LOST_EXIT_GRACE_S).
     exits_awaited: dict[int, float] = field(default_factory=dict)
 
     def has_failure(self, rank: int) -> bool:
@@ -47,6 +48,24 @@ class Attempt:
         did not come by its time keeps the failure that says its connection closed,
         unless the exit is seen before the attempt's failure is recorded."""
         return max((due for due in self.exits_awaited.values() if due > now), default=None)
+
+    def exits_seen(self, gone: list[WorkerHandle]) -> None:
+        """Ranks whose exits were just seen: a failure recorded at the end of their
+        connection, before the exit, now says how the process ended."""
+        for worker in gone:
+            if self.exits_awaited.pop(worker.rank, None) is None:
+                continue
+            self.failures = [replace(f, summary=exit_summary(worker))
+                             if f.rank == worker.rank and f.went else f
+                             for f in self.failures]
+
+    def settle_exits(self) -> None:
+        """Before the controller kills ranks: each rank whose exit was awaited and has come
+        by now (after its time, or during the survivors' stop) says how its process
+        ended; the others are awaited no more, since an exit after this is the kill's."""
+        self.exits_seen([w for w in self.workers
+                         if w.rank in self.exits_awaited and w.wait_exit(0)])
+        self.exits_awaited.clear()
 
 
 def placement(workers: list[WorkerHandle]) -> dict[int, tuple[int, int, int]]:

@@ -27,7 +27,7 @@ from cairn._src.config.run import RunConfig
 from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.clock import Clock
 from cairn._src.controller.commit_pipeline import CommitPipeline
-from cairn._src.controller.connections import WorkerChannels, describe_lost
+from cairn._src.controller.connections import WorkerChannels
 from cairn._src.controller.driver_copies import DriverCopies
 from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
@@ -39,6 +39,7 @@ from cairn._src.controller.validations import ValidationRunner
 from cairn._src.controller.worker_failures import (
     WorkerFailure,
     cause_order,
+    describe_lost,
     group_failures,
     ordered_ranks,
 )
@@ -373,7 +374,7 @@ class AttemptLoop:
         # Messages sent just before the exits are already in the sockets: read them first,
         # so a Done or an error is never mistaken for a crash.
         self._parts.channels.read_last_messages(attempt, gone, self._clock, self._handle)
-        self._parts.channels.exits_seen(attempt, gone)
+        attempt.exits_seen(gone)
         for worker in gone:
             self._check_preempted(worker.rank)
             if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):

@@ -21,14 +21,13 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from cairn._src.backends.protocol import WorkerHandle
 from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.clock import Clock
 from cairn._src.controller.inbox import Inbox, NewConnection
-from cairn._src.controller.worker_failures import WorkerFailure
+from cairn._src.controller.worker_failures import describe_lost
 from cairn._src.wire.channel_security import CredentialFreeConnection, RefusalLog, is_same_host
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import RunCertificate, make_run_certificate, open_server_tunnel
@@ -186,26 +185,6 @@ class WorkerChannels:
                 if not exited:
                     attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
 
-    @classmethod
-    def settle_exits(cls, attempt: Attempt) -> None:
-        """Before the controller kills ranks: each rank whose exit was awaited and has come
-        by now (after its time, or during the survivors' stop) says how its process
-        ended; the others are awaited no more, since an exit after this is the kill's."""
-        late = [w for w in attempt.workers if w.rank in attempt.exits_awaited and w.wait_exit(0)]
-        cls.exits_seen(attempt, late)
-        attempt.exits_awaited.clear()
-
-    @staticmethod
-    def exits_seen(attempt: Attempt, gone: list[WorkerHandle]) -> None:
-        """Ranks whose exits were just seen: a failure recorded at the end of their
-        connection, before the exit, now says how the process ended."""
-        for worker in gone:
-            if attempt.exits_awaited.pop(worker.rank, None) is None:
-                continue
-            attempt.failures = [replace(f, summary=exit_summary(worker))
-                                if f.rank == worker.rank and f.went else f
-                                for f in attempt.failures]
-
     def read_last_messages(self, attempt: Attempt, gone: list[WorkerHandle], clock: Clock,
                            handle: Callable[[object], None]) -> None:
         """Ranks exited: read what they sent before, all at once (a lost node's ranks
@@ -268,16 +247,3 @@ class WorkerChannels:
         self._listener.close()
         if self._owns_inbox:
             self.inbox.close()
-
-
-def describe_lost(worker: WorkerHandle, exited: bool) -> WorkerFailure:
-    """A worker's connection closed without Done: how its process ended, when its exit
-    was seen (``exited``); that it closed its connection otherwise."""
-    summary = (exit_summary(worker) if exited else
-               f"Worker rank {worker.rank} (pid {worker.pid}) closed its connection to the "
-               "controller")
-    return WorkerFailure(rank=worker.rank, traceback="", went=True, summary=summary)
-
-
-def exit_summary(worker: WorkerHandle) -> str:
-    return f"Worker rank {worker.rank} (pid {worker.pid}) {worker.describe_exit()}"

@@ -410,7 +410,7 @@ class Controller:
         attempt, backend = loop.attempt, self._parts.backend
         # Exits seen since the failure, before any kill of Cairn's own (whose exit says
         # nothing of how the rank ended): how each lost rank's process ended.
-        self._parts.channels.settle_exits(attempt)
+        attempt.settle_exits()
         plan = self._plan_survivors(loop, fatal=failure.fatal)
         damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
                       or "MissingCheckpointFile" in f.summary for f in attempt.failures)
@@ -420,7 +420,7 @@ class Controller:
             # collective with one of them fails there at once.
             backend.kill_ranks(plan.replace)
             stopped = loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s)
-            self._parts.channels.settle_exits(attempt)  # a kept rank lost while stopping
+            attempt.settle_exits()  # a kept rank lost while stopping
             if stopped:
                 # Planned again with what came while they stopped: a kept rank's own error,
                 # its return, its exit or the end of its connection, and Ray's word that a

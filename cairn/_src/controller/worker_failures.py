@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from cairn._src.backends.protocol import WorkerHandle
 from cairn._src.storage.uris import redact_text
 
 # Errors a rank raises when a peer of a collective is gone (gloo, NCCL, sockets).
@@ -36,6 +37,19 @@ class WorkerFailure:
     # The rank went without an error of its own: its process exited or was killed, or its
     # connection to the controller ended (whichever the controller saw first).
     went: bool = False
+
+
+def describe_lost(worker: WorkerHandle, exited: bool) -> WorkerFailure:
+    """A worker's connection closed without Done: how its process ended, when its exit
+    was seen (``exited``); that it closed its connection otherwise."""
+    summary = (exit_summary(worker) if exited else
+               f"Worker rank {worker.rank} (pid {worker.pid}) closed its connection to the "
+               "controller")
+    return WorkerFailure(rank=worker.rank, traceback="", went=True, summary=summary)
+
+
+def exit_summary(worker: WorkerHandle) -> str:
+    return f"Worker rank {worker.rank} (pid {worker.pid}) {worker.describe_exit()}"
 
 
 def cause_order(failure: WorkerFailure) -> int:
