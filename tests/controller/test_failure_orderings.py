@@ -428,6 +428,44 @@ def test_a_crash_while_another_node_is_noticed_stays_a_failure_when_survivors_ar
     assert _counts(harness) == (0, 1)
 
 
+def test_a_noticed_rank_replaced_beside_a_crash_is_no_failure_and_the_others_are_kept(
+        make) -> None:
+    # Rank 2's node is noticed, rank 1 crashes: rank 2 is killed to be replaced, and the
+    # end of its connection (Cairn's own kill) is neither a second cause that restarts the
+    # whole group nor a failure of rank 2 in the attempt's record.
+    harness = make(failure_config=FailureConfig(max_failures=1, keep_survivors=True),
+                   keep_survivors=True, workers=3)
+    _nodes(harness, "node-0", "node-0", "node-b")
+    workers = _running(harness)
+    _notice(workers[2])
+    workers[1].end()
+    _during_stop(harness, lambda: _peer(workers[0]).send(StoppedMessage(0, 0)))
+    assert harness.controller.step().new is S.RESTARTING
+    kept = harness.controller._kept
+    assert kept is not None and set(kept.connections) == {0} and kept.replace == {1, 2}
+    errors = _failure_errors(harness)
+    assert "Worker rank 1" in errors and "Worker rank 2" not in errors
+
+
+def test_ranks_of_a_node_whose_deadline_passed_are_replaced_and_the_others_kept(
+        make) -> None:
+    # Ranks 1 and 2 share the noticed node; its reclaim deadline passes with them still
+    # running. Cairn kills both to replace them: neither kill is a failure, so rank 0,
+    # elsewhere, is kept, and the attempt counts as a preemption.
+    harness = make(failure_config=FailureConfig(max_failures=0, keep_survivors=True,
+                                                preemption_deadline_s=30.0),
+                   keep_survivors=True, workers=3)
+    _nodes(harness, "node-a", "node-b", "node-b")
+    workers = _running(harness)
+    _notice(workers[1])
+    _during_stop(harness, lambda: _peer(workers[0]).send(StoppedMessage(0, 0)))
+    assert harness.controller.step().new is S.RESTARTING
+    kept = harness.controller._kept
+    assert kept is not None and set(kept.connections) == {0} and kept.replace == {1, 2}
+    assert _counts(harness) == (1, 0)
+    assert "Worker rank" not in _failure_errors(harness)
+
+
 def test_a_rank_on_a_node_ray_says_was_preempted_is_not_kept(make) -> None:
     # Ranks 1 and 2 share node-b. Rank 1's connection ends before Ray's preempted flag,
     # which comes with its actor's death (its kill waits for it): rank 2 is replaced too.

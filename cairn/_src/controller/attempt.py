@@ -39,9 +39,19 @@ class Attempt:
     # clock) the exit is awaited, to say how the process ended (see
     # connections.LOST_EXIT_GRACE_S).
     exits_awaited: dict[int, float] = field(default_factory=dict)
+    # Ranks the controller killed to replace them while others are kept (the failed
+    # ranks, those on a noticed node): their exits and closed connections are its own
+    # doing, no failure of theirs.
+    replaced: set[int] = field(default_factory=set)
 
     def has_failure(self, rank: int) -> bool:
         return any(f.rank == rank for f in self.failures)
+
+    def went_unexplained(self, rank: int) -> bool:
+        """Whether a rank that exited or closed its connection went without a word: not
+        done, no failure of its own recorded, and not killed by the controller."""
+        return (rank not in self.done and not self.has_failure(rank)
+                and rank not in self.replaced)
 
     def exit_awaited_until(self, now: float) -> float | None:
         """When the last exit still awaited is due; None when none is. A rank whose exit

@@ -377,7 +377,7 @@ class AttemptLoop:
         attempt.exits_seen(gone)
         for worker in gone:
             self._check_preempted(worker.rank)
-            if worker.rank not in attempt.done and not attempt.has_failure(worker.rank):
+            if attempt.went_unexplained(worker.rank):
                 attempt.failures.append(describe_lost(worker, True))
 
     def _read_connection(self, rank: int, connection: Connection, *,

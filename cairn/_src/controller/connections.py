@@ -178,7 +178,7 @@ class WorkerChannels:
         except (EOFError, OSError):
             attempt.connections.pop(rank, None)
             connection.close()
-            if rank not in attempt.done and not attempt.has_failure(rank):
+            if attempt.went_unexplained(rank):
                 worker = next(w for w in attempt.workers if w.rank == rank)
                 exited = worker.wait_exit(0)
                 attempt.failures.append(describe_lost(worker, exited))

@@ -418,6 +418,7 @@ class Controller:
             timeout_s = self._parts.run_config.failure_config.stop_timeout_s
             # The failed ranks go first: their sockets close, so a kept rank blocked in a
             # collective with one of them fails there at once.
+            attempt.replaced |= plan.replace
             backend.kill_ranks(plan.replace)
             stopped = loop.stop_ranks(set(plan.keep), failure.reason.splitlines()[0], timeout_s)
             attempt.settle_exits()  # a kept rank lost while stopping
@@ -430,6 +431,7 @@ class Controller:
                 again = self._plan_survivors(loop, fatal=failure.fatal or attempt.fatal)
                 if again.keep and again.keep <= loop.stopped & set(attempt.connections):
                     if again.replace - plan.replace:
+                        attempt.replaced |= again.replace
                         backend.kill_ranks(again.replace - plan.replace)
                     logger.info("Attempt %d: %s", attempt.number, again.reason)
                     return KeptRanks({r: attempt.connections[r] for r in again.keep},
