@@ -78,6 +78,14 @@ class _RefWatcher:
     """A pipe that becomes readable when the actor's ``run`` task ends, however it ends."""
 
     def __init__(self, ref: Any, name: str, node_id: str) -> None:
+        # None once closed. The thread's write and close() hold the lock, so that the
+        # thread never writes to an fd number that close() gave back (a run task that
+        # returns after kill_ranks stopped waiting for it, its numbers reused meanwhile by
+        # a replacement rank's watcher), and a second close() (kill_ranks, then shutdown)
+        # closes nothing that was opened since.
+        self._lock = threading.Lock()
+        self._read_fd: int | None
+        self._write_fd: int | None
         self._read_fd, self._write_fd = os.pipe()
         self.outcome: str | None = None
         # The run task's exit code, once it returned (not killed, not lost with its node).
@@ -107,23 +115,34 @@ class _RefWatcher:
         except Exception as exc:
             self.outcome = f"failed ({type(exc).__name__}: {_reason(exc)})"
         self._done.set()
-        try:
-            os.write(self._write_fd, b"x")
-        except OSError:
-            pass
+        with self._lock:
+            if self._write_fd is not None:
+                try:
+                    os.write(self._write_fd, b"x")
+                except OSError:
+                    pass
 
     def fileno(self) -> int:
-        return self._read_fd
+        fd = self._read_fd
+        if fd is None:
+            # Not a number to select on: another file may have it by now.
+            raise ValueError("the exit watcher is closed")
+        return fd
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
 
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Close the pipe; again, nothing. The thread, if still waiting, writes nowhere."""
+        with self._lock:
+            fds = (self._read_fd, self._write_fd)
+            self._read_fd = self._write_fd = None
+            for fd in fds:
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
 
 
 class RayWorker:
