@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from cairn import CheckpointConfig
@@ -55,6 +57,36 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
     assert reread is not None
     assert [r.dir_name for r in reread.checkpoints] == ["checkpoint_000001", "epoch_2"]
     assert reread.next_report_index == 3
+
+
+def test_reconcile_keeps_the_data_of_a_reference_recorded_by_path() -> None:
+    # A run on a filesystem object without a URI records its references as paths. Data
+    # reported by reference under a default checkpoint name, without a manifest of its
+    # own, is a committed checkpoint's: a new driver neither deletes it nor reuses its name.
+    fs = fsspec.filesystem("memory")
+    root = f"/reconcile-{uuid.uuid4().hex}/run"
+    run = resolve(root, filesystem=fs)
+    assert run.uri is None
+    fs.pipe(f"{root}/checkpoint_000500/w.bin", b"w")
+    data = run.join("checkpoint_000500")
+    target_path = "/" + data.path.lstrip("/")
+    write_manifest(run.join("checkpoint_000001"), Manifest(
+        files=compute_entries(data, ["w.bin"]), report_index=1, target_path=target_path),
+        RETRY)
+    index = RunIndex(checkpoints=(CheckpointRecord(
+        dir_name="checkpoint_000001", report_index=1, target_path=target_path,
+        managed=True),), next_report_index=2)
+    write_index(run, index, RETRY)
+    try:
+        manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
+                                    SegmentLog(run.join("metrics"), RETRY))
+        assert manager.names_holding_references() == {"checkpoint_000500"}
+        manager.reconcile()
+
+        assert fs.cat(f"{root}/checkpoint_000500/w.bin") == b"w"
+        assert manager.view(manager.index.checkpoints[0]).data.path == data.path
+    finally:
+        fs.rm(root.rsplit("/", 1)[0], recursive=True)
 
 
 def test_reconcile_neither_adopts_nor_deletes_a_checkpoint_directory_that_is_a_link(

@@ -49,6 +49,7 @@ from cairn._src.checkpoint.reconcile import (
     committed_in_event_log,
     names_holding_references,
     reconcile,
+    reference_data,
 )
 from cairn._src.checkpoint.references import check_persisted_uri, rebind_to_run
 from cairn._src.checkpoint.retention import (
@@ -76,7 +77,7 @@ from cairn._src.storage.fileio import (
     list_dir_names,
     list_files,
 )
-from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.transfer import check_directory_sizes, verify_directory
 from cairn._src.storage.tuning import TransferConfig
@@ -123,24 +124,13 @@ def is_safe_record_name(name: str) -> bool:
 
 
 def checkpoint_view(run: StorageLocation, record: CheckpointRecord) -> CheckpointView:
-    """Where a committed checkpoint's data and manifest are.
-
-    A reference recorded as ``target_path`` is a path on the run's own storage filesystem
-    (``/``-rooted in the record; without the leading ``/`` again when the run's paths
-    have none, as on object stores), so it resolves on ``run``'s store.
-    """
+    """Where a committed checkpoint's data (:func:`reference_data`) and manifest are."""
     manifest_at = run.join(record.dir_name)
-    if record.target_uri is not None:
-        data = resolve(record.target_uri)
-    elif record.target_path is not None:
-        path = record.target_path if run.path.startswith("/") else record.target_path[1:]
-        data = run.with_path(path)
-    else:
-        data = manifest_at
+    data = reference_data(run, record)
     return CheckpointView(
         dir_name=record.dir_name,
         report_index=record.report_index,
-        data=data,
+        data=manifest_at if data is None else data,
         manifest_at=manifest_at,
         metrics=record.metrics,
     )

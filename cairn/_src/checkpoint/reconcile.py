@@ -51,14 +51,29 @@ def entry_holding(run: StorageLocation, location: StorageLocation) -> str | None
     return location.path[len(run.path.rstrip("/")) + 1:].split("/")[0]
 
 
+def reference_data(run: StorageLocation, record: CheckpointRecord) -> StorageLocation | None:
+    """Where a checkpoint committed by reference keeps its data; None for one whose data
+    is in its own directory. A reference recorded as ``target_path`` (a run on a
+    filesystem object, which has no URI) is a path on the run's own store (``/``-rooted in
+    the record; without the leading ``/`` again when the run's paths have none, as on
+    object stores)."""
+    if record.target_uri is not None:
+        return resolve(record.target_uri)
+    if record.target_path is not None:
+        path = record.target_path if run.path.startswith("/") else record.target_path[1:]
+        return run.with_path(path)
+    return None
+
+
 def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
-    """Run-directory entries that hold data of checkpoints committed by reference."""
+    """Run-directory entries that hold data of checkpoints committed by reference (by
+    URI or, on a run without one, by path)."""
     names = set()
     for record in index.checkpoints:
-        if record.target_uri is not None:
-            name = entry_holding(run, resolve(record.target_uri))
-            if name is not None:
-                names.add(name)
+        data = reference_data(run, record)
+        name = entry_holding(run, data) if data is not None else None
+        if name is not None:
+            names.add(name)
     return names
 
 
