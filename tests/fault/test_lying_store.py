@@ -19,14 +19,14 @@ from invariants import check_run
 
 import cairn
 from cairn import CheckpointConfig, ScalingConfig, Trainer
-from cairn._src.checkpoint.index import RunIndex
+from cairn._src.checkpoint.index import CheckpointRecord, RunIndex
 from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, write_manifest
 from cairn._src.checkpoint.recheck import recheck_uncommitted
 from cairn._src.run.segment_log import SegmentLog, read_log
-from cairn._src.storage.checksum import FileEntry
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.storage.transfer import compute_entries
 
 RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.0, max_backoff_s=0.0)
 MANIFEST_3 = f"checkpoint_000003/{MANIFEST_NAME}"
@@ -109,7 +109,7 @@ def committed_on_disk(root: str, name: str, report_index: int) -> None:
     os.makedirs(directory)
     with open(os.path.join(directory, "weights.bin"), "wb") as f:
         f.write(b"w" * 10)
-    entries = {"weights.bin": FileEntry(size=10, checksum="0" * 32)}
+    entries = compute_entries(resolve(directory), ["weights.bin"])
     write_manifest(resolve(directory), Manifest(files=entries, report_index=report_index),
                    RETRY)
 
@@ -281,6 +281,43 @@ def test_a_resume_over_thousands_of_index_records_without_directories_reads_no_b
                                       sleep=slept.append)
         assert recheck.never_committed
     assert slept == []
+
+
+def manager_over(run: StorageLocation, *names: str, verify: str = "sizes") -> CheckpointManager:
+    """A manager whose index holds the committed checkpoints ``names`` (reports 1, 2...)."""
+    records = tuple(CheckpointRecord(dir_name=n, report_index=i, managed=True)
+                    for i, n in enumerate(names, start=1))
+    return CheckpointManager(run, CheckpointConfig(verify_on_resume=verify), RETRY,
+                             RunIndex(checkpoints=records, next_report_index=len(names) + 1),
+                             SegmentLog(run.join("metrics"), RETRY))
+
+
+@pytest.mark.parametrize("lie", ["unlisted", "not_found"])
+@pytest.mark.parametrize("verify", ["sizes", "full"])
+def test_a_file_left_out_once_does_not_drop_the_latest_checkpoint_at_resume(
+        root: str, control: str, lie: str, verify: str) -> None:
+    committed_on_disk(root, "checkpoint_000001", 1)
+    committed_on_disk(root, "checkpoint_000002", 2)
+    lying_store.add_rule(control, lie, "checkpoint_000002/weights.bin", times=1)
+    manager = manager_over(lying_run(root, control), "checkpoint_000001",
+                           "checkpoint_000002", verify=verify)
+    chosen = manager.choose_resume()
+    assert chosen is not None and chosen.dir_name == "checkpoint_000002"
+    assert [r.dir_name for r in manager.index.checkpoints] == [
+        "checkpoint_000001", "checkpoint_000002"]
+
+
+@pytest.mark.parametrize("verify", ["sizes", "full"])
+def test_a_file_every_listing_lacks_still_drops_its_checkpoint(
+        root: str, control: str, verify: str) -> None:
+    committed_on_disk(root, "checkpoint_000001", 1)
+    committed_on_disk(root, "checkpoint_000002", 2)
+    os.remove(os.path.join(root, "store", "run", "checkpoint_000002", "weights.bin"))
+    manager = manager_over(lying_run(root, control), "checkpoint_000001",
+                           "checkpoint_000002", verify=verify)
+    chosen = manager.choose_resume()
+    assert chosen is not None and chosen.dir_name == "checkpoint_000001"
+    assert [r.dir_name for r in manager.index.checkpoints] == ["checkpoint_000001"]
 
 
 # --- an index write whose answer is lost --------------------------------------------------

@@ -79,7 +79,7 @@ from cairn._src.storage.fileio import (
 )
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.transfer import check_directory_sizes, verify_directory
+from cairn._src.storage.transfer import check_directory_sizes, verify_committed
 from cairn._src.storage.tuning import TransferConfig
 from cairn._src.storage.written import entries_of
 
@@ -554,7 +554,7 @@ class CheckpointManager:
                     manifest = self._manifest_asked_again(name, view.manifest_at,
                                                           committed, listed)
                 if self.config.verify_on_resume == "full" or name in self.suspects:
-                    verify_directory(view.data, manifest.files, retry=self.retry,
+                    verify_committed(view.data, manifest.files, retry=self.retry,
                                      transfer=self.transfer)
                     self.fully_verified.add(name)
                     self.suspects.discard(name)

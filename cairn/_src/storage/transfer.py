@@ -458,6 +458,11 @@ def compute_entries(
     return {rel: results[rel] for rel in names}
 
 
+# How many listings of a checkpoint on a remote store must agree before a file it lacks
+# (or holds at another size) is damage (at least; RetryPolicy.max_attempts when more).
+MIN_LISTINGS = 3
+
+
 def check_directory_sizes(
     loc: StorageLocation, files: Mapping[str, FileEntry], *,
     retry: RetryPolicy = DEFAULT_RETRY,
@@ -469,7 +474,8 @@ def check_directory_sizes(
     On local storage each file is checked with one ``lstat`` below directories opened
     without following links, and any that differs once more through the bounded, typed
     reader (links, FIFOs, devices and directories refused, nothing read); elsewhere one
-    recursive listing is compared with the manifest. Raises the
+    recursive listing is compared with the manifest, listed again with backoff while it
+differs (:data:`MIN_LISTINGS`). Raises the
     :class:`CheckpointDamagedError` of the first damaged file in path order; an outage
     propagates as itself.
     """
@@ -489,19 +495,36 @@ def check_directory_sizes(
 
             with_retry(open_only, retry, what)
         return
-    listed = list_files(loc, retry)
+    # One listing is one answer: an eventually consistent store, or a client that turns a
+    # timeout into "nothing", can leave out a file it holds. Damage is what every one of a
+    # few listings, with backoff between them, shows.
+    damage = _listing_damage(loc, files, list_files(loc, retry))
+    for relisting in range(max(MIN_LISTINGS, retry.max_attempts) - 1):
+        if damage is None:
+            return
+        time.sleep(retry.backoff(relisting))
+        damage = _listing_damage(loc, files, list_files(loc, retry))
+    if damage is not None:
+        raise damage
+
+
+def _listing_damage(loc: StorageLocation, files: Mapping[str, FileEntry],
+                    listed: Mapping[str, int]) -> CheckpointDamagedError | None:
+    """The damage a listing of ``loc`` shows against ``files``: its first file in path
+    order that is not listed with its recorded size; None when there is none."""
     for rel in sorted(files):
         want = files[rel].size
         if rel not in listed:
             # Listed as a directory, or not at all: either way not the committed file.
-            raise MissingCheckpointFileError(
+            return MissingCheckpointFileError(
                 f"File {rel!r} of {loc.display()} does not exist as a file: it was deleted "
                 "or replaced after the checkpoint was committed.")
         if listed[rel] != want:
-            raise ChecksumMismatchError(
+            return ChecksumMismatchError(
                 f"File {rel!r} of {loc.display()} is corrupt: expected {want} bytes, storage "
                 f"holds {listed[rel]}. The file was changed or truncated after it was "
                 "committed.")
+    return None
 
 
 def verify_directory(
@@ -553,3 +576,23 @@ def verify_directory(
     message = (f"{len(bad)} of {plural(len(files), 'file')} under {loc.display()} failed "
                "verification: ")
     raise type(first)(message + "; ".join(lines)) from first
+
+
+def verify_committed(loc: StorageLocation, files: Mapping[str, FileEntry], *,
+                     retry: RetryPolicy = DEFAULT_RETRY,
+                     transfer: TransferConfig | None = None) -> None:
+    """:func:`verify_directory` of a committed checkpoint. A file read as missing is one
+    answer: the listings of :func:`check_directory_sizes` decide (damage when they agree
+    that it is gone); listed after all, it is read again, and a store whose reads keep
+    missing what its listings show is in an outage (:class:`StorageError`), not damaged."""
+    try:
+        verify_directory(loc, files, retry=retry, transfer=transfer)
+        return
+    except MissingCheckpointFileError:
+        check_directory_sizes(loc, files, retry=retry)
+    try:
+        verify_directory(loc, files, retry=retry, transfer=transfer)
+    except MissingCheckpointFileError as exc:
+        raise StorageError(f"{loc.display()}: storage lists every file of the checkpoint, "
+                           f"but reads answer that one is missing ({exc}); not resuming "
+                           "until it answers consistently") from None
