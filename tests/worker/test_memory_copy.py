@@ -513,3 +513,68 @@ def test_a_connection_trickling_its_handshake_is_cut_off_at_the_deadline(
             except OSError:
                 closed = True
         assert closed
+
+
+class _Tier:
+    """A node's local tier that holds the checkpoint (``holds``) or not."""
+
+    def __init__(self, holds: bool) -> None:
+        self.holds = holds
+        self.restores: list[str] = []
+
+    def restore(self, manifest_location: Any, manifest: Any, target: str, retry: Any) -> bool:
+        self.restores.append(target)
+        return self.holds
+
+    def committed(self, report_index: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_restore_the_local_tier_serves_is_not_reported_as_read_from_storage(
+    tmp_path: Path, holds: bool,
+) -> None:
+    # No memory copy, no peer: the node's local tier may hold the whole checkpoint.
+    files = {"model.pt": b"weights", "rank_1/rank_state.pt": b"rng"}
+    run = resolve(str(tmp_path / "run"))
+    (tmp_path / "run" / "checkpoint_000002").mkdir(parents=True)
+    tier = _Tier(holds)
+    sent: list[Any] = []
+    sources = RestoreSources(plan=RestorePlan(2, False), memory=None, run=run, authkey=KEY,
+                             rank=1, fallback=tier, send=sent.append)
+    target = str(tmp_path / "restored")
+    assert sources.restore(run.join("checkpoint_000002"), _manifest(files, 2), target,
+                           retry=None) is holds  # type: ignore[arg-type]
+    assert tier.restores == [target]
+    [message] = sent
+    assert isinstance(message, RestoredMessage) and message.report_index == 2
+    assert (message.memory_bytes, message.peer_bytes, message.driver_bytes) == (0, 0, 0)
+    if holds:
+        assert message.storage_bytes == 0 and "storage" not in message.source
+        assert message.source == memory_copy.LOCAL_TIER
+    else:  # the caller downloads the checkpoint from storage
+        assert message.source == "storage"
+        assert message.storage_bytes == sum(len(data) for data in files.values())
+
+
+def test_no_restore_is_reported_for_objects_the_checkpoint_does_not_hold(
+    tmp_path: Path,
+) -> None:
+    # load_training_state asks for files of another layout: nothing is restored (it
+    # raises CheckpointNotFoundError), so nothing is recorded.
+    run = resolve(str(tmp_path / "run"))
+    stored = {"state.pt": b"state"}
+    manifest = _manifest(stored, 2)
+    copies = MemoryCopies(KEY, None)
+    writer = ValueWriter(stored)
+    assert copies.hold(2, writer, dict(manifest.files))
+    copies.committed(2)
+    sent: list[Any] = []
+    own = RestoreSources(plan=RestorePlan(2, True), memory=copies, run=run, authkey=KEY,
+                         rank=0, fallback=None, send=sent.append)
+    assert own.verified_objects(run.join("checkpoint_000002"), manifest,
+                                ["progress.pt", "model.pt"]) is None
+    assert sent == [] and writer.serialized == []
+    held = copies.acquire(2)  # the copy was given back
+    assert held is not None and held.readers == 1
+    copies.release(held)

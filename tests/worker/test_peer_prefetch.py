@@ -4,7 +4,9 @@ behind (real sockets on loopback, a plain writer, a run directory on local disk)
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -144,3 +146,99 @@ def test_no_prefetch_without_peers_or_for_a_rank_restoring_its_own_copy(
     for plan in (None, RestorePlan(2, True, ((0, "127.0.0.1", 1),)),
                  RestorePlan(2, False, ()), RestorePlan(3, False, ((0, "127.0.0.1", 1),))):
         assert start_prefetch(plan, view, run, KEY, DEFAULT_RETRY, rank=1) is None
+
+
+def _restore_prefetched(tmp_path: Path, target: Path,
+                        monkeypatch: pytest.MonkeyPatch | None = None,
+                        full: bool = False) -> list[object]:
+    """The replacement's restore of the prefetched copy into ``target`` (made already);
+    what it sent. With ``monkeypatch``, renames out of the prefetch's directory fail
+    during the restore as across file systems (/dev/shm to a disk); with ``full`` too,
+    copying a file's bytes fails as on a full disk."""
+    run, manifest = _committed_run(tmp_path)
+    peer, plan = _serving_peer()
+    prefetch = _prefetch(run, plan)
+    prefetch._done.wait(60)
+    peer.committed(3)
+    assert prefetch._result is not None
+    if monkeypatch is not None:
+        _crossing_devices(monkeypatch, prefetch._result.directory)
+        if full:
+            _disk_full(monkeypatch)
+    sent: list[object] = []
+    sources = RestoreSources(plan=plan, memory=None, run=run, authkey=KEY, rank=1,
+                             fallback=None, send=sent.append, prefetch=prefetch)
+    try:
+        assert sources.restore(run.join(DIR), manifest, str(target), DEFAULT_RETRY)
+    finally:
+        if monkeypatch is not None:
+            monkeypatch.undo()
+    return sent
+
+
+def _crossing_devices(monkeypatch: pytest.MonkeyPatch, fetched: str) -> None:
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def crossing(src: str, dst: str, *args: object, real: object = real,
+                     **kwargs: object) -> None:
+            if os.fspath(src).startswith(fetched):
+                raise OSError(errno.EXDEV, "Invalid cross-device link", src)
+            real(src, dst, *args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(os, name, crossing)
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "sendfile", full)  # shutil.copyfile's way on Linux
+    monkeypatch.setattr(shutil, "copyfileobj", full)
+
+
+def test_a_prefetched_file_replaces_a_link_to_a_directory_and_writes_nothing_there(
+    tmp_path: Path,
+) -> None:
+    # to_directory(path): a link planted in the user's directory under a file's name
+    # is replaced, the file is not moved into the directory it points to.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "restored"
+    target.mkdir()
+    (target / "model.pt").symlink_to(outside, target_is_directory=True)
+    _restore_prefetched(tmp_path, target)
+    assert os.listdir(outside) == []
+    assert not (target / "model.pt").is_symlink()
+    assert {p: (target / p).read_bytes() for p in STORED} == STORED
+
+
+def test_a_prefetched_file_copied_across_file_systems_writes_through_no_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the victim's file")
+    victim.chmod(0o600)
+    target = tmp_path / "restored"
+    target.mkdir()
+    (target / "model.pt").symlink_to(victim)
+    _restore_prefetched(tmp_path, target, monkeypatch)
+    assert victim.read_bytes() == b"the victim's file"
+    assert victim.stat().st_mode & 0o777 == 0o600
+    assert not (target / "model.pt").is_symlink()
+    assert {p: (target / p).read_bytes() for p in STORED} == STORED
+    assert sorted(os.listdir(target)) == ["model.pt", "rank_1"]  # no temporary left
+
+
+def test_a_failed_copy_across_file_systems_leaves_nothing_under_the_file_s_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the victim's file")
+    target = tmp_path / "restored"
+    target.mkdir()
+    (target / "model.pt").symlink_to(victim)
+    with pytest.raises(OSError, match="No space left"):
+        _restore_prefetched(tmp_path, target, monkeypatch, full=True)
+    assert victim.read_bytes() == b"the victim's file"
+    assert os.listdir(target) == ["model.pt"] and (target / "model.pt").is_symlink()

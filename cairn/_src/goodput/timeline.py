@@ -69,7 +69,8 @@ class Lane:
     attempt: int
     rank: int | None
     intervals: tuple[Interval, ...]
-    # keep_survivors: where the rank restored from ("memory", "peer rank 0", "storage").
+    # keep_survivors: where the rank restored from ("memory", "peer rank 0", "local tier",
+    # "storage").
     restored_from: str | None = None
 
     @property
@@ -259,7 +260,8 @@ def build_timeline(events: Iterable[object]) -> Timeline:
 
 
 def _restore_source(event: Restored) -> str:
-    """"memory", "peer rank 0", "storage", or their mix ("peer rank 0+storage")."""
+    """"memory", "peer rank 0", "local tier", "storage", or their mix ("peer rank
+    0+storage")."""
     peer = f"peer rank {event.peer}" if event.peer is not None else "peer"
     return "+".join(peer if part == "peer" else part for part in str(event.kind).split("+"))
 

@@ -350,8 +350,9 @@ class RestorePlan:
 @dataclass(frozen=True)
 class RestoredMessage:
     """Worker -> controller: where the files of the checkpoint of ``report_index`` that
-    this rank restored came from (bytes from its memory, from a peer, from storage), and
-    why storage was read (``reason``, "" when it was not)."""
+    this rank restored came from (bytes from its memory, from a peer, from storage; or,
+    when none of them held a file, this node's local tier: ``source`` "local tier", no
+    storage bytes), and why storage was read (``reason``, "" when it was not)."""
 
     rank: int
     report_index: int

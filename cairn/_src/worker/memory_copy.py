@@ -59,6 +59,7 @@ from cairn._src.worker.peer_fetch import (
     Outcome,
     PrefetchSource,
     fetch_from_peer,
+    place_prefetched,
     receive_object,
     write_verified,
 )
@@ -69,6 +70,8 @@ logger = logging.getLogger(__name__)
 # How many connections a peer server authenticates at once (more wait), each how long.
 HANDSHAKES = 16
 HANDSHAKE_TIMEOUT_S = 10.0
+# A restore's source (RestoredMessage.source) when this node's local tier held it all.
+LOCAL_TIER = "local tier"
 
 
 @dataclass(eq=False)
@@ -382,8 +385,8 @@ def _send_file(connection: Connection, copy: _Copy, rel: str,
 
 class RestoreSources:
     """A rank's restore of the checkpoint its :class:`RestorePlan` names (the ``LocalCopies``
-    of its ``StorageOptions``): its memory copy, then peers, then storage for the rest.
-    Any other checkpoint goes to ``fallback`` (the local tier) or storage."""
+    of its ``StorageOptions``): its memory copy, then peers, then storage for the rest;
+    ``fallback`` (the local tier) or storage when none holds a file, as any other checkpoint."""
 
     def __init__(self, *, plan: RestorePlan | None, memory: MemoryCopies | None,
                  run: StorageLocation, authkey: bytes, rank: int, fallback: Any,
@@ -459,13 +462,7 @@ class RestoreSources:
             # into ``target``; reasons, bytes and start time are the prefetch's.
             outcome = prefetched.outcome
             started = min(started, prefetched.started)
-            try:
-                for rel in sorted(prefetched.got):
-                    final = os.path.join(target, *rel.split("/"))
-                    os.makedirs(os.path.dirname(final), exist_ok=True)
-                    shutil.move(os.path.join(prefetched.directory, *rel.split("/")), final)
-            finally:
-                shutil.rmtree(prefetched.directory, ignore_errors=True)
+            place_prefetched(prefetched, target)
             missing -= prefetched.got
         elif plan.own_memory and self._memory is not None:
             missing -= self._from_memory(plan.report_index, files, missing, target, outcome)
@@ -479,11 +476,13 @@ class RestoreSources:
         if missing and plan.driver_files:
             missing -= self._from_driver(plan.driver_files, files, missing, target, outcome)
         if missing == set(files):
-            # Nothing from memory: the usual restore (storage, a local path as it is).
-            self._report(plan, outcome, started,
-                         storage_bytes=sum(e.size for e in files.values()),
-                         prefetched=prefetched is not None)
-            return self._fall_back(manifest_location, manifest, target, retry)
+            # Nothing from memory: this node's local tier, if it holds the checkpoint,
+            # else the usual restore (the caller reads storage, a local path as it is).
+            tier = self._fall_back(manifest_location, manifest, target, retry)
+            self._report(plan, outcome, started, prefetched=prefetched is not None,
+                         storage_bytes=0 if tier else sum(e.size for e in files.values()),
+                         tier=tier)
+            return tier
         if missing:
             rest = {rel: files[rel] for rel in sorted(missing)}
             download_directory(manifest_location, target, files=rest, verify=True,
@@ -514,8 +513,8 @@ class RestoreSources:
         value = getattr(copy.writer, "value", None)
         try:
             wanted = [n for n in names if n in manifest.files]
-            if value is None or not all(n in copy.entries for n in wanted):
-                return None
+            if value is None or not wanted or not all(n in copy.entries for n in wanted):
+                return None  # (none of ``names`` in the checkpoint: nothing restored)
             for rel in wanted:
                 if memory.sent_entry(copy, rel) == manifest.files[rel]:
                     continue  # just serialized for a peer, and hashed as it went
@@ -568,10 +567,10 @@ class RestoreSources:
         return set(got)
 
     def _report(self, plan: RestorePlan, outcome: Outcome, started: float,
-                storage_bytes: int, prefetched: bool = False) -> None:
+                storage_bytes: int, prefetched: bool = False, tier: bool = False) -> None:
         parts = [name for name, n in (("memory", outcome.memory_bytes),
                                       ("peer", outcome.peer_bytes),
-                                      ("driver", outcome.driver_bytes)) if n]
+                                      ("driver", outcome.driver_bytes), (LOCAL_TIER, tier)) if n]
         if storage_bytes or not parts:
             parts.append("storage")
         source = "+".join(parts)

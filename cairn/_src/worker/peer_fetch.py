@@ -8,8 +8,10 @@ each call owns its connection."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import shutil
 import socket
 import threading
 import time
@@ -20,7 +22,12 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any, Protocol
 
 from cairn._src.storage.checksum import FileEntry
-from cairn._src.storage.local_files import create_new, remove_local, temporary_sibling
+from cairn._src.storage.local_files import (
+    check_nothing_in_the_way,
+    create_new,
+    remove_local,
+    temporary_sibling,
+)
 from cairn._src.storage.location import StorageLocation
 from cairn._src.wire.sockets import set_io_timeout
 from cairn._src.worker.direct_write import HashingSink
@@ -231,6 +238,42 @@ def write_verified(target: str, rel: str, entry: FileEntry,
             return None
         os.replace(partial, final)
         return got.size
+    except BaseException:
+        remove_local(partial)
+        raise
+
+
+def place_prefetched(prefetched: Prefetched, target: str) -> None:
+    """Move ``prefetched``'s verified files to their names under ``target`` (a user's
+    directory for to_directory), then remove its directory. As :func:`write_verified`,
+    never through something planted there: each file replaces whatever has its name (a
+    link itself, never what it points to); across file systems (``/dev/shm`` to a disk)
+    its bytes go to a fresh name, created exclusively, renamed once complete. A directory
+    of the checkpoint may be a link of the user's to one, as for a download
+    (:func:`.local_files.move_into`); anything else with its name raises before a file moves."""
+    try:
+        check_nothing_in_the_way(target, {rel.rpartition("/")[0] for rel in prefetched.got}
+                                 - {""})
+        for rel in sorted(prefetched.got):
+            final = os.path.join(target, *rel.split("/"))
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            _move_file(os.path.join(prefetched.directory, *rel.split("/")), final)
+    finally:
+        shutil.rmtree(prefetched.directory, ignore_errors=True)
+
+
+def _move_file(source: str, final: str) -> None:
+    try:
+        os.replace(source, final)  # replaces a link at ``final``, not what it points to
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    partial = temporary_sibling(final)
+    try:
+        with open(source, "rb") as read, create_new(partial) as written:
+            shutil.copyfileobj(read, written, PEER_CHUNK)
+        os.replace(partial, final)
     except BaseException:
         remove_local(partial)
         raise
