@@ -93,6 +93,11 @@ def _main(argv: Sequence[str] | None) -> int:
         # The run's files are untrusted input: whatever they hold, one line, never a
         # traceback.
         return _error(args, f"{type(exc).__name__}: {exc}")
+    except ArithmeticError as exc:
+        # The schemas refuse numbers no double holds (a "ttl_s" of 10**400); should one
+        # still reach arithmetic, it is the run's files that hold it, not a Cairn bug.
+        return _error(args, f"a number in the run's files is out of range: they are not "
+                            f"files Cairn wrote ({type(exc).__name__}: {exc})")
     sys.stdout.flush()
     return code
 

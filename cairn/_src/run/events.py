@@ -253,9 +253,9 @@ class RestorePlanned(Event):
 @dataclass(frozen=True, kw_only=True)
 class Restored(Event):
     """A rank restored the checkpoint of report ``index`` (with ``keep_survivors``):
-    ``kind`` names its sources ("memory", "peer", "driver", "storage", joined by "+"), the
-    bytes from each, ``seconds`` it took, ``reason``: why storage was read ("" if not),
-    ``prefetched``: the peers were asked from the attempt's start."""
+    ``kind`` names its sources ("memory", "peer", "driver", "local tier", "storage", joined
+    by "+"), the bytes from each, ``seconds`` it took, ``reason``: why storage was read (""
+    if not), ``prefetched``: the peers were asked from the attempt's start."""
 
     TYPE: ClassVar[str] = "restored"
     rank: int | None = None
@@ -397,8 +397,8 @@ class PreemptionNotice(Event):
                    ranks=tuple(record.get("ranks", ())),
                    nodes=tuple(n for n in nodes if isinstance(n, str))
                    if isinstance(nodes, (list, tuple)) else (),
-                   deadline_t=float(deadline) if isinstance(deadline, (int, float))
-                   and not isinstance(deadline, bool) else None,
+                   deadline_t=(float(deadline) if deadline is not None and
+                               schema.check_value(deadline, schema.TIME) is None else None),
                    source=source if isinstance(source, str) else None)
 
 

@@ -7,8 +7,9 @@ generation) when it starts and renews it every ``ttl_s / 3`` seconds.
   on this host, its process still exists (a driver killed with ``kill -9`` on this host is
   taken over at once). A heartbeat older than the ttl means its driver is gone whatever
   the pid says (pids are reused). An invalid lease (pid 0 or below, a ttl of 0, below or
-  above :data:`MAX_TTL_S`, a heartbeat further in the future than its ttl, wrong types) is
-  taken over too, with a warning naming what is wrong. ``cairn lease break RUN`` clears a
+  above :data:`MAX_TTL_S`, a heartbeat further in the future than its ttl, wrong types, a
+  number beyond a double's range, a generation of more than 12 digits) is taken over too,
+  with a warning naming what is wrong. ``cairn lease break RUN`` clears a
   lease by hand (one whose heartbeat is fresh only with ``--force``).
 * **Two drivers starting together.** Each new holder claims the next generation by
   creating ``_cairn_lease.<generation>`` exclusively (``O_EXCL`` on a local or POSIX file
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 from cairn._src.errors import CairnError, ManifestError, RunLeaseError
 from cairn._src.processes import process_exists
 from cairn._src.run.layout import LEASE_NAME
-from cairn._src.run.schema import parse_lease
+from cairn._src.run.schema import MAX_LEASE_GENERATION, parse_lease, short_repr
 from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 LEASE_VERSION = 1
 CLAIM_PREFIX = "_cairn_lease."
+_CLAIM_DIGITS = len(str(MAX_LEASE_GENERATION))
+_SHOWN = 3
 # A ttl above this is not one Cairn writes (the default is 30 s): such a lease is invalid.
 MAX_TTL_S = 3600.0
 _SETTLE_S = 0.05
@@ -124,13 +127,33 @@ def _claim_exclusively(location: StorageLocation) -> bool | None:
 
 
 def claim_names(run: StorageLocation, retry: RetryPolicy) -> dict[int, str]:
-    """generation -> name of the claim files in ``run``. Other names are ignored, whatever
-    a listing returns (``..``, control characters, digits of other scripts)."""
+    """generation -> name of the claim files in ``run``.
+
+    A claim is named as a driver names it: :data:`CLAIM_PREFIX` and the generation in
+    ASCII digits, without leading zeros, at most :data:`MAX_LEASE_GENERATION` (12 digits).
+    Other names are ignored, whatever a listing returns (``..``, control characters,
+    digits of other scripts, a number of 243 digits that would make the next claim's name
+    longer than a file system takes); those that start like a claim are counted in one
+    warning.
+    """
     claims = {}
+    foreign = []
     for name in list_dir_names(run, retry):
+        if not name.startswith(CLAIM_PREFIX):
+            continue
         suffix = name[len(CLAIM_PREFIX):]
-        if name.startswith(CLAIM_PREFIX) and suffix.isascii() and suffix.isdigit():
+        if (0 < len(suffix) <= _CLAIM_DIGITS and suffix.isascii() and suffix.isdigit()
+                and str(int(suffix)) == suffix):
             claims[int(suffix)] = name
+        else:
+            foreign.append(name)
+    if foreign:
+        shown = ", ".join(short_repr(name) for name in foreign[:_SHOWN])
+        logger.warning(
+            "Ignoring %d names under %s that are not lease claims Cairn wrote (%s<generation>: "
+            "1 to %d ASCII digits, no leading zeros): %s%s", len(foreign),
+            run.display(), CLAIM_PREFIX, _CLAIM_DIGITS, shown,
+            ", ..." if len(foreign) > _SHOWN else "")
     return claims
 
 
@@ -226,7 +249,17 @@ class RunLease:
                                "pid %d, heartbeat %.0fs old)", current.host, current.pid,
                                time.time() - current.heartbeat_at)
         claims = claim_names(self._run, self._retry)
-        self._generation = 1 + max([current.generation if current else 0, *claims])
+        last = max([current.generation if current else 0, *claims])
+        if last >= MAX_LEASE_GENERATION:
+            # Only a planted claim or lease gets here (a driver adds one per start).
+            holder = claims.get(last, LEASE_NAME)
+            raise RunLeaseError(
+                f"The run at {self._run_text()} holds {short_repr(holder)} with lease "
+                f"generation {last}, the last one Cairn counts to ({MAX_LEASE_GENERATION}): "
+                "it is not a file a driver wrote, and no later generation can be claimed; "
+                f"{BREAK_HINT.format(run=self._run_text())} (the lease and its claims)."
+            )
+        self._generation = last + 1
         claimed = _claim_exclusively(self._run.join(f"{CLAIM_PREFIX}{self._generation}"))
         if claimed is False:
             raise RunLeaseError(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,9 +77,21 @@ class Integer(Schema):
         return value
 
 
+# The smallest int that float() rounds to infinity (and refuses with OverflowError). JSON
+# holds ints of any size ("ttl_s": 10**400 is valid JSON) and Cairn converts every number
+# it reads back to a float, so a number field accepts only ints below it in magnitude:
+# exactly the range of a finite double.
+_FLOAT_OVERFLOW = 2**1024 - 2**970
+_IN_FLOAT_RANGE = f"an integer of magnitude below {sys.float_info.max:.1e}, the range of a double"
+
+
 @dataclass(frozen=True)
 class Number(Schema):
-    """An int or float; finite unless ``finite`` is False (metrics may be NaN)."""
+    """An int or float; finite unless ``finite`` is False (metrics may be NaN).
+
+    An int is accepted only where ``float()`` takes it: one of 400 digits would raise a
+    bare ``OverflowError`` (naming no file) wherever Cairn reads the field as a float.
+    """
 
     finite: bool = True
     minimum: float | None = None
@@ -90,9 +103,13 @@ class Number(Schema):
 
     def check(self, value: Any) -> Any:
         kind = type(value)
-        if kind is not float and kind is not int:
-            raise _Invalid(value, self.expected)
-        if self.finite and kind is float and not math.isfinite(value):
+        if kind is float:
+            if self.finite and not math.isfinite(value):
+                raise _Invalid(value, self.expected)
+        elif kind is int:
+            if not -_FLOAT_OVERFLOW < value < _FLOAT_OVERFLOW:
+                raise _Invalid(value, f"{self.expected} ({_IN_FLOAT_RANGE})")
+        else:
             raise _Invalid(value, self.expected)
         if self.minimum is not None and value < self.minimum:
             raise _Invalid(value, self.expected)
@@ -253,8 +270,14 @@ class JsonObject(Schema):
 
 
 def _short_key(key: str) -> str:
-    text = repr(key)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(key)
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a name or value read back from storage
+    in a message, bounded whatever its size."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _Absent:
@@ -300,6 +323,9 @@ def _describe(value: Any) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)} values"
     text = repr(value)
+    if type(value) is int and len(text) > 60:
+        # Its size is the point: "1000000000000000000000... (int of 401 digits)".
+        return f"{text[:24]}... (int of {len(text.lstrip('-'))} digits)"
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type(value).__name__})"
@@ -386,7 +412,11 @@ _PLACE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://|/|[A-Za-z]:[\\/]")
 URI = String(expected="a URI with a scheme ('s3://bucket/ckpt') or an absolute path",
              test=lambda text: _PLACE.match(text) is not None)
 TIME = Number()
-COUNT = Integer(minimum=0)
+# A count of things or bytes: at most what a signed 64-bit integer holds (no file, run or
+# checkpoint comes near it). A planted 10**400 would overflow wherever a count is divided
+# or turned into a float ("uploaded_bytes / 2**20").
+MAX_COUNT = 2**63 - 1
+COUNT = Integer(minimum=0, maximum=MAX_COUNT)
 # The largest report index Cairn reads back: every integer up to it is exact in a double
 # (other JSON readers), and no run reports that often. A planted 10**30 is refused here.
 MAX_REPORT_INDEX = 2**53 - 1
@@ -398,6 +428,10 @@ CHECKSUM = String(expected="32 lowercase hex digits", test=_HEX_128.fullmatch)
 # --- the lease (read by cairn/_src/run/lease.py) -------------------------------------------
 
 _LEASE_HINT = "It is not a lease Cairn wrote."
+# The largest lease generation: a driver claims generation g by creating the file
+# ``_cairn_lease.<g>``, and a claim's number has at most 12 digits (a driver starts
+# generation 1 and adds one per start); longer ones are not claims Cairn wrote.
+MAX_LEASE_GENERATION = 10**12 - 1
 LEASE_DOCUMENT = Document(
     "lease",
     Object(
@@ -408,7 +442,7 @@ LEASE_DOCUMENT = Document(
             "token": String(),
             "heartbeat_at": TIME,
             "ttl_s": TIME,
-            "generation": COUNT,
+            "generation": Integer(minimum=0, maximum=MAX_LEASE_GENERATION),
         },
         required=frozenset({"host", "pid", "token", "heartbeat_at", "ttl_s"}),
         noun="a lease (an object with 'host', 'pid', 'token', 'heartbeat_at', 'ttl_s')",

@@ -26,7 +26,16 @@ from cairn._src.storage.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
-_SEGMENT = re.compile(r"^segment_(\d{6,})\.jsonl$")
+# A segment's number: ASCII digits, six or more (zero-padded to six), at most twelve. A
+# log rolls a segment every 500 records by default, so no run comes near 10**12 segments;
+# a longer number (``segment_<199 ones>.jsonl``) is not a name Cairn wrote, and numbering
+# after it would give the next segment a name longer than file systems take.
+MAX_SEGMENT_NUMBER = 10**12 - 1
+_SEGMENT = re.compile(r"segment_([0-9]{6,12})\.jsonl")
+# What looks like a segment (and is reported when it is not one): the names a peer or an
+# older Cairn could mean as segments, not the temporary files of an atomic write.
+_SEGMENT_LIKE = re.compile(r"segment_.*\.jsonl", re.DOTALL)
+_SHOWN = 3
 
 
 def _segment_name(number: int) -> str:
@@ -34,11 +43,27 @@ def _segment_name(number: int) -> str:
 
 
 def _segment_numbers(directory: StorageLocation, retry: RetryPolicy) -> list[int]:
+    """The numbers of the segments in ``directory``, ascending.
+
+    Only names Cairn writes count (``_segment_name(n)`` for ``n`` up to
+    :data:`MAX_SEGMENT_NUMBER`, ASCII digits): other names that look like segments (other
+    scripts' digits, leading zeros beyond six digits, too many digits) are ignored, with
+    one warning per listing that counts them.
+    """
     numbers = []
+    foreign = []
     for name in list_dir_names(directory, retry):
-        match = _SEGMENT.match(name)
-        if match:
+        match = _SEGMENT.fullmatch(name)
+        if match and _segment_name(int(match.group(1))) == name:
             numbers.append(int(match.group(1)))
+        elif _SEGMENT_LIKE.fullmatch(name):
+            foreign.append(name)
+    if foreign:
+        shown = ", ".join(schema.short_repr(name) for name in foreign[:_SHOWN])
+        logger.warning(
+            "Ignoring %d names under %s that look like log segments but are not names Cairn "
+            "writes (segment_NNNNNN.jsonl: 6 to 12 ASCII digits, zero-padded to 6): %s%s",
+            len(foreign), directory.display(), shown, ", ..." if len(foreign) > _SHOWN else "")
     return sorted(numbers)
 
 
@@ -77,6 +102,7 @@ EVENT_RECORD = schema.Document(
             "reason": schema.String(empty=True),
             "last_commit_t": _OPTIONAL_TIME,
             "attempt_t": _OPTIONAL_TIME,
+            "deadline_t": _OPTIONAL_TIME,
         },
         required=frozenset({"type", "t"}),
         noun="an event record (an object with 'type' and 't')",
@@ -172,6 +198,15 @@ class SegmentLog:
         numbers = _segment_numbers(directory, retry)
         # Resuming a run starts a new segment: the old ones are never rewritten.
         self._segment = numbers[-1] + 1 if numbers else 0
+        if self._segment > MAX_SEGMENT_NUMBER:
+            # Only a planted segment_999999999999.jsonl gets here: numbering after it would
+            # write a segment that no reader counts (and the next driver would overwrite).
+            raise ManifestError(
+                f"The log {directory.display()} holds {_segment_name(numbers[-1])}, the last "
+                f"segment number Cairn counts to ({MAX_SEGMENT_NUMBER}): it is not a segment "
+                "Cairn wrote. Remove it (and any other planted segment_*.jsonl there); the "
+                "log's new records go after its last segment."
+            )
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), default=_json_default).encode()
