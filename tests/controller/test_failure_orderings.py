@@ -384,6 +384,28 @@ def test_a_kept_rank_lost_while_stopping_says_how_its_process_ended(make) -> Non
     assert "closed its connection" not in errors
 
 
+def test_a_kept_rank_whose_exit_trails_its_connection_while_stopping_is_awaited(
+        make) -> None:
+    # Rank 2's connection ends as it stops, its exit comes a moment later: the stop waits
+    # for it (as the attempt's own loop does), so the record says how the process ended
+    # whichever came first, instead of that it closed its connection.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    workers = _running(harness)
+    workers[1].end()
+
+    def one_stops_one_is_lost() -> None:
+        _peer(workers[0]).send(StoppedMessage(0, 0))
+        _peer(workers[2]).close()
+        harness.clock.after(LOST_EXIT_GRACE_S / 2, workers[2].exit_seen)
+
+    _during_stop(harness, one_stops_one_is_lost)
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is None
+    errors = _failure_errors(harness)
+    assert "Worker rank 2 (pid 10002) exited with code 1" in errors
+    assert "closed its connection" not in errors
+
+
 def test_a_rank_whose_exit_never_came_is_not_described_by_the_kill_that_ends_it(make) -> None:
     # Its connection closed, its exit did not come within the wait: the controller then
     # kills it to replace it, and that exit (the fakes' kill ends the worker) is Cairn's

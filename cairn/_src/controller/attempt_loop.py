@@ -319,26 +319,30 @@ class AttemptLoop:
         for rank in sorted(ranks):
             self._send(rank, StopMessage(attempt.number, reason))
         deadline = clock.monotonic() + timeout_s
-        while waiting := {r for r in ranks - self.stopped - self.exited - set(attempt.done)
-                          if r in attempt.connections}:
-            watchers = {w.exit_watcher.fileno(): w for w in attempt.workers
-                        if w.rank in ranks and w.rank not in self.exited}
+        while True:
+            waiting = {r for r in ranks - self.stopped - self.exited - set(attempt.done)
+                       if r in attempt.connections}
             now = clock.monotonic()
-            if now >= deadline:
+            # A kept rank whose connection ended: its exit is awaited (as by turn()), to
+            # say how it ended, whichever of the two came first.
+            awaited = attempt.exit_awaited_until(now)
+            if awaited is None and (not waiting or len(
+                    {f.rank for f in attempt.failures if cause_order(f) == 0}) > 1):
+                # All stopped or went; or a second cause (a kept rank went, or raised its
+                # own error): the whole group restarts and the others need not stop. A
+                # kept rank's collective that lost the failed peer is no cause: it still
+                # stops, and is kept.
+                return True
+            if waiting and now >= deadline:
                 logger.warning("%s did not stop within %gs", describe_ranks(sorted(waiting)),
                                timeout_s)
                 return False
-            ready = self._wait_and_read(watchers, min(1.0, deadline - now))
-            # One that went while stopping is a failure, whichever of its exit and its
-            # connection's end came first.
+            watchers = {w.exit_watcher.fileno(): w for w in attempt.workers
+                        if w.rank in ranks and w.rank not in self.exited}
+            ready = self._wait_and_read(watchers, max(0.0, min(
+                1.0, deadline - now, awaited - now if awaited is not None else 1.0)))
             self._on_exits([watchers[item] for item in ready
                             if isinstance(item, int) and item in watchers])
-            if len({f.rank for f in attempt.failures if cause_order(f) == 0}) > 1:
-                # A second cause (a kept rank went, or raised its own error): the whole
-                # group restarts and the others need not stop. A kept rank's collective
-                # that lost the failed peer is no cause: it still stops, and is kept.
-                return True
-        return True
 
     def _wait_and_read(self, watchers: Collection[int], timeout_s: float) -> list[Any]:
         """Wait up to ``timeout_s`` for a message, the inbox or the exit of one of
