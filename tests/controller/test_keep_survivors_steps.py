@@ -21,6 +21,7 @@ from cairn._src.controller.survivors import (
 from cairn._src.controller.worker_failures import WorkerFailure
 from cairn._src.wire.messages import (
     DoneMessage,
+    ErrorMessage,
     MemoryCopyInfo,
     RejoinMessage,
     RestorePlan,
@@ -108,6 +109,23 @@ def test_a_rank_that_returned_is_replaced_with_the_failed_one_not_waited_for(
     assert harness.controller.step().new is S.STARTING
     assert backend.replaced == [{1, 2}]
     assert backend.groups[-1][0] is first[0]
+
+
+@pytest.mark.parametrize("error", ["ManifestError", "NotARegularFileError",
+                                   "MissingCheckpointFileError", "ChecksumMismatchError"])
+def test_a_rank_that_failed_on_damage_makes_the_whole_group_restart(make, error) -> None:
+    # Any kind of damage: the checkpoint the survivors hold may be the damaged one.
+    harness = make(max_failures=1, keep_survivors=True, workers=3)
+    first = _start(harness)
+    assert first[1].peer is not None
+    first[1].peer.send(ErrorMessage(1, error, "checkpoint_000002 is damaged", "", None,
+                                    False))
+    first[1].end()
+    for kept in (first[0], first[2]):
+        assert kept.peer is not None
+        kept.peer.send(StoppedMessage(kept.rank, 0))
+    assert harness.controller.step().new is S.RESTARTING
+    assert harness.controller._kept is None and harness.backend.kills == 1
 
 
 def _until_closed(worker: FakeWorker) -> list[object]:

@@ -412,8 +412,7 @@ class Controller:
         # nothing of how the rank ended): how each lost rank's process ended.
         attempt.settle_exits()
         plan = self._plan_survivors(loop, fatal=failure.fatal)
-        damaged = any("CheckpointDamaged" in f.summary or "ChecksumMismatch" in f.summary
-                      or "MissingCheckpointFile" in f.summary for f in attempt.failures)
+        damaged = any(name in f.summary for f in attempt.failures for name in _DAMAGE)
         if plan.keep and not damaged and isinstance(backend, RankReplacer):
             timeout_s = self._parts.run_config.failure_config.stop_timeout_s
             # The failed ranks go first: their sockets close, so a kept rank blocked in a
@@ -525,6 +524,14 @@ class Controller:
             if self._storage_token is not None:
                 remove_storage_marker(parts.manager.run, parts.manager.retry)
             parts.channels.close()
+
+
+def _kinds_of(error: type[Exception]) -> frozenset[str]:
+    return frozenset({error.__name__}).union(*(_kinds_of(s) for s in error.__subclasses__()))
+
+
+# What a rank's failure names when it is damage (CheckpointDamagedError, each subclass).
+_DAMAGE = _kinds_of(CheckpointDamagedError)
 
 
 def _damaged_resume(attempt: Attempt, failure: AttemptFailure,
