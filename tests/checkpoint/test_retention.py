@@ -33,6 +33,13 @@ def test_keep_best_ranks_missing_scores_last_in_both_orders() -> None:
     assert KeepBest(1, "loss", "max").should_keep(records) == [False, True]
 
 
+def test_a_score_no_double_holds_ranks_last_instead_of_raising() -> None:
+    # Read back from an index: report() refuses it, a planted one must not stop retention.
+    records = [record(1, loss=10**400), record(2, loss=3.0), record(3, loss=5.0)]
+    assert KeepBest(1, "loss", "min").should_keep(records) == [False, True, False]
+    assert KeepBest(1, "loss", "max").should_keep(records) == [False, False, True]
+
+
 def test_latest_and_protected_are_always_kept() -> None:
     records = [record(1, loss=0.1), record(2, loss=0.5), record(3, loss=0.9)]
     policy = KeepBest(1, "loss", "min")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
-from cairn._src.run.report_checks import score_value
+from cairn._src.run.report_checks import rankable, score_value
 
 
 class RetentionPolicy(Protocol):
@@ -45,10 +45,8 @@ class KeepLatest:
 def _score(record: CheckpointRecord, attribute: str) -> float:
     # As report() checked it and Result reads it: the flat key ("val/loss") first, then
     # "/" reaching into nested metrics.
-    value = score_value(record.metrics, attribute)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return -math.inf
-    return float(value)
+    number = rankable(score_value(record.metrics, attribute))
+    return -math.inf if number is None else number
 
 
 @dataclass(frozen=True)

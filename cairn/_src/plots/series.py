@@ -30,6 +30,7 @@ from cairn._src.run.events import (
     SessionStart,
     as_events,
 )
+from cairn._src.run.report_checks import rankable
 
 X_AXES = ("report", "step", "time")
 STEP_METRIC = "step"
@@ -130,9 +131,8 @@ class MetricPlot:
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    number = rankable(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _count(value: object) -> int | None:

@@ -16,7 +16,7 @@ from cairn._src.run.layout import (
     is_reserved_name,
     looks_like_default_dir_name,
 )
-from cairn._src.run.schema import MAX_USER_DEPTH, nesting_depth
+from cairn._src.run.schema import MAX_USER_DEPTH, nesting_depth, short_repr
 from cairn._src.storage.fileio import TEMPORARY_MARK
 
 
@@ -147,11 +147,25 @@ def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None, *,
             f"this run's CheckpointConfig; a checkpoint report must include it. "
             f"Metrics given: {sorted(metrics)}."
         )
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if rankable(value) is None:
+        beyond = isinstance(value, int) and not isinstance(value, bool)
         raise ReportError(
-            f"{what} has {attribute!r}={value!r}; the "
-            "checkpoint_score_attribute must be a number (not NaN)."
+            f"{what} has {attribute!r}={short_repr(value)}; the checkpoint_score_attribute "
+            "must be a number (" + ("within a double's range, below 1.8e+308 in magnitude"
+                                    if beyond else "not NaN") + ")."
         )
+
+
+def rankable(value: object) -> float | None:
+    """``value`` as a score retention can rank by: a number (not a bool), not NaN, that a
+    float holds (an int of 400 digits does not); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return None if math.isnan(number) else number
 
 
 def check_merged_score(reported: Mapping[str, Any], validated: Mapping[str, Any],
