@@ -157,3 +157,33 @@ def leaves_cyclic_garbage(config: dict[str, Any]) -> dict[str, Any]:
         os._exit(1)
     cairn.collective.barrier()  # rank 0 is stopped here in attempt 0
     return seen
+
+
+# keep_survivors: a weak reference to each attempt's worker session and setup message.
+_ATTEMPT_SESSIONS: dict[int, Any] = {}
+
+
+def outlives_its_session(config: dict[str, Any]) -> dict[str, Any]:
+    """Notes which worker sessions (and their setup messages) of earlier attempts in this
+    process a full collection leaves alive; (attempt 0, rank 1) exits after its report, so
+    that rank 0 is kept and stopped."""
+    import gc
+    import weakref
+
+    from cairn._src.worker.session import get_session
+
+    context = cairn.get_context()
+    rank, attempt = context.get_world_rank(), context.get_attempt()
+    session = get_session("outlives_its_session")
+    _ATTEMPT_SESSIONS[attempt] = (weakref.ref(session), weakref.ref(session._setup))
+    del session
+    gc.collect()
+    seen = {"attempts_here": sorted(_ATTEMPT_SESSIONS),
+            "earlier_alive": [[a, name] for a, refs in sorted(_ATTEMPT_SESSIONS.items())
+                              for name, ref in zip(("session", "setup"), refs, strict=True)
+                              if a < attempt and ref() is not None]}
+    cairn.report({"step": attempt})
+    if attempt == 0 and rank == 1:
+        os._exit(1)
+    cairn.collective.barrier()  # rank 0 is stopped here in attempt 0
+    return seen

@@ -78,3 +78,18 @@ def test_what_a_stopped_attempt_made_is_collected_before_the_next(
     # Rank 0's process ran both attempts; attempt 0's garbage did not outlive it.
     assert result.return_value == {"frozen": True, "attempts_here": [0, 1],
                                    "earlier_alive": []}
+
+
+def test_a_kept_process_does_not_keep_the_sessions_of_its_earlier_attempts(
+    run_config: Callable[..., cairn.RunConfig],
+) -> None:
+    # Each attempt's session (its setup message, the train function's bytes, the config,
+    # the datasets) holds reference cycles: none may be among what is frozen out of
+    # collections, or a kept process would keep one per restart.
+    config = run_config(failure_config=cairn.FailureConfig(max_failures=1,
+                                                           keep_survivors=True))
+    result = Trainer(fault_workloads.outlives_its_session,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.error is None
+    # Rank 0's process ran both attempts; a full collection in attempt 1 freed attempt 0's.
+    assert result.return_value == {"attempts_here": [0, 1], "earlier_alive": []}

@@ -3,7 +3,8 @@
 
 A *notice source* learns that this worker's node is going away and sends the controller
 one :class:`PreemptionNoticeMessage` (once: a second notice of the same node says
-nothing new). Two sources exist:
+nothing new; a kept rank's next attempt gets it again, see :class:`NoticeSource`). Two
+sources exist:
 
 * :class:`SigtermNotice` (local backend): ``SIGTERM`` to the worker process is the notice,
   the signal a cloud VM's shutdown, Kubernetes and Slurm send before they kill. The
@@ -41,35 +42,48 @@ logger = logging.getLogger(__name__)
 
 
 class NoticeSource:
-    """Sends the controller one notice, once the worker's session exists (a notice that
-    comes before is held until then). Thread-safe."""
+    """Sends the controller one notice through each session it is attached to (a notice
+    that comes before the first is held until then). Thread-safe.
+
+    A kept rank (``keep_survivors``) attaches each attempt's session in turn. A notice
+    sent through an earlier one may never have been read: the controller stops reading a
+    stopped rank's connection and closes it unread when the next attempt starts, and its
+    preemption state is per attempt. It never keeps a rank whose notice it read, so a
+    later attach means it did not act on it: the notice goes again through the new one."""
 
     def __init__(self, source: str) -> None:
         self._source = source
         self._lock = threading.Lock()
         self._send: Callable[[object], None] | None = None
         self._rank = -1
-        # (deadline_ms,) of a notice not sent yet; None: none came.
-        self._held: tuple[int | None] | None = None
-        self._sent = False
+        # (deadline_ms,) of the notice; None: none came.
+        self._notice: tuple[int | None] | None = None
 
     def attach(self, rank: int, send: Callable[[object], None]) -> None:
-        """The session exists: send a notice held so far, and later ones at once."""
+        """A session exists: send the notice that came so far, and a later one at once."""
         with self._lock:
             self._rank, self._send = rank, send
-            held, self._held = self._held, None
-        if held is not None:
-            self.deliver(held[0])
+            notice = self._notice
+        if notice is not None:
+            self._tell(send, rank, notice[0])
+
+    def detach(self) -> None:
+        """The attached session ended: a notice is held until the next attach (and the
+        source keeps no reference to the session)."""
+        with self._lock:
+            self._send = None
 
     def deliver(self, deadline_ms: int | None) -> None:
         with self._lock:
-            if self._sent:
-                return
-            if self._send is None:
-                self._held = (deadline_ms,)
-                return
-            self._sent = True
+            if self._notice is not None:
+                return  # a second notice of the same node says nothing new
+            self._notice = (deadline_ms,)
             send, rank = self._send, self._rank
+        if send is not None:
+            self._tell(send, rank, deadline_ms)
+
+    def _tell(self, send: Callable[[object], None], rank: int,
+              deadline_ms: int | None) -> None:
         logger.info("Rank %d: preemption notice (%s); telling the controller", rank,
                     self._source)
         try:
