@@ -237,3 +237,20 @@ def validation_without_config(config: dict[str, Any]) -> None:
 
 def validation_without_checkpoint(config: dict[str, Any]) -> None:
     cairn.report({"epoch": 0}, validation=True)
+
+
+# --- the score attribute on the rank whose metrics a checkpoint keeps ---------------------
+
+
+def score_on_one_rank(config: dict[str, Any]) -> None:
+    """Each report, ``checkpoint_ranks`` pass a checkpoint (each its own file) and
+    ``score_rank`` alone reports ``loss`` (losses[i] for report i)."""
+    rank = cairn.get_context().get_world_rank()
+    for loss in config["losses"]:
+        metrics: dict[str, Any] = {"step": loss}
+        if rank == config["score_rank"]:
+            metrics["loss"] = loss
+        checkpoint = None
+        if rank in config["checkpoint_ranks"]:
+            checkpoint = _write(tempfile.mkdtemp(), {f"rank_{rank}.txt": b"%d" % rank})
+        cairn.report(metrics, checkpoint=checkpoint)

@@ -126,6 +126,7 @@ class Controller:
                                "run: %s", refusal)
         # The ranks kept across the restart in progress (None: the whole group restarts).
         self._kept: KeptRanks | None = None
+        self._score_attribute = parts.run_config.checkpoint_config.checkpoint_score_attribute
 
     @property
     def state(self) -> ControllerState:
@@ -273,7 +274,8 @@ class Controller:
         number, resume, used, index = parts.commits.call_on_commit_thread(prepare)
         attempt = Attempt(
             number=number,
-            tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used),
+            tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used,
+                                  score_attribute=self._score_attribute),
             resume=resume,
             first_report_index=next_report_index,
             started_at=clock.time(),
@@ -315,7 +317,8 @@ class Controller:
         # The world of this attempt is the group the backend started: an elastic range
         # (ScalingConfig.min_workers .. max_workers) may get fewer than it asked for.
         world_size = len(attempt.workers)
-        attempt.tracker = ReportTracker(world_size, used_dir_names=used)
+        attempt.tracker = ReportTracker(world_size, used_dir_names=used,
+                                        score_attribute=self._score_attribute)
         services = AttemptServices(world_size, manager, parts.validations,
                                    parts.run_config.checkpoint_config)
         parts.events.emit(WorkerGroupStarted(number, world_size))

@@ -34,6 +34,7 @@ from cairn._src.errors import (
     CheckpointSkippedError,
     ReportError,
 )
+from cairn._src.run.report_checks import check_score_attribute
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
@@ -110,8 +111,12 @@ def describe_ranks(ranks: list[int] | set[int]) -> str:
 class ReportTracker:
     """Follows the reports of one attempt. Not thread-safe: the controller loop owns it."""
 
-    def __init__(self, world_size: int, *, used_dir_names: set[str]) -> None:
+    def __init__(self, world_size: int, *, used_dir_names: set[str],
+                 score_attribute: str | None = None) -> None:
         self.world_size = world_size
+        # CheckpointConfig.checkpoint_score_attribute: rank 0's metrics, those a checkpoint
+        # keeps, must hold it (_score_missing).
+        self._score_attribute = score_attribute
         self._used = set(used_dir_names)
         self._pending: dict[int, PendingReport] = {}
         self.report_counts: dict[int, int] = dict.fromkeys(range(world_size), 0)
@@ -333,7 +338,7 @@ class ReportTracker:
                 pending.failed = ReportError(vanished.failed.error)
                 self._vanished.append(vanished)
                 continue
-            error = self._compare_copies(pending)
+            error = self._compare_copies(pending) or self._score_missing(pending)
             if error is not None:
                 # Kept as failed: its directory is among pending_dir_names() for cleanup.
                 self._refused.extend(self._refuse(pending, error, first=min(pending.intents)))
@@ -367,6 +372,24 @@ class ReportTracker:
         """Refusals decided by :meth:`take_ready` (differing copies), to send; forgets them."""
         refused, self._refused = self._refused, []
         return refused
+
+    def _score_missing(self, pending: PendingReport) -> ReportError | None:
+        """A checkpoint keeps rank 0's metrics (as in Ray Train): without the score
+        attribute there (rank 0 may pass no checkpoint, another rank the checkpoint and
+        the score), retention could not rank it and would keep the latest instead of the
+        best. Not when a validation may give the score."""
+        if self._score_attribute is None or any(
+                intent.validation is not None for intent in pending.intents.values()):
+            return None
+        rank = min(pending.arrived)
+        try:
+            check_score_attribute(
+                pending.arrived[rank].metrics, self._score_attribute,
+                what=f"report() on rank {rank} (whose metrics the checkpoint of report "
+                     f"{pending.index} keeps, as in Ray Train)")
+        except ReportError as exc:
+            return exc
+        return None
 
     def _compare_copies(self, pending: PendingReport) -> CheckpointCollisionError | None:
         """Whether every copy a rank did not upload equals the uploaded one."""

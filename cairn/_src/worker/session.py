@@ -199,8 +199,8 @@ class WorkerSession:
         if mode is not CheckpointUploadMode.NO_UPLOAD:
             check_upload_source(checkpoint.location, self._setup.run,
                                 what=f"report(checkpoint={checkpoint!r})")
-        if validation is None:
-            # With a validation, the score may come from the validation's metrics.
+        if validation is None and self.rank == 0:
+            # A checkpoint keeps rank 0's metrics; a validation may give the score.
             check_score_attribute(metrics, self._setup.score_attribute)
         if dir_name is not None:
             check_dir_name(dir_name)
