@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -41,11 +42,12 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
     write_manifest(run.join("epoch_2"), Manifest(
         files=compute_entries(run.join("epoch_2"), ["a.bin"]), report_index=2), RETRY)
     # Partial uploads under a recorded custom name and a default name, a directory of the
-    # user's own (logs), and a torn atomic write.
+    # user's own (logs), and a torn atomic write of the index
     for partial in ("epoch_3", "checkpoint_000004", "tensorboard"):
         (tmp_path / "run" / partial).mkdir()
         (tmp_path / "run" / partial / "half.bin").write_bytes(b"h")
-    (tmp_path / "run" / "cairn_run.json.cairn-tmp-0123").write_bytes(b"{")
+    # (the name write_bytes_atomic gives it: the final name, the mark, a uuid4's 32 hex digits).
+    (tmp_path / "run" / f"cairn_run.json.cairn-tmp-{uuid.uuid4().hex}").write_bytes(b"{")
 
     manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
                                 SegmentLog(run.join("metrics"), RETRY))
@@ -134,3 +136,44 @@ def test_an_adoption_fsyncs_the_index_only_when_the_run_does(
         assert [r.dir_name for r in opened.index.checkpoints] == ["checkpoint_000001"]
         # RunConfig(storage_fsync=False): the adopted index is written without an fsync.
         assert bool(synced) is durable
+
+
+def test_reconcile_deletes_only_the_torn_writes_cairn_leaves_in_the_run_directory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from cairn._src.checkpoint.opening import open_run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = resolve(str(run_dir))
+    write_index(run, RunIndex(next_report_index=1), RETRY)
+    # What Cairn's atomic writes leave when the process dies between write and rename.
+    torn = [f"{final}.cairn-tmp-{uuid.uuid4().hex}"
+            for final in ("cairn_run.json", "lease.json", "_cairn_storage_check.json")]
+    for name in torn:
+        (run_dir / name).write_bytes(b"{")
+    # Named with the mark, but none of them is that: a directory (a killed
+    # Checkpoint.to_directory(<run>) leaves its staging directory, or anyone plants one),
+    # even one under exactly a torn write's name; the user's files; a link.
+    (run_dir / "x.cairn-tmp-y").mkdir()
+    (run_dir / "x.cairn-tmp-y" / "kept.bin").write_bytes(b"k")
+    as_dir = f"cairn_run.json.cairn-tmp-{uuid.uuid4().hex}"
+    (run_dir / as_dir).mkdir()
+    (run_dir / "notes.cairn-tmp-mine.txt").write_bytes(b"mine")
+    user_named = f"model.pt.cairn-tmp-{uuid.uuid4().hex}"
+    (run_dir / user_named).write_bytes(b"weights")
+    (tmp_path / "elsewhere.txt").write_bytes(b"theirs")
+    link = f"lease.json.cairn-tmp-{uuid.uuid4().hex}"
+    (run_dir / link).symlink_to(tmp_path / "elsewhere.txt")
+    left = sorted(["x.cairn-tmp-y", as_dir, "notes.cairn-tmp-mine.txt", user_named, link])
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):  # and again at the next start
+            open_run(run, CheckpointConfig(), RETRY)
+
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(["cairn_run.json", *left])
+    assert (run_dir / "x.cairn-tmp-y" / "kept.bin").read_bytes() == b"k"
+    assert (run_dir / "notes.cairn-tmp-mine.txt").read_bytes() == b"mine"
+    assert (tmp_path / "elsewhere.txt").read_bytes() == b"theirs"
+    warnings = [r.getMessage() for r in caplog.records
+                if "temporary-file mark" in r.getMessage()]
+    assert len(warnings) == 2 and all(repr(left) in w for w in warnings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -66,6 +67,26 @@ def report_references(config: dict[str, Any]) -> None:
             checkpoint = Checkpoint(target)
         cairn.report({"step": step}, checkpoint=checkpoint,
                      checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+
+def upload_into_the_named_directory(config: dict[str, Any]) -> None:
+    """Rank 0 checkpoints every step with a checkpoint_upload_fn that writes into a
+    directory inside the one Cairn named for the checkpoint,
+    build_checkpoint_path_from_name(name) + "/dcp", and returns that directory."""
+    storage = cairn.get_context().get_storage()
+
+    def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+        target = os.path.join(storage.build_checkpoint_path_from_name(dir_name), "dcp")
+        shutil.copytree(checkpoint.path, target)
+        return Checkpoint(target)
+
+    for step in range(config["steps"]):
+        checkpoint = None
+        if cairn.get_context().get_world_rank() == 0:
+            directory = tempfile.mkdtemp()
+            _write(directory, {"state": json.dumps({"step": step}).encode()})
+            checkpoint = Checkpoint.from_directory(directory)
+        cairn.report({"step": step}, checkpoint=checkpoint, checkpoint_upload_fn=upload)
 
 
 def report_with(config: dict[str, Any]) -> None:

@@ -221,3 +221,36 @@ def test_prune_delete_references_deletes_the_dropped_references_data(
     # The dropped references' data is gone (the user asked), the kept one's stays.
     assert sorted(p.name for p in refs.iterdir()) == ["ref2"]
     assert (refs / "ref2" / "w.bin").read_bytes() == b"weights 2"
+
+
+@pytest.mark.parametrize("delete_references", [False, True])
+def test_retention_keeps_upload_fn_data_inside_the_named_checkpoint_directory(
+    delete_references: bool, tmp_path: Path
+) -> None:
+    # A checkpoint_upload_fn writes <run>/<name>/dcp and returns it: the manifest goes into
+    # <run>/<name>, the parent of the user's data. Retention forgets the checkpoint and
+    # deletes its manifest; the data goes only when the user asked.
+    config = RunConfig(name="run", storage_path=str(tmp_path / "storage"),
+                       checkpoint_config=CheckpointConfig(
+                           num_to_keep=1, delete_unmanaged_checkpoints=delete_references))
+    run_dir = tmp_path / "storage" / "run"
+    for fit_number, steps in enumerate((3, 2)):
+        result = Trainer(safety_workloads.upload_into_the_named_directory,
+                         train_loop_config={"steps": steps},
+                         scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+        assert result.metrics == {"step": steps - 1}
+        # The second fit also settles the run directory first (reconcile) and must not
+        # delete the forgotten data as a partial upload.
+        index = read_index(resolve(str(run_dir)), RETRY)
+        assert index is not None
+        latest = 3 if fit_number == 0 else 5
+        assert [r.dir_name for r in index.checkpoints] == [f"checkpoint_{latest:06d}"]
+        assert (run_dir / f"checkpoint_{latest:06d}" / "_cairn_manifest.json").is_file()
+        for report in range(1, latest):
+            named = run_dir / f"checkpoint_{report:06d}"
+            if delete_references:
+                assert not named.exists()
+            else:
+                assert sorted(p.name for p in named.iterdir()) == ["dcp"]
+                state = json.loads((named / "dcp" / "state").read_text())
+                assert state == {"step": report - 1 if report <= 3 else report - 4}

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.index import (
@@ -31,6 +31,7 @@ from cairn._src.checkpoint.index import (
     write_index,
 )
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from cairn._src.checkpoint.own_files import forget_checkpoint_dir
 from cairn._src.checkpoint.ownership import (
     DeletionPlan,
     Target,
@@ -42,12 +43,16 @@ from cairn._src.checkpoint.ownership import (
 )
 from cairn._src.checkpoint.recheck import (
     check_stored,
+    manifest_asked_again,
     recheck_uncommitted,
 )
 from cairn._src.checkpoint.reconcile import (
     adopt,
     committed_in_event_log,
+    holds,
+    holds_its_reference,
     names_holding_references,
+    once,
     reconcile,
     reference_data,
 )
@@ -64,9 +69,7 @@ from cairn._src.errors import (
     CairnError,
     CheckpointDamagedError,
     CheckpointNotFoundError,
-    ManifestError,
     RunLeaseError,
-    StorageError,
 )
 from cairn._src.run.events import CheckpointDeleting, CheckpointDropped, Event
 from cairn._src.run.segment_log import SegmentLog
@@ -84,21 +87,6 @@ from cairn._src.storage.tuning import TransferConfig
 from cairn._src.storage.written import entries_of
 
 logger = logging.getLogger(__name__)
-
-
-T = TypeVar("T")
-
-
-def _once(compute: Callable[[], T]) -> Callable[[], T]:
-    """``compute``, called at most once: later calls return its first result."""
-    results: list[T] = []
-
-    def cached() -> T:
-        if not results:
-            results.append(compute())
-        return results[0]
-
-    return cached
 
 
 class EventSink(Protocol):
@@ -189,6 +177,8 @@ class CheckpointManager:
         self.committed_here: set[str] = set()
         self.suspects: set[str] = set()
         self.fully_verified: set[str] = set()
+        # (dir_name, registered reference) -> whether it lies in <run>/<dir_name>.
+        self._holding: dict[tuple[str, Target], bool] = {}
 
     # --- views of committed checkpoints ----------------------------------------------------
 
@@ -331,8 +321,9 @@ class CheckpointManager:
     def delete_owned(self, record: CheckpointRecord, *, delete_references: bool) -> bool:
         """Delete the checkpoint ``record`` names, as far as this run owns it.
 
-        Returns whether its directory was deleted. Storage errors propagate; what the run
-        does not own is left in place with a warning.
+        Returns whether its directory was deleted (for a reference whose data lies inside
+        it: Cairn's files there). Storage errors propagate; what the run does not own is
+        left in place with a warning.
         """
         if not is_safe_record_name(record.dir_name):
             logger.warning("Not deleting %r: not a checkpoint directory of this run",
@@ -358,17 +349,29 @@ class CheckpointManager:
             if not plan.checkpoint_dir:
                 return False
             self._approved[record.dir_name] = plan
+        try:
+            data = reference_data(self.run, record)
+            inside = data is not None and holds(manifest_dir, data)
+        except CairnError as exc:
+            # Where its data is cannot be told: only Cairn's own files go (below).
+            logger.warning("Leaving data of %s in place: %s", record.dir_name, exc)
+            data, inside = None, True
         # The manifest goes first, durably: a crash half-way (of the machine too) leaves a
         # directory without one, which is never taken for a checkpoint again.
         delete_file(manifest_dir.join(MANIFEST_NAME), self.retry, durable=self.fsync)
-        if plan.reference:
-            target = self.view(record).data
-            if self._shared_with_kept(target):
+        if plan.reference and data is not None:
+            if self._shared_with_kept(data):
                 logger.info("Keeping the data of %s: a kept checkpoint uses it too",
                             record.dir_name)
             else:
-                delete_dir(target, self.retry)
-        delete_dir(manifest_dir, self.retry)
+                delete_dir(data, self.retry)
+        if inside:
+            # A reference inside its own checkpoint directory (a checkpoint_upload_fn that
+            # wrote into build_checkpoint_path_from_name(name)/dcp): the user's data and
+            # anything else there stays; only Cairn's own files go.
+            forget_checkpoint_dir(manifest_dir, self.retry)
+        else:
+            delete_dir(manifest_dir, self.retry)
         self._approved.pop(record.dir_name, None)
         return True
 
@@ -476,8 +479,17 @@ class CheckpointManager:
                                fence=self.fence, durable=self.fsync)
 
     def names_holding_references(self) -> set[str]:
-        """Run-directory entries that hold data of checkpoints committed by reference."""
-        return names_holding_references(self.run, self.index)
+        """Run-directory entries that hold data of checkpoints committed by reference: of
+        those in the index, and of those forgotten whose data lies in their own directory
+        (:func:`.reconcile.holds_its_reference`)."""
+        names = names_holding_references(self.run, self.index)
+        for name, target in self.registered.items():
+            if (name, target) not in self._holding:
+                self._holding[(name, target)] = holds_its_reference(self.run, name,
+                                                                     {name: target})
+            if self._holding[(name, target)]:
+                names.add(name)
+        return names
 
     def settle_uncertain(self) -> set[str]:
         """Settle commits whose index write failed after their manifest landed; the names
@@ -505,23 +517,6 @@ class CheckpointManager:
                                durable=self.fsync)
         return {r.dir_name for r in adopted}
 
-    def _manifest_asked_again(self, name: str, manifest_at: StorageLocation,
-                              committed: Callable[[], set[str]],
-                              listed: Callable[[], set[str]]) -> Manifest:
-        """The manifest of an indexed checkpoint storage answered as missing, read again;
-        a StorageError (an outage: the attempt fails and the next one asks again) while
-        the listing or the event log says it exists; ManifestError (damage) when all
-        agree that it is gone. One answer never drops a committed checkpoint."""
-        recheck = recheck_uncommitted(manifest_at, name, self.retry, committed,
-                                      listed=listed)
-        if recheck.manifest is not None:
-            return recheck.manifest
-        if recheck.doubt is not None:
-            raise StorageError(f"{manifest_at.display()}: storage answers that its manifest "
-                               f"is missing, but {recheck.doubt}; not resuming until it "
-                               "answers consistently")
-        raise ManifestError(f"{manifest_at.display()} has no manifest")
-
     def choose_resume(self) -> CheckpointView | None:
         """The latest committed checkpoint that passes its check; damaged ones are skipped.
 
@@ -538,8 +533,8 @@ class CheckpointManager:
         """
         records = sorted(self.index.checkpoints, key=lambda r: r.report_index, reverse=True)
         # Read at most once per resume, and only if a manifest reads as missing.
-        committed = _once(self._committed_in_event_log)
-        listed = _once(lambda: set(list_dir_names(self.run, self.retry)))
+        committed = once(self._committed_in_event_log)
+        listed = once(lambda: set(list_dir_names(self.run, self.retry)))
         dropped: list[CheckpointRecord] = []
         chosen: CheckpointView | None = None
         for record in records:
@@ -551,8 +546,8 @@ class CheckpointManager:
             try:
                 manifest = read_manifest(view.manifest_at, self.retry)
                 if manifest is None:
-                    manifest = self._manifest_asked_again(name, view.manifest_at,
-                                                          committed, listed)
+                    manifest = manifest_asked_again(view.manifest_at, name, self.retry,
+                                                    committed, listed)
                 if self.config.verify_on_resume == "full" or name in self.suspects:
                     verify_committed(view.data, manifest.files, retry=self.retry,
                                      transfer=self.transfer)

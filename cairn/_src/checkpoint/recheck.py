@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest
-from cairn._src.errors import CheckpointDamagedError, CheckpointNotStoredError
+from cairn._src.errors import (
+    CheckpointDamagedError,
+    CheckpointNotStoredError,
+    ManifestError,
+    StorageError,
+)
 from cairn._src.run.events import CheckpointDeleting, CheckpointStarted, Commit, Event, as_events
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.checksum import FileEntry
@@ -112,6 +117,23 @@ def recheck_uncommitted(
         return Recheck(doubt="the run's event log records its commit, yet storage answers "
                              "that its manifest is missing")
     return Recheck()
+
+
+def manifest_asked_again(manifest_at: StorageLocation, name: str, retry: RetryPolicy,
+                         committed: Callable[[], set[str]],
+                         listed: Callable[[], set[str]]) -> Manifest:
+    """The manifest of an indexed checkpoint storage answered as missing, read again;
+    a StorageError (an outage: the attempt fails and the next one asks again) while
+    the listing or the event log says it exists; ManifestError (damage) when all
+    agree that it is gone. One answer never drops a committed checkpoint."""
+    recheck = recheck_uncommitted(manifest_at, name, retry, committed, listed=listed)
+    if recheck.manifest is not None:
+        return recheck.manifest
+    if recheck.doubt is not None:
+        raise StorageError(f"{manifest_at.display()}: storage answers that its manifest "
+                           f"is missing, but {recheck.doubt}; not resuming until it "
+                           "answers consistently")
+    raise ManifestError(f"{manifest_at.display()} has no manifest")
 
 
 # How many of the missing or short files a message names.

@@ -9,7 +9,8 @@ never became a checkpoint and returns the index to go on with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from typing import TypeVar
 
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
@@ -20,15 +21,20 @@ from cairn._src.checkpoint.index import (
     write_index,
 )
 from cairn._src.checkpoint.manifest import read_manifest
-from cairn._src.checkpoint.ownership import may_delete_partial
+from cairn._src.checkpoint.own_files import RUN_FILES, delete_torn_writes, warn_left
+from cairn._src.checkpoint.ownership import (
+    Target,
+    may_delete_partial,
+    record_target,
+    registered_references,
+)
 from cairn._src.checkpoint.recheck import committed_dir_names, recheck_uncommitted
 from cairn._src.errors import CairnError
-from cairn._src.run.events import read_events
+from cairn._src.run.events import Event, read_events
 from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
     delete_dir,
-    delete_file,
     is_dir,
     is_local_link,
     list_dir_names,
@@ -37,6 +43,20 @@ from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def once(compute: Callable[[], T]) -> Callable[[], T]:
+    """``compute``, called at most once: later calls return its first result."""
+    results: list[T] = []
+
+    def cached() -> T:
+        if not results:
+            results.append(compute())
+        return results[0]
+
+    return cached
 
 
 def committed_in_event_log(run: StorageLocation, retry: RetryPolicy) -> set[str]:
@@ -51,18 +71,46 @@ def entry_holding(run: StorageLocation, location: StorageLocation) -> str | None
     return location.path[len(run.path.rstrip("/")) + 1:].split("/")[0]
 
 
+def target_location(run: StorageLocation, target: Target) -> StorageLocation:
+    """Where a reference keeps its data. One recorded as a path (a run on a filesystem
+    object, which has no URI) is a path on the run's own store (``/``-rooted in the
+    record; without the leading ``/`` again when the run's paths have none, as on object
+    stores)."""
+    kind, value = target
+    if kind == "uri":
+        return resolve(value)
+    return run.with_path(value if run.path.startswith("/") else value[1:])
+
+
 def reference_data(run: StorageLocation, record: CheckpointRecord) -> StorageLocation | None:
-    """Where a checkpoint committed by reference keeps its data; None for one whose data
-    is in its own directory. A reference recorded as ``target_path`` (a run on a
-    filesystem object, which has no URI) is a path on the run's own store (``/``-rooted in
-    the record; without the leading ``/`` again when the run's paths have none, as on
-    object stores)."""
-    if record.target_uri is not None:
-        return resolve(record.target_uri)
-    if record.target_path is not None:
-        path = record.target_path if run.path.startswith("/") else record.target_path[1:]
-        return run.with_path(path)
-    return None
+    """Where a checkpoint committed by reference keeps its data (:func:`target_location`);
+    None for one whose data is in its own directory."""
+    target = record_target(record)
+    return None if target is None else target_location(run, target)
+
+
+def holds(directory: StorageLocation, data: StorageLocation) -> bool:
+    """Whether ``data`` is ``directory`` or lies inside it, resolved (``contains``) or as
+    written (a link inside it is inside it too)."""
+    if directory.contains(data):
+        return True
+    mine, theirs = directory.path.strip("/"), data.path.strip("/")
+    return directory.same_store(data) and (theirs == mine or theirs.startswith(mine + "/"))
+
+
+def holds_its_reference(run: StorageLocation, name: str,
+                        registered: Mapping[str, Target]) -> bool:
+    """Whether ``<run>/<name>`` holds the data of the reference this run registered under
+    ``name`` (a ``checkpoint_upload_fn`` that wrote into the named directory and returned
+    a directory inside it): the user's data, which a directory left without its manifest
+    keeps after retention forgot the checkpoint, so never Cairn's to delete as a partial."""
+    target = registered.get(name)
+    if target is None:
+        return False
+    try:
+        return holds(run.join(name), target_location(run, target))
+    except CairnError:
+        return False  # a URI no store resolves: not inside the run
 
 
 def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
@@ -103,18 +151,26 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
       ``started`` (explicit names, recorded before their upload began). Other
       directories (the user's logs, data of a NO_UPLOAD report still being written)
       are left alone.
-    * Temporary files of interrupted atomic writes: deleted.
+    * Temporary files of interrupted atomic writes: deleted when they are exactly that,
+      a regular file named ``<a file Cairn writes here>.cairn-tmp-<32 hex digits>``; other
+      entries named with the mark (a directory, a link, a user's file) are left in place
+      with one warning.
+    * A directory without a manifest that holds the data of the reference this run
+      registered under its name (:func:`holds_its_reference`; retention forgot that
+      checkpoint and left its data) is the user's: left alone.
 
     ``dropped``: checkpoints an earlier resume dropped as damaged; never adopted back.
     """
     known = {r.dir_name for r in index.checkpoints}
     adopted: list[CheckpointRecord] = []
     partial: list[str] = []
-    for name in list_dir_names(run, retry):
+    names = list_dir_names(run, retry)
+    marked = [name for name in names if TEMPORARY_MARK in name]
+    warn_left(run, delete_torn_writes(run, marked, RUN_FILES, retry))
+    for name in names:
         location = run.join(name)
         if TEMPORARY_MARK in name:
-            delete_file(location, retry)
-            continue
+            continue  # never a checkpoint's name (layout.py)
         if (name in RESERVED_NAMES or name in known or name in dropped
                 or is_local_link(location) or not is_dir(location, retry)):
             continue  # a link is not the run's: never adopted, never deleted
@@ -128,12 +184,18 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
         elif manifest.report_index is not None:
             adopted.append(adoption_record(name, manifest))
     holding_references = names_holding_references(run, index)
+    events: Callable[[], list[Event]] = once(lambda: read_events(run.join(EVENTS_DIR), retry))
+    registered = once(lambda: registered_references(events()))
     for name in partial:
         if not may_delete_partial(name, has_manifest=False, indexed=known,
                                   announced=started, holding_references=holding_references):
             continue
+        if holds_its_reference(run, name, registered()):
+            logger.debug("Leaving %s in place: it holds the data of a checkpoint this run "
+                         "registered by reference", name)
+            continue
         recheck = recheck_uncommitted(run.join(name), name, retry,
-                                      lambda: committed_in_event_log(run, retry))
+                                      lambda: committed_dir_names(events()))
         if recheck.manifest is not None and recheck.manifest.report_index is not None:
             logger.warning("%s has a manifest after all (storage first answered that "
                            "it had none): adopting it", name)
