@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -104,6 +105,25 @@ def test_the_train_function_runs_on_the_calling_thread_and_commits_like_any_run(
     assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
     with pytest.raises(cairn.ReportError, match=r"called outside a Cairn worker"):
         cairn.report({"after": 1})
+
+
+def test_what_cannot_be_pickled_runs_in_local_mode_and_is_refused_with_workers(
+        run_config: RunConfigFactory) -> None:
+    # Nothing travels to a worker in local mode (as in Ray's): the function may close over
+    # a lock and its config hold a queue; with worker processes both are named at once.
+    lock, results = threading.Lock(), queue.Queue[int]()
+
+    def train(config: dict[str, Any]) -> None:
+        with lock:
+            config["results"].put(7)
+        cairn.report({"step": 1})
+
+    Trainer(train, train_loop_config={"results": results}, scaling_config=LOCAL,
+            run_config=run_config()).fit()
+    assert results.get_nowait() == 7
+    with pytest.raises(ConfigError, match=r"train_loop_per_worker.*cannot be pickled"):
+        Trainer(train, train_loop_config={"results": results},
+                scaling_config=ScalingConfig(num_workers=1), run_config=run_config())
 
 
 def test_a_run_with_workers_resumes_from_a_local_mode_run_and_back(

@@ -95,7 +95,7 @@ def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunCon
                      backend: WorkerBackend | None = None) -> Controller:
     """The controller of a run; ``backend`` (default: the one ``scaling`` names) is given
     by local mode, whose caller serves it."""
-    payload = WorkerPayload.pickle(spec, run_config)
+    payload = WorkerPayload.pickle(spec, run_config, in_driver=scaling.local_mode)
     backend = backend if backend is not None else make_backend(scaling, run_config)
     inbox = Inbox()
     # The driver node's address, never every interface (loopback for local workers).

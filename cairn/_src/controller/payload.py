@@ -50,16 +50,20 @@ class WorkerPayload:
     teardown_hooks: bytes
 
     @classmethod
-    def pickle(cls, spec: TrainSpec, run_config: RunConfig) -> WorkerPayload:
+    def pickle(cls, spec: TrainSpec, run_config: RunConfig, *,
+               in_driver: bool = False) -> WorkerPayload:
+        """``in_driver`` (local mode): the one worker runs in the driver with the user's own
+        objects, so the function, its config and the hooks travel nowhere and need not
+        pickle (a closure over a lock, a queue of results)."""
         return cls(
             # File names and line numbers of the user's code survive the trip, for the
             # tracebacks of failed ranks (code_locations).
-            train_fn=dumps_with_locations(spec.train_fn),
-            config=cloudpickle.dumps(spec.config),
+            train_fn=b"" if in_driver else dumps_with_locations(spec.train_fn),
+            config=b"" if in_driver else cloudpickle.dumps(spec.config),
             registrations=_pickle_registrations(),
             retry=cloudpickle.dumps(run_config.storage_retry),
-            setup_hooks=cloudpickle.dumps(spec.setup_hooks),
-            teardown_hooks=cloudpickle.dumps(spec.teardown_hooks),
+            setup_hooks=b"" if in_driver else cloudpickle.dumps(spec.setup_hooks),
+            teardown_hooks=b"" if in_driver else cloudpickle.dumps(spec.teardown_hooks),
         )
 
 

@@ -126,12 +126,14 @@ class Trainer:
             raise ConfigError(
                 f"train_loop_config={train_loop_config!r} must be a dict or None."
             )
-        # Pickled for the workers when fit() starts them: what cannot be is named here.
-        check_train_fn_picklable(train_loop_per_worker)
-        if train_loop_config is not None:
-            check_config_picklable(train_loop_config)
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
             raise ConfigError(f"scaling_config={scaling_config!r} must be a ScalingConfig.")
+        if scaling_config is None or not scaling_config.local_mode:
+            # Pickled for the workers when fit() starts them: what cannot be is named here.
+            # Local mode runs them in the driver, as they are (as Ray's local mode does).
+            check_train_fn_picklable(train_loop_per_worker)
+            if train_loop_config is not None:
+                check_config_picklable(train_loop_config)
         if run_config is not None and not isinstance(run_config, RunConfig):
             raise ConfigError(f"run_config={run_config!r} must be a RunConfig.")
         if validation_config is not None and not isinstance(validation_config,
