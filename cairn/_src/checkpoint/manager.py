@@ -22,9 +22,9 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
+from cairn._src.checkpoint.deletion_log import DeletionLog, EventSink
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
     RunIndex,
@@ -71,7 +71,7 @@ from cairn._src.errors import (
     CheckpointNotFoundError,
     RunLeaseError,
 )
-from cairn._src.run.events import CheckpointDeleting, CheckpointDropped, Event
+from cairn._src.run.events import CheckpointDropped
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.storage.fileio import (
     delete_dir,
@@ -87,15 +87,6 @@ from cairn._src.storage.tuning import TransferConfig
 from cairn._src.storage.written import entries_of
 
 logger = logging.getLogger(__name__)
-
-
-class EventSink(Protocol):
-    """Where the manager emits the events a later driver needs (the controller's event
-    stream, :class:`cairn._src.observe.observer.EventStream`)."""
-
-    def emit(self, event: Event) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -164,11 +155,14 @@ class CheckpointManager:
         # RunConfig.storage_fsync: manifests and the index are written durably (data files
         # are fsynced by the workers that wrote them, before they announce them).
         self.fsync = fsync
-        # Commits whose manifest was written but whose index write failed: the store may
-        # have lost its answer. Settled by settle_uncertain() before the next attempt.
+        # Commits that failed once their manifest write was attempted (the manifest, the
+        # history or event log flush, or the index write): the store may have kept what
+        # it did not acknowledge. Settled by settle_uncertain() before the next attempt.
         self._uncertain: list[CheckpointRecord] = []
-        # Checkpoint directories whose deletion failed: retried later (retry_deletions()).
+        # Checkpoint directories whose deletion failed, or waits for its record in the
+        # event log to be durable: retried later (retry_deletions()).
         self.failed_deletions: dict[str, CheckpointRecord | None] = {}
+        self._deletion_log = DeletionLog(events)
         # Deletions the ownership check approved and that have not finished yet.
         self._approved: dict[str, DeletionPlan] = {}
         # For choose_resume(): checkpoints this driver committed (uploads into the run
@@ -240,8 +234,6 @@ class CheckpointManager:
         if ready.reference is None:
             # Uploaded by the workers: the store must hold it all before it commits.
             check_stored(manifest_at, entries, self.retry)
-        write_manifest(manifest_at, manifest, self.retry, durable=self.fsync)
-        self.history.flush()
         record = CheckpointRecord(
             dir_name=ready.dir_name,
             report_index=ready.index,
@@ -253,6 +245,34 @@ class CheckpointManager:
             committed_at=time.time(),
             size_bytes=sum(entry.size for entry in entries.values()),
         )
+        try:
+            index, dropped = self._write_committed(manifest_at, manifest, record)
+        except RunLeaseError:
+            raise
+        except BaseException:
+            # The manifest may have landed (its write, or its directory's fsync, may have
+            # failed after the rename) and so may the index (a lost answer): the checkpoint
+            # may be committed. The next attempt settles it before choosing where to resume
+            # (settle_uncertain()): adopted if its manifest is there, else forgotten.
+            self._uncertain.append(record)
+            raise
+        self.index = index
+        if ready.reference is None:
+            # Uploaded by Cairn into the run directory and committed by this driver: a
+            # resume right after a worker crash does not re-read it (verify_on_resume).
+            self.committed_here.add(ready.dir_name)
+        seconds = time.perf_counter() - started
+        logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
+                    ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
+        return CommitOutcome(self.view(record), dropped, seconds)
+
+    def _write_committed(self, manifest_at: StorageLocation, manifest: Manifest,
+                         record: CheckpointRecord,
+                         ) -> tuple[RunIndex, tuple[CheckpointRecord, ...]]:
+        """The commit's writes, from the manifest on; the index written and the records
+        retention dropped. Any error here leaves the commit uncertain (see ``commit``)."""
+        write_manifest(manifest_at, manifest, self.retry, durable=self.fsync)
+        self.history.flush()
         target = record_target(record)
         if target is not None:
             # Registered before the index names it: only a reference this run registered
@@ -266,42 +286,25 @@ class CheckpointManager:
                                            protected=[resume_protection(records, self.index)])
         index = self.index.with_changes(
             checkpoints=kept,
-            next_report_index=max(self.index.next_report_index, ready.index + 1),
+            next_report_index=max(self.index.next_report_index, record.report_index + 1),
         )
-        try:
-            self._write_index(index)
-        except RunLeaseError:
-            raise
-        except BaseException:
-            # The manifest landed; the index may or may not have (a lost answer). The next
-            # attempt settles it before choosing where to resume (settle_uncertain()).
-            self._uncertain.append(record)
-            raise
-        self.index = index
-        if ready.reference is None:
-            # Uploaded by Cairn into the run directory and committed by this driver: a
-            # resume right after a worker crash does not re-read it (verify_on_resume).
-            self.committed_here.add(ready.dir_name)
-        seconds = time.perf_counter() - started
-        logger.info("Committed %s (report %d) in %.3fs; retention drops %s", ready.dir_name,
-                    ready.index, seconds, [r.dir_name for r in dropped] or "nothing")
-        return CommitOutcome(self.view(record), dropped, seconds)
+        self._write_index(index)
+        return index, dropped
 
     def delete_dropped(self, records: tuple[CheckpointRecord, ...]) -> None:
         """Delete checkpoints the index no longer names (after ``commit`` returned them).
 
         Separate from ``commit`` so that a SYNC report returns as soon as its checkpoint is
-        committed, without waiting for older checkpoints to be deleted.
+        committed, without waiting for older checkpoints to be deleted. Storage errors are
+        logged, not raised: a deletion that fails, or whose record in the event log could
+        not be made durable, is retried later (:meth:`retry_deletions`).
         """
-        if records and self.events is not None:
-            # Logged before any deletion starts: a later driver that finds one of these
-            # half deleted knows it was deleted on purpose (checkpoint/recheck.py).
-            now = time.time()
+        # Logged durably before any deletion starts: a later driver that finds one of
+        # these half deleted knows it was deleted on purpose (checkpoint/recheck.py).
+        if not self._deletion_log.announce(records, reason="retention"):
             for record in records:
-                self.events.emit(CheckpointDeleting(t=now, dir_name=record.dir_name,
-                                                    report_index=record.report_index,
-                                                    reason="retention"))
-            self.events.flush()
+                self.failed_deletions[record.dir_name] = record
+            return
         for record in records:
             self._delete(record)
 
@@ -376,10 +379,13 @@ class CheckpointManager:
         return True
 
     def retry_deletions(self) -> list[str]:
-        """Try again the deletions that failed; the names that still fail."""
+        """Try again the deletions that failed; the names that still fail. Those whose
+        record in the event log is not durable yet wait for a flush that succeeds."""
+        self._deletion_log.flush()
         for name, record in list(self.failed_deletions.items()):
             if record is not None and self.index.find(name) is None:
-                self._delete(record)
+                if self._deletion_log.may_delete(name):
+                    self._delete(record)
             elif record is None:
                 self.delete_uncommitted([name])
             else:

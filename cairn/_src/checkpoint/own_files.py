@@ -5,7 +5,8 @@ it names them:
 
 * the run directory: beside the index, the lease and the checkpoints, the user's own
   entries (logs, a reference's data) and, after a crash, the temporary file of an atomic
-  write (:func:`is_torn_write`);
+  write (:func:`is_torn_write`); so do the logs' directories (``events/``, ``metrics/``),
+  whose segments are written the same way (:data:`LOG_SEGMENTS`);
 * the directory of a checkpoint committed by reference whose data lies inside it (a
   ``checkpoint_upload_fn`` that wrote ``build_checkpoint_path_from_name(name) + "/dcp"``
   and returned that): when retention forgets it, only the manifest and Cairn's own files
@@ -17,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError
 from cairn._src.run.layout import INDEX_NAME, LEASE_NAME, MANIFEST_NAME
+from cairn._src.run.segment_log import is_segment_name
 from cairn._src.run.storage_check import MARKER_NAME
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
@@ -46,14 +48,22 @@ _TORN_WRITE = re.compile(rf"(?P<final>.+){re.escape(TEMPORARY_MARK)}[0-9a-f]{{32
 # the storage check's marker (manifests go into checkpoint directories, log segments
 # into metrics/ and events/).
 RUN_FILES = frozenset({INDEX_NAME, LEASE_NAME, MARKER_NAME})
+# What Cairn writes atomically into a log's directory (events/, metrics/): its segments,
+# segment_NNNNNN.jsonl (run/segment_log.py).
+LOG_SEGMENTS: Callable[[str], bool] = is_segment_name
+# The finals a torn write may be of: a set of names, or a test of a name.
+Finals = Collection[str] | Callable[[str], bool]
 # How many names one warning lists.
 _SHOWN = 10
 
 
-def is_torn_write(name: str, finals: Collection[str]) -> bool:
+def is_torn_write(name: str, finals: Finals) -> bool:
     """Whether ``name`` is the temporary name an atomic write of one of ``finals`` uses."""
     match = _TORN_WRITE.fullmatch(name)
-    return match is not None and match.group("final") in finals
+    if match is None:
+        return False
+    final = match.group("final")
+    return finals(final) if callable(finals) else final in finals
 
 
 def is_plain_file(location: StorageLocation, retry: RetryPolicy) -> bool:
@@ -64,7 +74,7 @@ def is_plain_file(location: StorageLocation, retry: RetryPolicy) -> bool:
 
 
 def delete_torn_writes(directory: StorageLocation, names: Collection[str],
-                       finals: Collection[str], retry: RetryPolicy) -> list[str]:
+                       finals: Finals, retry: RetryPolicy) -> list[str]:
     """Delete those of ``names`` (entries of ``directory`` named with the temporary mark)
     that are torn atomic writes of ``finals``: regular files under exactly the name such a
     write uses. The names left in place, for the caller's warning."""
@@ -82,8 +92,10 @@ def delete_torn_writes(directory: StorageLocation, names: Collection[str],
     return left
 
 
-def warn_left(directory: StorageLocation, left: Collection[str]) -> None:
-    """One warning naming the entries with the temporary mark left in ``directory``."""
+def warn_left(directory: StorageLocation, left: Collection[str],
+              finals: str = f"<one of {sorted(RUN_FILES)}>") -> None:
+    """One warning naming the entries with the temporary mark left in ``directory``
+    (``finals``: the names whose torn writes Cairn deletes there, in words)."""
     if not left:
         return
     shown = sorted(left)[:_SHOWN]
@@ -91,8 +103,8 @@ def warn_left(directory: StorageLocation, left: Collection[str]) -> None:
     logger.warning(
         "Leaving %s%s in %s in place: named with Cairn's temporary-file mark %r, but not "
         "a temporary file Cairn's atomic writes leave there (a regular file named "
-        "<one of %s>%s<32 hex digits>); remove it yourself if it is not needed.",
-        shown, more, directory.display(), TEMPORARY_MARK, sorted(RUN_FILES), TEMPORARY_MARK)
+        "%s%s<32 hex digits>); remove it yourself if it is not needed.",
+        shown, more, directory.display(), TEMPORARY_MARK, finals, TEMPORARY_MARK)
 
 
 def forget_checkpoint_dir(checkpoint_dir: StorageLocation, retry: RetryPolicy) -> bool:

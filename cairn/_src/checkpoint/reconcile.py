@@ -21,7 +21,12 @@ from cairn._src.checkpoint.index import (
     write_index,
 )
 from cairn._src.checkpoint.manifest import read_manifest
-from cairn._src.checkpoint.own_files import RUN_FILES, delete_torn_writes, warn_left
+from cairn._src.checkpoint.own_files import (
+    LOG_SEGMENTS,
+    RUN_FILES,
+    delete_torn_writes,
+    warn_left,
+)
 from cairn._src.checkpoint.ownership import (
     Target,
     may_delete_partial,
@@ -31,7 +36,7 @@ from cairn._src.checkpoint.ownership import (
 from cairn._src.checkpoint.recheck import committed_dir_names, recheck_uncommitted
 from cairn._src.errors import CairnError
 from cairn._src.run.events import Event, read_events
-from cairn._src.run.layout import EVENTS_DIR, RESERVED_NAMES
+from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR, RESERVED_NAMES
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
     delete_dir,
@@ -138,6 +143,21 @@ def adopt(run: StorageLocation, index: RunIndex, adopted: list[CheckpointRecord]
     return index
 
 
+def delete_torn_log_writes(run: StorageLocation, retry: RetryPolicy) -> None:
+    """Delete the temporary files a driver killed while it flushed the event log or the
+    metrics history left beside their segments (``segment_NNNNNN.jsonl.cairn-tmp-<32 hex
+    digits>``, regular files); other entries there named with the mark stay, with one
+    warning a directory. Log segments never pass for these (``segment_log.py`` counts only
+    exact segment names)."""
+    for log in (EVENTS_DIR, METRICS_DIR):
+        directory = run.join(log)
+        if is_local_link(directory):
+            continue  # not a directory this run wrote: nothing in it is Cairn's to delete
+        marked = [name for name in list_dir_names(directory, retry) if TEMPORARY_MARK in name]
+        warn_left(directory, delete_torn_writes(directory, marked, LOG_SEGMENTS, retry),
+                  "segment_NNNNNN.jsonl")
+
+
 def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
               started: Collection[str] = (), dropped: Collection[str] = (), *,
               fence: Callable[[], None] | None = None, durable: bool = True) -> RunIndex:
@@ -152,7 +172,8 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
       directories (the user's logs, data of a NO_UPLOAD report still being written)
       are left alone.
     * Temporary files of interrupted atomic writes: deleted when they are exactly that,
-      a regular file named ``<a file Cairn writes here>.cairn-tmp-<32 hex digits>``; other
+      a regular file named ``<a file Cairn writes here>.cairn-tmp-<32 hex digits>``, in the
+      run directory and beside the log segments (:func:`delete_torn_log_writes`); other
       entries named with the mark (a directory, a link, a user's file) are left in place
       with one warning.
     * A directory without a manifest that holds the data of the reference this run
@@ -167,6 +188,7 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
     names = list_dir_names(run, retry)
     marked = [name for name in names if TEMPORARY_MARK in name]
     warn_left(run, delete_torn_writes(run, marked, RUN_FILES, retry))
+    delete_torn_log_writes(run, retry)
     for name in names:
         location = run.join(name)
         if TEMPORARY_MARK in name:

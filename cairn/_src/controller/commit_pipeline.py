@@ -95,39 +95,59 @@ class CommitPipeline:
         self._committer.join()
 
     def _commit_loop(self) -> None:
+        """Take the queued tasks in order until ``None``. No task ends the thread: an error
+        one of them did not handle goes to whoever waits for it (a commit's result, the
+        caller of :meth:`call_on_commit_thread`) or, with nobody waiting, to the log, and
+        the loop takes the next (a dead commit thread would leave every later commit and
+        call waiting forever)."""
         while True:
             item = self._commits.get()
             if item is None:
                 return
-            if callable(item):
-                item()
-                continue
-            ready, attempt = item
-            if self._fenced is not None:
-                self._inbox.post(CommitResult(ready, None, self._fenced))
-                continue
             try:
-                outcome = self._manager.commit(ready, attempt=attempt)
-            except RunLeaseError as exc:
-                self._fenced = exc
-                logger.error("Not committing report %d: %s", ready.index, exc)
-                self._inbox.post(CommitResult(ready, None, exc))
-                continue
-            except BaseException as exc:
-                logger.error("Commit of report %d failed: %s", ready.index, exc)
-                self._inbox.post(CommitResult(ready, None, exc))
-                continue
-            self._inbox.post(CommitResult(ready, outcome, None,
-                                          holder=entry_holding(self._manager.run,
-                                                               outcome.view.data)))
-            # After the workers hear of the commit: the event log (a driver killed later
-            # still leaves the timeline up to its last checkpoint), then the deletions
-            # retention decided, which the written index no longer references.
-            try:
-                self._events.flush()
-            except Exception:
-                logger.warning("Could not flush the event log", exc_info=True)
-            self._manager.delete_dropped(outcome.dropped)
+                if callable(item):
+                    item()
+                else:
+                    self._commit(*item)
+            except BaseException:
+                logger.exception("A task of the commit thread failed; the thread goes on")
+
+    def _commit(self, ready: ReadyCheckpoint, attempt: int) -> None:
+        """Commit one checkpoint; its result goes to the loop's inbox, once, whatever
+        happens. Then the event log and retention's deletions (errors logged)."""
+        try:
+            result = self._try_commit(ready, attempt)
+        except BaseException as exc:
+            logger.error("Commit of report %d failed: %s", ready.index, exc)
+            result = CommitResult(ready, None, exc)
+        self._inbox.post(result)
+        if result.outcome is None:
+            return
+        # After the workers hear of the commit: the event log (a driver killed later still
+        # leaves the timeline up to its last checkpoint), then the deletions retention
+        # decided, which the written index no longer references (deferred, not lost, when
+        # their record in the event log cannot be made durable: see delete_dropped()).
+        try:
+            self._events.flush()
+        except Exception:
+            logger.warning("Could not flush the event log", exc_info=True)
+        try:
+            self._manager.delete_dropped(result.outcome.dropped)
+        except Exception:
+            logger.exception("Could not delete the checkpoints retention dropped at report "
+                             "%d", ready.index)
+
+    def _try_commit(self, ready: ReadyCheckpoint, attempt: int) -> CommitResult:
+        if self._fenced is not None:
+            return CommitResult(ready, None, self._fenced)
+        try:
+            outcome = self._manager.commit(ready, attempt=attempt)
+        except RunLeaseError as exc:
+            self._fenced = exc
+            logger.error("Not committing report %d: %s", ready.index, exc)
+            return CommitResult(ready, None, exc)
+        return CommitResult(ready, outcome, None,
+                            holder=entry_holding(self._manager.run, outcome.view.data))
 
     def on_committed(self, attempt: Attempt, result: CommitResult) -> None:
         """A commit's result, on the loop's thread: tell the workers and the observers.

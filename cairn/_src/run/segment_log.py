@@ -42,6 +42,13 @@ def _segment_name(number: int) -> str:
     return f"segment_{number:06d}.jsonl"
 
 
+def is_segment_name(name: str) -> bool:
+    """Whether ``name`` is a segment's name as Cairn writes it (``_segment_name(n)`` for
+    ``n`` up to :data:`MAX_SEGMENT_NUMBER`, ASCII digits)."""
+    match = _SEGMENT.fullmatch(name)
+    return match is not None and _segment_name(int(match.group(1))) == name
+
+
 def _segment_numbers(directory: StorageLocation, retry: RetryPolicy) -> list[int]:
     """The numbers of the segments in ``directory``, ascending.
 
@@ -53,9 +60,8 @@ def _segment_numbers(directory: StorageLocation, retry: RetryPolicy) -> list[int
     numbers = []
     foreign = []
     for name in list_dir_names(directory, retry):
-        match = _SEGMENT.fullmatch(name)
-        if match and _segment_name(int(match.group(1))) == name:
-            numbers.append(int(match.group(1)))
+        if is_segment_name(name):
+            numbers.append(int(name[len("segment_"):-len(".jsonl")]))
         elif _SEGMENT_LIKE.fullmatch(name):
             foreign.append(name)
     if foreign:
