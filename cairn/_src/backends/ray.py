@@ -22,6 +22,8 @@ lost node grows back to ``max_workers`` at a later restart once capacity has ret
 
 Ranks follow the placement: ranks on one node are contiguous (nodes in the order of their
 first bundle), so node rank, local rank and local world size describe the real machines.
+Ray makes only an actor's own GPUs visible to it; as Ray Train does, each worker of a node
+sees the GPUs of all the node's workers instead and trains on its own (:func:`gpu_env`).
 
 The driver's ``sys.path`` travels to the actor, which puts it first on its own (and in
 ``PYTHONPATH`` for its subprocesses) so that a train function pickled by reference
@@ -56,6 +58,9 @@ from cairn._src.backends.ray_resources import (
     count_fitting,
     describe_shortfall,
     format_resources,
+    gpu_env,
+    gpus_by_node,
+    local_placement,
     worker_bundle,
 )
 from cairn._src.backends.ray_standby import RayStandby
@@ -250,21 +255,21 @@ class RayBackend:
                      time.monotonic() - started)
         # Ranks on one node are contiguous, nodes in the order of their first bundle.
         node_order: dict[str, int] = {}
-        for _, _, node_id in described:
+        for _, _, node_id, _ in described:
             node_order.setdefault(node_id, len(node_order))
         placed = sorted(zip(actors, described, strict=True),
                         key=lambda item: (node_order[item[1][2]], item[1][0]))
-        per_node = {node: sum(1 for _, (_, _, n) in placed if n == node) for node in node_order}
+        local = local_placement({rank: d[2] for rank, (_, d) in enumerate(placed)})
+        node_gpus = gpus_by_node((d[2], d[3]) for _, d in placed)
         self.workers = []
         self._bundle_of = {}
-        local_ranks: dict[str, int] = {}
-        for rank, (actor, (index, pid, node_id)) in enumerate(placed):
-            local_rank = local_ranks.get(node_id, 0)
-            local_ranks[node_id] = local_rank + 1
+        for rank, (actor, (index, pid, node_id, gpus)) in enumerate(placed):
             self._bundle_of[rank] = index
-            self.workers.append(self._run(actor, rank, pid, node_id, bootstrap, path, {
-                **base_env, "CAIRN_LOCAL_RANK": str(local_rank),
-                "CAIRN_LOCAL_WORLD_SIZE": str(per_node[node_id])}))
+            # Local rank 0 of each node watches its drain (the preemption notice).
+            self.workers.append(self._run(
+                actor, rank, pid, node_id, bootstrap, path,
+                {**base_env, **self._rank_env(local[rank], gpus, node_gpus[node_id])},
+                gpu_ids=gpus, watches_drain=local[rank][0] == 0))
         logger.info("Started %d Ray workers on %d nodes", num_workers, len(node_order))
         if any(spare is not None for spare in spares):
             # Spares used up: new ones boot now, while this attempt restores, ready for a
@@ -301,11 +306,22 @@ class RayBackend:
         return WorkerActor.options(**options).remote()  # type: ignore[attr-defined]
 
     @staticmethod
+    def _rank_env(local: tuple[int, int], gpu_ids: tuple[str, ...],
+                  node_gpu_ids: list[str]) -> dict[str, str]:
+        """A rank's own variables: its ``(local rank, local world size)`` as the
+        controller's placement numbers them, and its GPUs (:func:`gpu_env`)."""
+        return {"CAIRN_LOCAL_RANK": str(local[0]), "CAIRN_LOCAL_WORLD_SIZE": str(local[1]),
+                **gpu_env(gpu_ids, node_gpu_ids)}
+
+    @staticmethod
     def _run(actor: Any, rank: int, pid: int, node_id: str, bootstrap: Bootstrap,
-             path: list[str], env: dict[str, str]) -> RayWorker:
+             path: list[str], env: dict[str, str], *, gpu_ids: tuple[str, ...],
+             watches_drain: bool) -> RayWorker:
         """Start rank ``rank``'s run in ``actor``; its handle."""
-        ref = actor.run.remote(bootstrap.body(rank), {**env, "CAIRN_RANK": str(rank)}, path)
-        return RayWorker(rank, actor, ref, pid, node_id)
+        ref = actor.run.remote(bootstrap.body(rank), {**env, "CAIRN_RANK": str(rank)}, path,
+                               watches_drain)
+        return RayWorker(rank, actor, ref, pid, node_id, gpu_ids=gpu_ids,
+                         watches_drain=watches_drain)
 
     def replace_refusal(self) -> str | None:
         """An elastic range restarts the whole group: a replaced rank's bundle whose node
@@ -350,18 +366,25 @@ class RayBackend:
         actors = [spare or self._new_actor(group, bundle, self._bundle_of[rank])
                   for rank, spare in zip(order, spares, strict=True)]
         described = self._describe(actors, timeout_s)
-        # Local ranks after those of the kept ranks on each node (a kept rank keeps its
-        # own); the controller sends every rank its node's ranks again for the attempt.
-        on_node: dict[str, int] = {}
-        for worker in self.workers:
-            if worker.rank not in ranks:
-                on_node[worker.node_id] = on_node.get(worker.node_id, 0) + 1
-        for rank, actor, (_, pid, node_id) in zip(order, actors, described, strict=True):
-            local_rank = on_node.get(node_id, 0)
-            on_node[node_id] = local_rank + 1
-            self.workers[rank] = self._run(actor, rank, pid, node_id, bootstrap, path, {
-                **base_env, "CAIRN_LOCAL_RANK": str(local_rank),
-                "CAIRN_LOCAL_WORLD_SIZE": str(local_rank + 1)})
+        # Local ranks as the controller numbers them for the attempt (in rank order on
+        # each node, kept ranks included): a replaced local rank 0 is local rank 0 again.
+        kept = [worker for worker in self.workers if worker.rank not in ranks]
+        node_of = {worker.rank: worker.node_id for worker in kept}
+        node_of.update((rank, d[2]) for rank, d in zip(order, described, strict=True))
+        local = local_placement(node_of)
+        node_gpus = gpus_by_node([(w.node_id, w.gpu_ids) for w in kept]
+                                 + [(d[2], d[3]) for d in described])
+        # One drain watcher per node: a kept one goes on watching; otherwise the lowest
+        # replaced rank there watches (the replacement of the node's local rank 0, or the
+        # first rank on a node the group did not use before).
+        watched = {worker.node_id for worker in kept if worker.watches_drain}
+        for rank, actor, (_, pid, node_id, gpus) in zip(order, actors, described, strict=True):
+            watches = node_id not in watched
+            watched.add(node_id)
+            self.workers[rank] = self._run(
+                actor, rank, pid, node_id, bootstrap, path,
+                {**base_env, **self._rank_env(local[rank], gpus, node_gpus[node_id])},
+                gpu_ids=gpus, watches_drain=watches)
         logger.info("Replaced the Ray workers of ranks %s in %.2fs (nodes %s); kept ranks %s",
                     order, time.monotonic() - started,
                     ", ".join(self.workers[r].node_id[:12] for r in order),
@@ -392,8 +415,10 @@ class RayBackend:
                         sum(spare is not None for spare in spares), len(wanted))
         return spares
 
-    def _describe(self, actors: list[Any], timeout_s: float) -> list[tuple[int, int, str]]:
-        """(bundle index, pid, node id) of each actor once it runs, in bundle order.
+    def _describe(self, actors: list[Any],
+                  timeout_s: float) -> list[tuple[int, int, str, tuple[str, ...]]]:
+        """(bundle index, pid, node id, GPU ids) of each actor once it runs, in bundle
+        order.
 
         An actor that died while starting (its node lost, a broken runtime environment)
         gets pid -1: its ``run`` task fails at once and the controller sees that rank's
@@ -414,12 +439,12 @@ class RayBackend:
         described = []
         for index, ref in enumerate(refs):
             try:
-                pid, node_id = ray.get(ref)
+                pid, node_id, gpus = ray.get(ref)
             except ray.exceptions.RayError as exc:
                 logger.warning("Ray worker actor %d failed as it started: %s", index,
                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                pid, node_id = -1, f"unknown-{index}"
-            described.append((index, pid, node_id))
+                pid, node_id, gpus = -1, f"unknown-{index}", []
+            described.append((index, pid, node_id, tuple(str(gpu) for gpu in gpus)))
         return described
 
     def _remove_group(self) -> None:

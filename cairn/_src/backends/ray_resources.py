@@ -4,12 +4,17 @@ and ``ray.available_resources()`` entries, for placement and its error messages.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cairn._src.config.run import ScalingConfig
 
 # Resources every node advertises that a worker's bundle never asks for.
 _BOOKKEEPING = ("memory", "object_store_memory")
+# A Ray worker's own GPU ids (``ray.get_gpu_ids()``), comma-separated; the backend sets
+# them with ``CUDA_VISIBLE_DEVICES``, which names every GPU of the node's workers, and the
+# torch set-up trains on the device at the index of the first of them (:func:`gpu_env`).
+GPU_IDS_ENV = "CAIRN_GPU_IDS"
 
 
 def format_resources(resources: dict[str, float]) -> str:
@@ -104,3 +109,41 @@ def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
     # only lands on nodes that have that accelerator.
     bundle.update(scaling.additional_resources_per_worker)
     return bundle
+
+
+def local_placement(node_of: Mapping[int, str]) -> dict[int, tuple[int, int]]:
+    """rank -> (local rank, local world size) for ranks on the nodes of ``node_of``
+    (rank -> node id): the ranks of a node numbered in rank order, as the controller's
+    placement (``controller/attempt.py``) numbers them for each rank's context."""
+    by_node: dict[str, list[int]] = {}
+    for rank in sorted(node_of):
+        by_node.setdefault(node_of[rank], []).append(rank)
+    return {rank: (local_rank, len(ranks)) for ranks in by_node.values()
+            for local_rank, rank in enumerate(ranks)}
+
+
+def gpus_by_node(workers: Iterable[tuple[str, Sequence[str]]]) -> dict[str, list[str]]:
+    """node id -> the GPU ids of all its workers (``(node id, GPU ids)`` pairs), sorted,
+    each once (workers with fractional GPUs share an id)."""
+    found: dict[str, set[str]] = {}
+    for node_id, gpu_ids in workers:
+        found.setdefault(node_id, set()).update(gpu_ids)
+    return {node_id: sorted(ids, key=_gpu_order) for node_id, ids in found.items()}
+
+
+def _gpu_order(gpu_id: str) -> tuple[bool, int, str]:
+    """GPU ids by number (``2`` before ``10``), any others (UUIDs) after them."""
+    return (not gpu_id.isdigit(), int(gpu_id) if gpu_id.isdigit() else 0, gpu_id)
+
+
+def gpu_env(gpu_ids: Sequence[str], node_gpu_ids: Sequence[str]) -> dict[str, str]:
+    """The variables of a worker with the GPUs ``gpu_ids`` on a node whose workers have
+    ``node_gpu_ids``; none for a worker without GPUs.
+
+    As Ray Train does: Ray makes only an actor's own GPUs visible to it, so that 8 workers
+    on an 8-GPU node each see one device; every worker of the node sees all of the node's
+    workers' GPUs instead (``CUDA_VISIBLE_DEVICES``, so that NCCL can reach its peers
+    directly) and trains on the one at the index of its own (:data:`GPU_IDS_ENV`)."""
+    if not gpu_ids:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(node_gpu_ids), GPU_IDS_ENV: ",".join(gpu_ids)}

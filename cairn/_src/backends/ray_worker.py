@@ -17,10 +17,12 @@ logger = logging.getLogger(__name__)
 
 @ray.remote
 class WorkerActor:
-    def describe(self) -> tuple[int, str]:
-        return os.getpid(), ray.get_runtime_context().get_node_id()
+    def describe(self) -> tuple[int, str, list[str]]:
+        """(pid, node id, the ids of the GPUs Ray assigned to this actor)."""
+        return (os.getpid(), ray.get_runtime_context().get_node_id(),
+                [str(gpu) for gpu in ray.get_gpu_ids()])
 
-    def warm(self, modules: list[str], path: list[str]) -> tuple[int, str]:
+    def warm(self, modules: list[str], path: list[str]) -> tuple[int, str, list[str]]:
         """A warm standby spare's imports, done before a rank runs here (ray_standby)."""
         import importlib
 
@@ -34,7 +36,8 @@ class WorkerActor:
                 logger.debug("Could not preload %s: %s", name, exc)
         return self.describe()
 
-    def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str]) -> int:
+    def run(self, boot: dict[str, Any], env: dict[str, str], path: list[str],
+            watch_drain: bool) -> int:
         # Set here rather than in a runtime environment, so that Ray can start the actor
         # in one of its prestarted worker processes (see RayBackend.start).
         os.environ.update(env)
@@ -44,10 +47,12 @@ class WorkerActor:
         from cairn._src.backends.ray_drain import DrainNotice, drain_poll_s
         from cairn._src.worker.main import run_from_bootstrap
 
-        # A drain of this node is the preemption notice; one worker per node watches.
+        # A drain of this node is the preemption notice; one worker per node watches, the
+        # one the backend picked (RayBackend: local rank 0 at the start, and a replaced
+        # rank where no kept rank of its node watches).
         notices = (DrainNotice(ray.get_runtime_context().get_node_id(),
                                drain_poll_s(dict(os.environ)))
-                   if env.get("CAIRN_LOCAL_RANK") == "0" else None)
+                   if watch_drain else None)
         return run_from_bootstrap(boot, notices=notices)
 
 
@@ -146,10 +151,14 @@ class _RefWatcher:
 
 
 class RayWorker:
-    def __init__(self, rank: int, actor: Any, ref: Any, pid: int, node_id: str) -> None:
+    def __init__(self, rank: int, actor: Any, ref: Any, pid: int, node_id: str, *,
+                 gpu_ids: tuple[str, ...] = (), watches_drain: bool = False) -> None:
         self.rank = rank
         self.actor = actor
         self.node_id = node_id
+        # The GPUs Ray assigned to the actor, and whether it watches its node's drain.
+        self.gpu_ids = gpu_ids
+        self.watches_drain = watches_drain
         self._pid = pid
         self.exit_watcher = _RefWatcher(ref, f"cairn-ray-exit-{rank}", node_id)
 

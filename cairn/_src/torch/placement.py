@@ -24,8 +24,9 @@ def get_device() -> torch.device:
     """The device this worker trains on.
 
     ``cuda:<n>`` in a :class:`~cairn.torch.TorchTrainer` worker with
-    ``ScalingConfig(use_gpu=True)`` (the GPU assigned to its local rank), ``cpu``
-    otherwise, also outside a worker.
+    ``ScalingConfig(use_gpu=True)``, ``cpu`` otherwise, also outside a worker: ``n`` is
+    the local rank on the local backend, and on the Ray backend the index of the worker's
+    own GPU among those of its node's workers (``process_group.cuda_device``).
     """
     return _worker_device if _worker_device is not None else torch.device("cpu")
 

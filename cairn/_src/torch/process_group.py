@@ -4,8 +4,8 @@ The driver picks a fresh rendezvous port for every attempt (:class:`AttemptEnvir
 so a restarted group never meets a port still held by the group it replaces. In each
 worker, :class:`ProcessGroupSetup` exports the variables ``torchrun`` would
 (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``), picks the device and initializes the default process group;
-:func:`destroy_process_group` ends it after the train function returned.
+``LOCAL_WORLD_SIZE``), picks the device (:func:`cuda_device`) and initializes the default
+process group; :func:`destroy_process_group` ends it after the train function returned.
 
 When the ranks run on several machines (the Ray backend), they meet at rank 0's node
 instead (:func:`rendezvous_at_rank_zero`).
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cairn._src.backends.ray_resources import GPU_IDS_ENV
 from cairn._src.errors import ConfigError
 from cairn._src.torch.config import TorchConfig
 from cairn._src.torch.placement import set_worker_device
@@ -124,14 +125,7 @@ class ProcessGroupSetup:
         backend = choose_backend(self.config, self.use_gpu, rank)
         device = torch.device("cpu")
         if self.use_gpu:
-            count = torch.cuda.device_count()
-            if context.get_local_world_size() > count:
-                raise ConfigError(
-                    f"ScalingConfig(num_workers={context.get_local_world_size()}, use_gpu=True)"
-                    f" on a machine with {count} CUDA device(s): each worker needs its own "
-                    f"GPU; use at most {count} workers."
-                )
-            device = torch.device("cuda", local_rank)
+            device = cuda_device(rank, local_rank, context.get_local_world_size())
             torch.cuda.set_device(device)
         set_worker_device(device)
         dist.init_process_group(
@@ -143,6 +137,42 @@ class ProcessGroupSetup:
         )
         logger.debug("Rank %d: torch.distributed %s process group of %d on %s", rank, backend,
                      world_size, device)
+
+
+def cuda_device(rank: int, local_rank: int, local_world_size: int) -> torch.device:
+    """This worker's GPU; :class:`ConfigError` when it has none.
+
+    On the Ray backend (:data:`GPU_IDS_ENV` set: the ids of the GPUs Ray gave this worker)
+    ``CUDA_VISIBLE_DEVICES`` names the GPUs of all the workers of this node, and the worker
+    trains on the one at the index of its own first GPU, as Ray Train's ``get_device()``
+    does; workers with a fraction of a GPU share that device. Otherwise (the local
+    backend: every GPU of the machine visible) ``cuda:<local rank>``.
+    """
+    count = torch.cuda.device_count()
+    own = [gpu.strip() for gpu in os.environ.get(GPU_IDS_ENV, "").split(",") if gpu.strip()]
+    if own:
+        visible_env = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        visible = [gpu.strip() for gpu in visible_env.split(",")]
+        if own[0] not in visible:
+            raise ConfigError(
+                f"Rank {rank} was given GPU {own[0]} by Ray, which CUDA_VISIBLE_DEVICES="
+                f"{visible_env!r} does not name: leave CUDA_VISIBLE_DEVICES to Cairn on the "
+                "Ray backend (it names the GPUs of all the workers of a node)."
+            )
+        index = visible.index(own[0])
+        if index >= count:
+            raise ConfigError(
+                f"Rank {rank} was given GPU {own[0]} by Ray, device {index} of "
+                f"CUDA_VISIBLE_DEVICES={visible_env!r}, but sees {count} CUDA device(s)."
+            )
+        return torch.device("cuda", index)
+    if local_world_size > count:
+        raise ConfigError(
+            f"ScalingConfig(num_workers={local_world_size}, use_gpu=True) on a machine with "
+            f"{count} CUDA device(s): each worker needs its own GPU; use at most {count} "
+            "workers."
+        )
+    return torch.device("cuda", local_rank)
 
 
 def rendezvous_at_rank_zero(rank: int) -> None:
