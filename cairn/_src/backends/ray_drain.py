@@ -4,8 +4,9 @@ Ray marks a node *draining* when the autoscaler (or ``ray drain-node``, or anyth
 calls the GCS ``DrainNode`` RPC) announces that it will take the node away, with the
 reclaim deadline when there is one; a spot or preemptible instance's reclaim is one.
 Ray Train 2.60 polls the same state (``ray._private.state.state.get_draining_nodes()``,
-``{node_id: deadline_ms}``, ``0``: no deadline) from one watcher actor; here the worker
-with local rank 0 of each node polls for its own node, every :data:`DRAIN_POLL_S`
+``{node_id: deadline_ms}``, ``0``: no deadline) from one watcher actor; here one worker
+of each node (the backend picks it: local rank 0, or the replacement of a replaced
+watcher) polls for its own node, every :data:`DRAIN_POLL_S`
 seconds (``CAIRN_DRAIN_POLL_S`` in ``RunConfig(worker_env=...)`` changes it), and sends
 the controller one notice (``worker/preemption.py``).
 """
