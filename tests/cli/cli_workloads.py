@@ -53,3 +53,17 @@ def checkpoint_until_lease_gone(config: dict[str, Any]) -> None:
     while os.path.exists(config["lease"]) and os.getppid() == driver:
         time.sleep(0.02)
     train({"steps": 1})
+
+
+# val/loss of each step: the best two (lowest) are steps 1 and 3, neither the latest.
+NESTED_LOSSES = (0.5, 0.2, 0.9, 0.3, 0.8)
+
+
+def nested_metrics(config: dict[str, Any]) -> None:
+    """A checkpoint per step with nested metrics: ``{"step": s, "val": {"loss": ...}}``."""
+    for step, loss in enumerate(NESTED_LOSSES):
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, "state.txt"), "w") as f:
+            f.write(str(step))
+        cairn.report({"step": step, "val": {"loss": loss, "acc": 1.0 - loss}},
+                     checkpoint=cairn.Checkpoint.from_directory(d))

@@ -143,3 +143,56 @@ def test_after_rebuild_index_prune_asks_how_to_rank_instead_of_keeping_the_lates
     assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]
     document = prune_json(capsys, str(run), "--keep", "2", "--latest", "--dry-run")
     assert kept(document) == ["checkpoint_000004", "checkpoint_000005"]
+
+
+def test_score_reaches_into_nested_metrics_as_retention_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The run ranks by val/loss (min), reported as {"val": {"loss": ...}}.
+    cairn.Trainer(cli_workloads.nested_metrics, run_config=cairn.RunConfig(
+        name="n", storage_path=str(tmp_path), checkpoint_config=cairn.CheckpointConfig(
+            checkpoint_score_attribute="val/loss", checkpoint_score_order="min"))).fit()
+    run = str(tmp_path / "n")
+    # Best two by val/loss: steps 1 (0.2) and 3 (0.3); the latest stays too.
+    best = ["checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
+    document = prune_json(capsys, run, "--keep", "2", "--score", "val/loss", "--order", "min",
+                          "--dry-run")
+    assert (document["score"], document["order"]) == ("val/loss", "min")
+    assert kept(document) == best
+    assert main(["prune", run, "--keep", "2", "--score", "val/loss", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ranking by val/loss (min), the run's own checkpoint_score_order\n")
+    assert "would keep checkpoint_000002: #1 of the best 2 by val/loss (min)" in out
+    document = prune_json(capsys, run, "--keep", "1", "--score", "val/acc", "--order", "max",
+                          "--dry-run")
+    assert kept(document) == ["checkpoint_000002", "checkpoint_000005"]
+    # A metric the run lacks: the error lists the nested ones by their paths.
+    assert main(["prune", run, "--keep", "2", "--score", "val/los", "--order", "min"]) == 2
+    assert ("error: --score='val/los' is not a metric of this run's checkpoints; they have: "
+            "step, val/acc, val/loss.") in capsys.readouterr().err
+    assert main(["prune", run, "--keep", "2", "--score", "loss"]) == 2
+    assert "they have: step, val/acc, val/loss." in capsys.readouterr().err
+    # Not a dry run: the two best and the latest stay on storage.
+    assert main(["prune", run, "--keep", "2", "--score", "val/loss"]) == 0
+    assert sorted(n for n in os.listdir(run) if n.startswith("checkpoint_")) == best
+
+
+def test_the_metrics_a_score_error_lists_are_bounded() -> None:
+    import argparse
+
+    from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
+    from cairn._src.cli.runs import NESTED_DEPTH, SHOWN_METRICS, metric_paths, prune_ranking
+    from cairn._src.errors import CairnError
+
+    deep: dict[str, object] = {"leaf": 1.0}
+    for level in range(10):
+        deep = {f"l{level}": deep}
+    metrics = {**{f"m{i:02d}": float(i) for i in range(30)}, "deep": deep, "empty": {}}
+    index = RunIndex(checkpoints=(CheckpointRecord(dir_name="checkpoint_000001",
+                                                   report_index=1, metrics=metrics),),
+                     retention=Retention(2, "m00", "min"))
+    paths = metric_paths(index.checkpoints)
+    assert "deep/l9/l8/l7" in paths and max(p.count("/") for p in paths) == NESTED_DEPTH - 1
+    assert "empty" in paths and len(paths) == 32
+    with pytest.raises(CairnError, match=rf"they have: deep/l9/l8/l7, empty, m00, .*, m17, "
+                                         rf"\.\.\. \({32 - SHOWN_METRICS} more\)\.$"):
+        prune_ranking(argparse.Namespace(keep=1, score="acc", order="max", latest=False), index)

@@ -12,6 +12,7 @@ import os
 import pty
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -357,17 +358,25 @@ def test_prune_refuses_a_running_run(runs: Runs, capsys: pytest.CaptureFixture[s
 # --- rebuild-index, lease break, errors ----------------------------------------------------
 
 def test_rebuild_index_and_lease_break_of_the_killed_run(
-        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
     run = copy_of(runs, "interrupted", tmp_path)
     assert os.path.exists(os.path.join(run, LEASE_NAME))
-    doc = cli_json(capsys, "rebuild-index", "rebuild-index", run)
-    assert doc["checkpoints"] == 2
     doc = cli_json(capsys, "lease-break", "lease", "break", run)
     assert doc["previous"]["pid"] == runs.killed_pid
     code, out, _ = cli(capsys, "lease", "break", run)
     assert code == 0 and "there was no readable lease" in out
     code, out, _ = cli(capsys, "rebuild-index", run)
     assert code == 0 and "rebuilt the index of" in out and out.endswith("2 checkpoints\n")
+    # rebuild-index holds the run's lease while it runs: it takes over the lease the
+    # killed driver left (saying so) and leaves none behind.
+    shutil.rmtree(run)
+    run = copy_of(runs, "interrupted", tmp_path)
+    code, _, err = cli(capsys, "rebuild-index", run, "--json")
+    assert code == 0, err
+    assert f"Taking over the lease of a driver that is gone (host {socket.gethostname()}, " \
+        f"pid {runs.killed_pid}," in caplog.text
+    assert not [n for n in os.listdir(run) if n.startswith(("lease", "_cairn_lease"))]
 
 
 @pytest.mark.parametrize("command", [["show"], ["inspect"], ["verify"], ["prune", "--keep", "1"],

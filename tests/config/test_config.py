@@ -159,6 +159,49 @@ def test_worker_runtime_env_refusals(kwargs: dict[str, object], match: str) -> N
         RunConfig(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("env", "message"), [
+    ({"OMP_NUM_THREADS": 4}, "RunConfig.worker_env['OMP_NUM_THREADS']=4 must be a str "
+                             "(environment variables are strings: '4')."),
+    ({"A": 1}, "RunConfig.worker_env['A']=1 must be a str (environment variables are "
+               "strings: '1')."),
+    ({"A": True}, "RunConfig.worker_env['A']=True must be a str (environment variables are "
+                  "strings)."),
+    ([("A", "1")], "RunConfig.worker_env=[('A', '1')] must be a dict of variable names to str "
+                   "values, such as {'OMP_NUM_THREADS': '4'}, or None."),
+    ({1: "x"}, "RunConfig.worker_env[1]='x': a variable's name must be a non-empty str (not "
+               "int) without '=' or NUL characters (the environment holds NAME=value "
+               "entries), such as 'OMP_NUM_THREADS'."),
+    ({"A=B": "x"}, "RunConfig.worker_env['A=B']='x': a variable's name must be a non-empty str "
+                   "without '=' or NUL characters"),
+    ({"": "x"}, "RunConfig.worker_env['']='x': a variable's name must be a non-empty str"),
+    ({"A\0": "x"}, "RunConfig.worker_env['A\\x00']='x': a variable's name must be"),
+    ({"A": "x\0"}, "RunConfig.worker_env['A']='x\\x00' must be a str without NUL characters"),
+    ({"A": "\ud800"}, "RunConfig.worker_env['A']='\\ud800' must be a str without NUL "
+                       "characters (or lone surrogates) that the environment can hold."),
+])
+def test_worker_env_holds_what_a_process_environment_can(env: object, message: str) -> None:
+    """Refused where the config is built, naming the variable, not by subprocess.Popen in
+    fit() ("expected str, bytes or os.PathLike object, not int") after an attempt counted."""
+    with pytest.raises(ConfigError) as refused:
+        RunConfig(worker_env=env)  # type: ignore[arg-type]
+    assert str(refused.value).startswith(message), str(refused.value)
+    # The same rules for Ray Train's name of it.
+    with pytest.raises(ConfigError, match=r"^RunConfig.worker_runtime_env\['env_vars'\]"):
+        RunConfig(worker_runtime_env={"env_vars": env})
+
+
+def test_worker_env_of_str_to_str_is_taken() -> None:
+    from types import MappingProxyType
+
+    env = {"OMP_NUM_THREADS": "4", "EMPTY": "", "PATHS": "a=b:c", "NAME": "\u00e9t\u00e9"}
+    assert RunConfig(worker_env=env).worker_env == env
+    assert RunConfig(worker_env=None).worker_env is None
+    taken = RunConfig(worker_env=MappingProxyType(env)).worker_env  # type: ignore[arg-type]
+    assert type(taken) is dict and taken == env
+    assert RunConfig(worker_env=env, worker_runtime_env={"env_vars": {"B": "2"}}
+                     ).worker_env == {"B": "2", **env}
+
+
 @pytest.mark.parametrize(("make", "cairn_words", "ray_words"), [
     (lambda: ScalingConfig(num_workers=2.0),
      "ScalingConfig.num_workers=2.0 must be an integer >= 1",

@@ -1,5 +1,6 @@
 """What every ``cairn`` subcommand shares: the retry budget, opening a run, the refusal of
-a run that a live driver holds, and escaping what storage says before a terminal shows it."""
+a run that a live driver holds (and the lease a command that changes a run holds), and
+escaping what storage says before a terminal shows it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from cairn._src.checkpoint.index import RunIndex, read_index
-from cairn._src.errors import CairnError, ManifestError
+from cairn._src.errors import CairnError, ManifestError, RunLeaseError
 from cairn._src.run.layout import LEASE_NAME
-from cairn._src.run.lease import LeaseInfo, is_live
+from cairn._src.run.lease import LeaseInfo, RunLease, is_live
 from cairn._src.storage.fileio import read_bytes
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
@@ -62,6 +65,42 @@ def refuse_live_run(run: StorageLocation, advice: str) -> None:
     lease = live_lease(run)
     if lease is not None:
         raise live_run_error(run, lease, advice)
+
+
+@contextmanager
+def hold_run(run: StorageLocation, advice: str) -> Iterator[Callable[[str], None]]:
+    """Hold ``run``'s lease, as a driver does, while a command changes the run (``prune``,
+    ``rebuild-index``): a driver started meanwhile is refused with :class:`RunLeaseError`
+    instead of having its index written over, and one paused past its ttl is fenced.
+
+    A live driver holding the run: :func:`live_run_error` with ``advice``, nothing
+    written. Yields ``fence(done)``, to call right before each change: it raises
+    :class:`CairnError` once the lease was taken (``cairn lease break --force`` and a
+    driver that started), saying what was ``done`` up to then. The lease is released
+    (deleted) when the block ends."""
+    lease = RunLease(run, RETRY)
+    try:
+        lease.acquire()
+    except RunLeaseError as exc:
+        live = live_lease(run)
+        if live is not None:
+            raise live_run_error(run, live, advice) from exc
+        raise CairnError(f"{exc} {advice}") from exc
+
+    def fence(done: str) -> None:
+        try:
+            lease.fence()
+        except RunLeaseError as exc:
+            holder = read_lease(run)
+            taken = ("removed (by `cairn lease break --force`, or by hand)" if holder is None
+                     else f"taken by host {holder.host}, pid {holder.pid}")
+            raise CairnError(f"The lease of the run at {run.display()} that this command "
+                             f"held was {taken} while it ran, so it stopped: {done}") from exc
+
+    try:
+        yield fence
+    finally:
+        lease.release()
 
 
 # C0 and C1 control characters and DEL: names and values read from storage can carry ESC or

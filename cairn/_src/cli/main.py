@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from cairn._src.cli import plots, runs, show
 from cairn._src.cli.common import printable
 from cairn._src.errors import CairnError
+from cairn._src.storage.uris import redact_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +70,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         with contextlib.redirect_stderr(said):
             return build_parser().parse_args(words)
     except SystemExit as exc:
-        text = said.getvalue()
+        # argparse quotes the words it refuses: a URI's credentials are masked.
+        text = redact_text(said.getvalue())
         sys.stderr.write(text)
         lines = text.strip().splitlines()
         if exc.code == 2 and "--json" in words and lines:
@@ -105,7 +107,9 @@ def _main(argv: Sequence[str] | None) -> int:
 def _error(args: argparse.Namespace, message: str) -> int:
     """Exit code 2 with the one-line error on stderr; with ``--json``, stdout gets it too,
     as ``{"error": ...}``, so a program reading stdout gets JSON either way."""
-    message = " ".join(message.split())
+    # A URI in the message (an argument, or quoted by a storage library) is shown with
+    # its credentials masked, as StorageLocation.display() shows it.
+    message = redact_text(" ".join(message.split()))
     # Messages quote names read from storage: escaped for the terminal, whole in the JSON.
     print(f"cairn {args.command}: error: {printable(message)}", file=sys.stderr)
     if getattr(args, "json", False):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from cairn._src.checkpoint.index import (
@@ -28,6 +28,7 @@ from cairn._src.cli.common import (
     RETRY,
     format_metrics,
     heartbeat_age_s,
+    hold_run,
     live_lease,
     live_run_error,
     open_run,
@@ -42,6 +43,7 @@ from cairn._src.errors import CairnError, CheckpointDamagedError
 from cairn._src.run.events import CheckpointDropped, read_events
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseInfo, break_lease
+from cairn._src.run.report_checks import score_present
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.run.status import run_history
 from cairn._src.storage.checksum import FileEntry
@@ -205,6 +207,27 @@ def verify_files(view: CheckpointView, files: Mapping[str, FileEntry],
         raise
 
 
+# How many metric names a --score error lists, and how deep it looks into nested metrics.
+SHOWN_METRICS = 20
+NESTED_DEPTH = 4
+
+
+def metric_paths(records: Sequence[CheckpointRecord]) -> list[str]:
+    """The metrics of ``records`` that ``--score`` can name, sorted: each flat key, and for
+    nested metrics (``{"val": {"loss": ...}}``) their ``/`` paths (``val/loss``) instead,
+    :data:`NESTED_DEPTH` levels deep at most."""
+    paths: set[str] = set()
+    stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for r in records
+                                         for k, v in r.metrics.items()]
+    while stack:
+        path, value, depth = stack.pop()
+        if isinstance(value, Mapping) and value and depth < NESTED_DEPTH:
+            stack.extend((f"{path}/{k}", v, depth + 1) for k, v in value.items())
+        else:
+            paths.add(path)
+    return sorted(paths)
+
+
 def prune_ranking(args: argparse.Namespace, index: RunIndex
                   ) -> tuple[str | None, Literal["max", "min"], str]:
     """The metric and order ``prune`` ranks by, and a line that says where they come from.
@@ -242,10 +265,13 @@ def prune_ranking(args: argparse.Namespace, index: RunIndex
         return attribute, run_order, (
             f"ranking by {attribute} ({run_order}), the run's own checkpoint_score_attribute "
             "and checkpoint_score_order (--score and --order choose another)")
-    known = sorted({k for r in index.checkpoints for k in r.metrics})
-    if args.score not in known:
+    # As retention finds it: the flat key, else a '/' path into nested metrics (val/loss).
+    if not any(score_present(r.metrics, args.score) for r in index.checkpoints):
+        known = metric_paths(index.checkpoints)
+        shown = ", ".join(known[:SHOWN_METRICS]) + (
+            f", ... ({len(known) - SHOWN_METRICS} more)" if len(known) > SHOWN_METRICS else "")
         raise CairnError(f"--score={args.score!r} is not a metric of this run's "
-                         f"checkpoints; they have: {', '.join(known) or 'no metrics'}.")
+                         f"checkpoints; they have: {shown or 'no metrics'}.")
     if args.order is not None:
         return args.score, args.order, f"ranking by {args.score} ({args.order})"
     if args.score == attribute:
@@ -258,9 +284,26 @@ def prune_ranking(args: argparse.Namespace, index: RunIndex
                      f"highest {args.score}, --order min to keep the lowest.")
 
 
+PRUNE_ADVICE = "Prune it when the run has stopped; nothing changed."
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
-    refuse_live_run(run, "Prune it when the run has stopped; nothing changed.")
+    if args.dry_run:
+        refuse_live_run(run, PRUNE_ADVICE)
+        return _prune(args, run, index, None)
+    # The lease, held until the end: a driver that starts meanwhile is refused instead of
+    # having its index written over by one computed from what was read before.
+    with hold_run(run, PRUNE_ADVICE) as fence:
+        # Read again, now that no driver can change it.
+        run, index = open_run(args.run)
+        return _prune(args, run, index, fence)
+
+
+def _prune(args: argparse.Namespace, run: StorageLocation, index: RunIndex,
+           fence: Callable[[str], None] | None) -> int:
+    """``prune`` of ``run``, whose ``index`` was read under its lease (``fence`` checks
+    that it is still held), or a dry run without (``fence`` None)."""
     if args.keep < 1:
         raise CairnError(f"--keep={args.keep} must be an integer >= 1.")
     score, order, ranking = prune_ranking(args, index)
@@ -285,16 +328,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
         for record in dropped:
             print(printable(f"{'would drop' if args.dry_run else 'dropping':<10} "
                             f"{record.dir_name}"))
-    if not args.dry_run and dropped:
+    if fence is not None and dropped:
         # Index first, deletion after: a crash in between leaves only unreferenced data.
         pruned = index.with_changes(checkpoints=tuple(r for r, _ in kept))
+        fence("nothing changed.")
         write_index(run, pruned, RETRY)
         # What the run recorded decides what may be deleted, never the index alone; the
         # data of a kept checkpoint stays (the manager looks in the pruned index).
         manager = CheckpointManager(run, CheckpointConfig(), RETRY, pruned,
                                     SegmentLog(run.join(METRICS_DIR), RETRY),
                                     registered=registered_references(events))
-        for record in dropped:
+        for done, record in enumerate(dropped):
+            fence(f"the index was pruned and {done} of {len(dropped)} checkpoints to drop "
+                  f"deleted; the other {len(dropped) - done} are left in place (prune again "
+                  "when the run has stopped).")
             deleted[record.dir_name] = manager.delete_owned(
                 record, delete_references=args.delete_references)
             if not deleted[record.dir_name] and not args.json:
@@ -354,15 +401,20 @@ def cmd_lease_break(args: argparse.Namespace) -> int:
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
     run = resolve(args.run)
-    refuse_live_run(run, "Rebuild its index when the run has stopped; nothing written.")
     if not is_dir(run, RETRY):
         raise CairnError(f"{run.display()} does not exist (or is not a directory).")
-    index = rebuild_index(run, RETRY)
-    if (not index.checkpoints and not exists(run.join(INDEX_NAME), RETRY)
-            and not is_dir(run.join(EVENTS_DIR), RETRY)):
+    if (not exists(run.join(INDEX_NAME), RETRY) and not is_dir(run.join(EVENTS_DIR), RETRY)
+            and not rebuild_index(run, RETRY).checkpoints):
+        # Said before taking the lease: no lease file is written into a directory of the
+        # user's own.
         raise CairnError(f"{run.display()} holds no run (no checkpoint manifests, no run index, "
                          "no event log); nothing written.")
-    write_index(run, index, RETRY)
+    # The lease, held until the index is written (a live driver: refused, nothing written):
+    # a driver that starts meanwhile is refused instead of having its index written over.
+    with hold_run(run, "Rebuild its index when the run has stopped; nothing written.") as fence:
+        index = rebuild_index(run, RETRY)
+        fence("nothing written.")
+        write_index(run, index, RETRY)
     if args.json:
         print_json({"run": run.display(), "checkpoints": len(index.checkpoints)})
         return 0
@@ -398,7 +450,8 @@ def _ls_entry(storage: StorageLocation, name: str) -> dict[str, Any] | None:
 def cmd_ls(args: argparse.Namespace) -> int:
     storage = resolve(args.storage)
     if not is_dir(storage, RETRY):
-        raise CairnError(f"STORAGE={args.storage!r} does not exist (or is not a directory).")
+        # display(), not the argument: a URI's credentials stay out of the error.
+        raise CairnError(f"{storage.display()} does not exist (or is not a directory).")
     # list_dir_names skips names that are not single safe components ('..' from a key
     # runs/../x), with a warning that counts them.
     entries = [e for e in (_ls_entry(storage, n) for n in list_dir_names(storage, RETRY))

@@ -469,6 +469,10 @@ class RunConfig:
                 "storage: no fsync)."
             )
         check_field_types(self)
+        if self.worker_env is not None:
+            # Checked here, not when a worker's process starts (after an attempt counted).
+            object.__setattr__(self, "worker_env",
+                               checked_env(self.worker_env, "RunConfig.worker_env"))
         self._merge_worker_runtime_env()
 
     def storage_options(self) -> StorageOptions:
@@ -502,7 +506,7 @@ class RunConfig:
                 f"RunConfig.worker_runtime_env['env_vars']={env_vars!r} must be a dict of "
                 "str to str."
             )
-        merged = dict(env_vars)
+        merged = checked_env(env_vars, "RunConfig.worker_runtime_env['env_vars']")
         for name, value in (self.worker_env or {}).items():
             if merged.get(name, value) != value:
                 raise ConfigError(
@@ -512,3 +516,39 @@ class RunConfig:
                 )
             merged[name] = value
         object.__setattr__(self, "worker_env", merged)
+
+
+def checked_env(env: object, where: str) -> dict[str, str]:
+    """``env`` as a dict, when it is environment variables a worker's process can be given
+    (what ``os.environ`` and ``subprocess`` accept: str names, not empty, without ``=`` or
+    NUL, str values without NUL, both encodable as file names); else :class:`ConfigError`
+    naming ``where``, the variable and what is accepted, at the line that built the config,
+    not in a worker after an attempt was counted."""
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"{where}={env!r} must be a dict of variable names to str values, "
+                          "such as {'OMP_NUM_THREADS': '4'}, or None.")
+    for name, value in env.items():
+        if (not isinstance(name, str) or not name or "=" in name or "\0" in name
+                or not _encodable(name)):
+            kind = "" if isinstance(name, str) else f" (not {type(name).__name__})"
+            raise ConfigError(
+                f"{where}[{name!r}]={value!r}: a variable's name must be a non-empty str"
+                f"{kind} without '=' or NUL characters (the environment holds NAME=value "
+                "entries), such as 'OMP_NUM_THREADS'.")
+        if not isinstance(value, str):
+            hint = (f": {str(value)!r}" if isinstance(value, (int, float))
+                    and not isinstance(value, bool) else "")
+            raise ConfigError(f"{where}[{name!r}]={value!r} must be a str (environment "
+                              f"variables are strings{hint}).")
+        if "\0" in value or not _encodable(value):
+            raise ConfigError(f"{where}[{name!r}]={value!r} must be a str without NUL "
+                              "characters (or lone surrogates) that the environment can hold.")
+    return dict(env)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        return False
+    return True
