@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 import cairn
 from cairn.torch import PreparedDataLoader, prepare_data_loader
@@ -56,11 +65,11 @@ def test_a_restored_position_continues_mid_epoch() -> None:
 
     loader = prepare_data_loader(make_loader())
     epoch_batches(loader)
-    seen = []
-    for batch in loader:
-        seen.append(batch[0].tolist())
-        if len(seen) == 2:
-            break
+    # A pass whose iterator is still held is in progress (the state is saved inside the
+    # training loop): its position is mid-epoch, and the live loader goes on from there.
+    batches = iter(loader)
+    seen = [next(batches)[0].tolist(), next(batches)[0].tolist()]
+    assert seen == second_epoch[:2]
     position = loader.state_dict()
     assert position == {"epoch": 1, "batch": 2}
 
@@ -69,14 +78,49 @@ def test_a_restored_position_continues_mid_epoch() -> None:
     restored.set_epoch(1)  # the DistributedSampler habit keeps the restored position
     assert epoch_batches(restored) == second_epoch[2:]
     assert restored.state_dict() == {"epoch": 2, "batch": 0}
+    assert [batch[0].tolist() for batch in batches] == second_epoch[2:]
+    assert loader.state_dict() == {"epoch": 2, "batch": 0}
+
+
+@pytest.mark.parametrize("leave", ["break", "enumerate", "islice", "drop"])
+def test_a_pass_left_part_way_resumes_where_the_live_loader_goes_on(leave: str) -> None:
+    loader = prepare_data_loader(make_loader())
+    epoch_batches(loader)
+    if leave == "break":
+        for taken, _ in enumerate(loader, 1):
+            if taken == 2:
+                break
+    elif leave == "enumerate":  # the batch that ends the loop is handed out, never used
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+    elif leave == "islice":
+        assert len(list(itertools.islice(loader, 2))) == 2
+    else:
+        batches = iter(loader)
+        next(batches)
+        del batches  # the last reference: the iterator is closed
+    position = loader.state_dict()
+    # The live loader counts the abandoned pass as done, so the saved position does too:
+    # a run resumed from it reads the very batches the uninterrupted run reads next.
+    assert position == {"epoch": 2, "batch": 0}
+    restored = prepare_data_loader(make_loader())
+    restored.load_state_dict(position)
+    assert epoch_batches(restored) == epoch_batches(loader)
+    assert restored.state_dict() == loader.state_dict() == {"epoch": 3, "batch": 0}
 
 
 def test_an_abandoned_pass_counts_as_done_and_set_epoch_picks_the_next() -> None:
     loader = prepare_data_loader(make_loader())
-    next(iter(loader))
+    held = iter(loader)
+    next(held)
     assert loader.state_dict() == {"epoch": 0, "batch": 1}
+    # A new pass: the held one counts as done, and this one, released at once, too.
     next(iter(loader))
-    assert loader.state_dict() == {"epoch": 1, "batch": 1}
+    assert loader.state_dict() == {"epoch": 2, "batch": 0}
+    next(held)  # a stale pass moves nothing, nor does its close
+    del held
+    assert loader.state_dict() == {"epoch": 2, "batch": 0}
     loader.set_epoch(5)
     assert loader.state_dict() == {"epoch": 5, "batch": 0}
     assert epoch_batches(loader) == epoch_batches(_at_epoch(5))
@@ -88,6 +132,27 @@ def _at_epoch(epoch: int) -> PreparedDataLoader:
     return loader
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_batch_sampler_is_read_as_its_batch_size_shuffle_and_drop_last(
+    shuffle: bool, drop_last: bool,
+) -> None:
+    dataset = TensorDataset(torch.arange(22))
+    sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
+    loader = prepare_data_loader(
+        DataLoader(dataset, batch_sampler=BatchSampler(sampler, 4, drop_last)))
+    expected = prepare_data_loader(
+        DataLoader(dataset, batch_size=4, shuffle=shuffle, drop_last=drop_last))
+    assert loader.batch_size == 4
+    assert len(loader) == len(expected) == (5 if drop_last else 6)
+    first = epoch_batches(loader)
+    assert first == epoch_batches(expected)
+    assert [len(batch) for batch in first] == [4] * 5 + ([] if drop_last else [2])
+    in_order = [list(range(i, min(i + 4, 22))) for i in range(0, 20 if drop_last else 22, 4)]
+    assert (first != in_order) if shuffle else (first == in_order)
+    assert (epoch_batches(loader) != first) == shuffle  # reseeded every epoch
+
+
 def test_loaders_a_sampler_cannot_replace_are_refused() -> None:
     dataset = TensorDataset(torch.arange(10))
     weighted = DataLoader(dataset, sampler=WeightedRandomSampler([1.0] * 10, 10))
@@ -95,6 +160,10 @@ def test_loaders_a_sampler_cannot_replace_are_refused() -> None:
         prepare_data_loader(weighted)
     kept = prepare_data_loader(weighted, add_dist_sampler=False)
     assert len(kept) == 10
+    batched = DataLoader(dataset, batch_sampler=BatchSampler(WeightedRandomSampler([1.0] * 10,
+                                                                                 10), 2, False))
+    with pytest.raises(cairn.ConfigError, match=r"WeightedRandomSampler.*add_dist_sampler=False"):
+        prepare_data_loader(batched)
     with pytest.raises(cairn.ConfigError, match=r"data_loader=\[1, 2\]"):
         prepare_data_loader([1, 2])  # type: ignore[arg-type]
     with pytest.raises(cairn.ConfigError, match="seed=-1"):

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import cairn
+from cairn._src.torch import data_loader as data_loader_module
 from cairn._src.torch import training_state
 from cairn.torch import TrainingState, load_training_state, prepare_data_loader, save_training_state
 
@@ -46,7 +47,8 @@ def test_round_trip_restores_everything_and_the_random_streams(tmp_path: Path) -
     loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(12)), batch_size=3,
                                             shuffle=True))
     train_steps(model, optimizer, scheduler, 3)
-    next(iter(loader))
+    batches = iter(loader)  # held: a pass in progress (a released one would count as done)
+    next(batches)
     random.seed(1)
     np.random.seed(2)
     written = save_training_state(tmp_path, model=model, optimizer=optimizer,
@@ -152,3 +154,133 @@ def test_a_kept_ranks_held_model_is_loaded_without_a_copy_and_never_kept_by_the_
     # A deep copy only for the module that kept the held tensors.
     assert sum(value is held for value in copies) == (1 if isinstance(module, _Assigning)
                                                       else 0)
+
+
+# --- another world size ------------------------------------------------------------------
+
+
+def as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int) -> None:
+    for module in (training_state, data_loader_module):
+        monkeypatch.setattr(module, "rank_and_world_size", lambda: (rank, world_size))
+
+
+def make_loader(monkeypatch: pytest.MonkeyPatch, rank: int, world_size: int,
+                batch_size: int) -> Any:
+    as_rank(monkeypatch, rank, world_size)
+    return prepare_data_loader(DataLoader(TensorDataset(torch.arange(20)),
+                                          batch_size=batch_size, shuffle=True))
+
+
+def samples(batches: Any) -> list[int]:
+    return [i for batch in batches for i in batch[0].tolist()]
+
+
+def test_a_grown_world_resumes_every_rank_at_rank_zeros_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, _, _ = build()
+    loader = make_loader(monkeypatch, 0, 1, batch_size=4)
+    list(loader)  # epoch 0
+    batches = iter(loader)
+    seen = samples([next(batches), next(batches)])
+    assert loader.state_dict() == {"epoch": 1, "batch": 2}
+    save_training_state(tmp_path, model=model, data_loader=loader, step=7)
+    rest = samples(batches)  # what the one-worker run reads in the rest of epoch 1
+
+    resumed: dict[int, tuple[Any, TrainingState]] = {}
+    for rank in (1, 0):  # rank 1 has no rank_state.pt: the world grew from 1 to 2
+        fresh = make_loader(monkeypatch, rank, 2, batch_size=4)
+        fresh_model = build(seed=9)[0]
+        torch.manual_seed(100 + rank)
+        state = load_training_state(tmp_path, model=fresh_model, data_loader=fresh)
+        resumed[rank] = fresh, state
+        if rank == 1:  # no RNG of its own to restore: it keeps its own stream
+            assert not state.rank_state_restored
+            assert torch.equal(torch.rand(2), torch.manual_seed(101) and torch.rand(2))
+    positions = {rank: fresh.state_dict() for rank, (fresh, _) in resumed.items()}
+    # The 8 indices read by 1 rank are 1 batch of 4 on each of 2 ranks.
+    assert positions == {0: {"epoch": 1, "batch": 1}, 1: {"epoch": 1, "batch": 1}}
+    assert resumed[1][1].data_loader_position == {"epoch": 1, "batch": 1}
+    assert resumed[0][0].epoch == resumed[1][0].epoch == 1
+    passes = {rank: list(fresh) for rank, (fresh, _) in resumed.items()}
+    assert len(passes[0]) == len(passes[1]) == 2  # every rank steps as often
+    # Together they read exactly the rest of the epoch, nothing twice and nothing skipped.
+    assert sorted(samples(passes[0]) + samples(passes[1])) == sorted(rest)
+    assert not set(rest) & set(seen)
+    assert all(fresh.state_dict() == {"epoch": 2, "batch": 0} for fresh, _ in resumed.values())
+
+
+@pytest.mark.parametrize("batch_size", [2, 3])
+def test_a_shrunk_world_resumes_every_rank_at_one_position_with_its_own_rngs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: int,
+) -> None:
+    model, _, _ = build()
+    seen: list[int] = []
+    held = []
+    for rank in range(4):  # 4 ranks of 5 samples: 3 batches of 2 each
+        loader = make_loader(monkeypatch, rank, 4, batch_size=2)
+        held.append(iter(loader))
+        seen += samples([next(held[-1])])
+        torch.manual_seed(200 + rank)
+        save_training_state(tmp_path, model=model, data_loader=loader, step=3)
+        assert loader.state_dict() == {"epoch": 0, "batch": 1}
+    # 8 indices read by 4 ranks: 2 batches of 2 on each of 2 ranks (nothing read twice);
+    # with batches of 3, 1 batch on each (6 indices), and the 2 between are read again.
+    expected_batch, rest_batches, rest_samples = {2: (2, 3, 6), 3: (1, 3, 7)}[batch_size]
+    for rank in range(2):
+        fresh = make_loader(monkeypatch, rank, 2, batch_size=batch_size)
+        state = load_training_state(tmp_path, model=build(seed=9)[0], data_loader=fresh)
+        assert state.rank_state_restored and state.world_size == 4
+        assert torch.equal(torch.rand(2), torch.manual_seed(200 + rank) and torch.rand(2))
+        assert fresh.state_dict() == {"epoch": 0, "batch": expected_batch}
+        rest = list(fresh)
+        assert len(rest) == rest_batches
+        assert sum(len(batch[0]) for batch in rest) == rest_samples
+        seen += samples(rest)
+    assert set(seen) == set(range(20))  # none skipped
+    assert len(seen) == 8 + 2 * rest_samples
+
+
+def test_a_rank_without_its_file_in_the_same_world_takes_rank_zeros_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, _, _ = build()
+    loader = make_loader(monkeypatch, 0, 2, batch_size=3)
+    batches = iter(loader)
+    next(batches)
+    save_training_state(tmp_path, model=model, data_loader=loader)  # rank 1 saved nothing
+    fresh = make_loader(monkeypatch, 1, 2, batch_size=3)
+    state = load_training_state(tmp_path, model=build(seed=9)[0], data_loader=fresh)
+    assert not state.rank_state_restored
+    assert fresh.state_dict() == state.data_loader_position == {"epoch": 0, "batch": 1}
+
+
+# --- compiled and wrapped models ---------------------------------------------------------
+
+
+def test_compiled_and_wrapped_models_save_and_load_as_the_plain_model(tmp_path: Path) -> None:
+    model, _, _ = build()
+    plain_keys = list(model.state_dict())
+    wrappers = {
+        "compiled": lambda m: torch.compile(m),
+        "compiled_parallel": lambda m: torch.compile(nn.DataParallel(m)),
+        "parallel_compiled": lambda m: nn.DataParallel(torch.compile(m)),
+    }
+    for name, wrap in wrappers.items():
+        wrapped = wrap(model)
+        assert training_state.unwrap_model(wrapped) is model
+        save_training_state(tmp_path / name, model=wrapped, step=1)
+        saved = torch.load(tmp_path / name / "model.pt", weights_only=True)
+        assert list(saved) == plain_keys, name
+        fresh, _, _ = build(seed=9)
+        fresh.load_state_dict(saved)  # model.pt loads into a plain model
+        load_training_state(tmp_path / name, model=fresh)
+        for key, tensor in model.state_dict().items():
+            assert torch.equal(fresh.state_dict()[key], tensor), (name, key)
+    # And a plain model's state loads into a compiled (and wrapped) one.
+    save_training_state(tmp_path / "plain", model=model)
+    for name, wrap in wrappers.items():
+        fresh, _, _ = build(seed=9)
+        load_training_state(tmp_path / "plain", model=wrap(fresh))
+        for key, tensor in model.state_dict().items():
+            assert torch.equal(fresh.state_dict()[key], tensor), (name, key)

@@ -58,8 +58,11 @@ class PreparedDataLoader:
     Iterate it like the DataLoader it wraps; other attributes (``dataset``,
     ``batch_size`` ...) are the wrapped loader's. Every ``iter()`` is one pass over this
     rank's shard: the first is epoch 0 (or the restored epoch), each completed pass moves
-    to the next epoch, and a pass abandoned part-way counts as done when the next
-    ``iter()`` starts. ``set_epoch(n)`` makes the next pass epoch ``n``.
+    to the next epoch, and so does a pass abandoned part-way: as soon as its iterator is
+    closed (a ``for`` loop left by ``break`` releases it; so does dropping the last
+    reference to an explicit ``iter(loader)``), or else when the next ``iter()`` starts.
+    An iterator still held is a pass in progress. ``set_epoch(n)`` makes the next pass
+    epoch ``n``.
 
     ``state_dict()`` is the position (``{"epoch": e, "batch": b}``: ``b`` batches of epoch
     ``e`` handed out); ``load_state_dict()`` makes the next pass continue from there.
@@ -164,10 +167,16 @@ class PreparedDataLoader:
         device = get_device()
         move = self._move and device.type != "cpu"
         non_blocking = bool(self._loader.pin_memory)
-        for batch in iterator:
-            if token == self._pass:
-                self._batch += 1
-            yield move_to_device(batch, device, non_blocking=non_blocking) if move else batch
+        try:
+            for batch in iterator:
+                if token == self._pass:
+                    self._batch += 1
+                yield move_to_device(batch, device, non_blocking=non_blocking) if move else batch
+        except GeneratorExit:
+            # Closed part-way (a ``break`` out of the loop): the pass is over now, as the
+            # next ``iter()`` would count it, so a state saved before that ``iter()`` resumes
+            # where this loader goes on, at the next epoch, and not in the rest of this one.
+            pass
         if token == self._pass:
             self._epoch, self._batch, self._active = self._epoch + 1, 0, False
 
@@ -184,8 +193,43 @@ class PreparedDataLoader:
 _END = object()
 
 
-def _shuffle_of(loader: DataLoader[Any]) -> bool:
-    sampler = loader.sampler
+def samples_per_batch(loader: object) -> int | None:
+    """The samples in each batch of ``loader`` when it is a :class:`PreparedDataLoader`
+    with its distributed sampler (the only order whose resharding is known), else None."""
+    if not isinstance(loader, PreparedDataLoader) or loader._sampler is None:
+        return None
+    return int(loader._loader.batch_size or 1)
+
+
+def resharded_position(loader: object, position: Any, *, saved_world_size: int,
+                       saved_samples_per_batch: int | None) -> Any:
+    """``position``, saved by a rank of a ``saved_world_size`` world, as a position of
+    ``loader`` in this world, the same on every rank of it.
+
+    Within an epoch, the ranks of a world of ``W`` that each handed out ``b`` batches of
+    ``s`` samples have together consumed the first ``b * s * W`` indices of the epoch's
+    order (a function of the seed and the epoch only; rank ``r`` takes every ``W``-th from
+    ``r``). In a world of ``W'`` ranks with batches of ``s'`` the position is therefore
+    ``floor(b * s * W / (s' * W'))`` batches: the rest of the epoch's order, starting up to
+    one global batch early (a few samples seen twice, none skipped); a position past the
+    end of the saved shard is the end of this one. Other loaders and positions are returned
+    unchanged."""
+    if (not isinstance(loader, PreparedDataLoader) or loader._sampler is None
+            or not isinstance(position, dict) or set(position) != set(POSITION_KEYS)
+            or not all(isinstance(position[k], int) for k in POSITION_KEYS)):
+        return position
+    sampler = loader._sampler
+    size = int(loader._loader.batch_size or 1)
+    saved_size = saved_samples_per_batch or size
+    per_rank = -(-len(sampler.dataset) // saved_world_size)  # type: ignore[arg-type]
+    if position["batch"] * saved_size >= per_rank:  # the saved ranks had read all their shard
+        return {"epoch": position["epoch"], "batch": len(loader)}
+    consumed = position["batch"] * saved_size * saved_world_size
+    return {"epoch": position["epoch"],
+            "batch": consumed // (size * int(sampler.num_replicas))}
+
+
+def _shuffle_of(sampler: object) -> bool:
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
             raise ConfigError(
@@ -224,8 +268,11 @@ def prepare_data_loader(
     are moved to :func:`get_device`. With ``add_dist_sampler=False`` the loader is kept
     as is (the sampler's ``set_epoch`` is still called every pass, when it has one).
 
-    Raises :class:`ConfigError` for loaders the sampler cannot replace (an iterable
-    dataset, a custom sampler or batch sampler) unless ``add_dist_sampler=False``.
+    A ``batch_sampler=BatchSampler(sampler, batch_size, drop_last)`` is read as the
+    ``batch_size``, ``drop_last`` and shuffle (a ``RandomSampler``) or order (a
+    ``SequentialSampler``) it stands for. Raises :class:`ConfigError` for loaders the
+    sampler cannot replace (an iterable dataset, a custom sampler or batch sampler) unless
+    ``add_dist_sampler=False``.
     """
     if not isinstance(data_loader, DataLoader):
         raise ConfigError(
@@ -250,22 +297,29 @@ def prepare_data_loader(
             f"{type(batch_sampler).__name__}, which cannot be sharded; pass "
             "add_dist_sampler=False and shard it yourself."
         )
+    # A plain BatchSampler, the DataLoader's own (batch_size=) or one passed as
+    # batch_sampler= (the loader then says batch_size=None and a SequentialSampler), is all
+    # in its sampler, batch size and drop_last.
+    source, batch_size, drop_last = (
+        (data_loader.sampler, data_loader.batch_size, data_loader.drop_last)
+        if batch_sampler is None
+        else (batch_sampler.sampler, batch_sampler.batch_size, batch_sampler.drop_last))
     sampler = _ResumableSampler(
         data_loader.dataset,
         num_replicas=world_size,
         rank=rank,
-        shuffle=_shuffle_of(data_loader),
+        shuffle=_shuffle_of(source),
         seed=seed,
     )
     generator = torch.Generator()
     rebuilt: DataLoader[Any] = DataLoader(
         data_loader.dataset,
-        batch_size=data_loader.batch_size,
+        batch_size=batch_size,
         sampler=sampler,
         num_workers=data_loader.num_workers,
         collate_fn=data_loader.collate_fn,
         pin_memory=data_loader.pin_memory,
-        drop_last=data_loader.drop_last,
+        drop_last=drop_last,
         timeout=data_loader.timeout,
         worker_init_fn=data_loader.worker_init_fn,
         multiprocessing_context=data_loader.multiprocessing_context,

@@ -22,15 +22,17 @@ import copy
 import itertools
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError
+from cairn._src.torch.data_loader import resharded_position, samples_per_batch
 from cairn._src.torch.placement import rank_and_world_size
 from cairn._src.torch.rng import capture_rng_state, restore_rng_state
 
@@ -41,10 +43,11 @@ MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 PROGRESS_FILE = "progress.pt"
+RANK_STATE_NAME = "rank_state.pt"
 
 
 def rank_state_file(rank: int) -> str:
-    return f"rank_{rank}/rank_state.pt"
+    return f"rank_{rank}/{RANK_STATE_NAME}"
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,12 @@ class TrainingState:
     """What :func:`load_training_state` read besides what it loaded into your objects.
 
     ``step`` and ``epoch`` are the values saved (by convention: the next step and epoch
-    to run); ``extra`` is the saved ``extra`` dict; ``data_loader_position`` the saved
-    position of this rank's data loader (None without one); ``world_size`` the world size
-    of the run that saved it; ``rank_state_restored`` is False when the checkpoint holds
-    no state for this rank (the world size changed), so RNGs and data were not restored.
+    to run); ``extra`` is the saved ``extra`` dict; ``data_loader_position`` the position
+    given to the data loader (None without one: this rank's saved position, or, when the
+    world size changed or this rank saved none, rank 0's, as every rank then takes it);
+    ``world_size`` the world size of the run that saved it; ``rank_state_restored`` is
+    False when the checkpoint holds no state for this rank (a rank added since), so its
+    RNGs were not restored.
     """
 
     step: int
@@ -67,10 +72,23 @@ class TrainingState:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside a DistributedDataParallel / DataParallel wrapper."""
-    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        return model.module  # type: ignore[no-any-return]
-    return model
+    """The module inside the wrappers around ``model``: DistributedDataParallel,
+    DataParallel and ``torch.compile``'s ``OptimizedModule``, nested in any order."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif _is_compiled(model):
+            model = cast(nn.Module, model._orig_mod)
+        else:
+            return model
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is what ``torch.compile(module)`` returns. Such a module exists only
+    once ``torch._dynamo`` is imported: it is not imported here for the question."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = getattr(eval_frame, "OptimizedModule", None)
+    return isinstance(compiled, type) and isinstance(model, compiled)
 
 
 def _check_stateful(function: str, name: str, value: object) -> None:
@@ -141,6 +159,8 @@ def collect_training_state(
         "rank": rank,
         "rng": capture_rng_state(),
         "data_loader": None if data_loader is None else data_loader.state_dict(),
+        # How to carry the position over to another world size (see resharded_position).
+        "data_loader_samples_per_batch": samples_per_batch(data_loader),
     }
     return files
 
@@ -235,12 +255,14 @@ def load_training_state(
     """
     check_state_arguments("load_training_state", model=model, optimizer=optimizer,
                           scheduler=scheduler, data_loader=data_loader)
-    rank, _ = rank_and_world_size()
+    rank, world_size = rank_and_world_size()
     names = [PROGRESS_FILE, MODEL_FILE, rank_state_file(rank)] + [
         name for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler))
         if target is not None]
     held = (checkpoint._verified_objects(names, shared=(MODEL_FILE,))
             if isinstance(checkpoint, Checkpoint) and map_location in ("cpu", None) else None)
+    if held is not None and _saved_world_size(held[PROGRESS_FILE]) != world_size:
+        held = None  # the data position then comes from rank 0's file: read the checkpoint
     if held is not None:
         # A kept rank's own memory copy, verified against the manifest: no file is read,
         # and the held model tensors are copied straight into the module's own.
@@ -249,8 +271,8 @@ def load_training_state(
                         restore_rng=restore_rng, shared_model=True)
     with _local_directory(checkpoint) as directory:
         return _restore(
-            lambda name: _load(directory, name, map_location if name != rank_state_file(rank)
-                               else "cpu", weights_only),
+            lambda name: _load(directory, name, "cpu" if name.endswith(RANK_STATE_NAME)
+                               else map_location, weights_only),
             lambda name: os.path.isfile(os.path.join(directory, name)),
             lambda name: os.path.join(directory, name) if name else directory, checkpoint,
             model=model,
@@ -301,24 +323,50 @@ def _restore(load: Callable[[str], Any], has: Callable[[str], bool],
                 f"checkpoint has no {name}: it was saved without one."
             )
         target.load_state_dict(load(name))
-    position: dict[str, Any] | None = None
+    saved_world_size = _saved_world_size(progress)
     restored = has(rank_state_file(rank))
-    if restored:
-        rank_state = load(rank_state_file(rank))
-        position = rank_state.get("data_loader")
-        if data_loader is not None and position is not None:
-            data_loader.load_state_dict(position)
-        if restore_rng:
-            restore_rng_state(rank_state["rng"])
-    else:
-        logger.warning("The checkpoint holds no state for rank %d (saved by %d ranks): "
-                       "its RNGs and data loader position are not restored", rank,
-                       progress.get("world_size"))
+    rank_state = load(rank_state_file(rank)) if restored else None
+    if not restored:
+        logger.warning("The checkpoint holds no state for rank %d (saved by %d ranks): its "
+                       "RNGs are not restored, its data loader takes rank 0's position", rank,
+                       saved_world_size)
+    position = _data_position(load, has, rank_state, data_loader,
+                              saved_world_size=saved_world_size)
+    if data_loader is not None and position is not None:
+        data_loader.load_state_dict(position)
+    if rank_state is not None and restore_rng:
+        restore_rng_state(rank_state["rng"])
     return TrainingState(
         step=int(progress["step"]),
         epoch=int(progress["epoch"]),
         extra=dict(progress.get("extra") or {}),
         data_loader_position=position,
-        world_size=int(progress.get("world_size", 1)),
+        world_size=saved_world_size,
         rank_state_restored=restored,
     )
+
+
+def _saved_world_size(progress: Any) -> int:
+    return int(progress.get("world_size", 1)) if isinstance(progress, Mapping) else 1
+
+
+def _data_position(load: Callable[[str], Any], has: Callable[[str], bool],
+                   rank_state: Any, data_loader: Any, *, saved_world_size: int) -> Any:
+    """The data loader position this rank resumes from: its own saved one while the world
+    size is the saved one; else rank 0's (in every checkpoint that holds a position, and
+    readable by every rank), carried over to this world size, so that every rank steps
+    through the same number of batches (see ``resharded_position``)."""
+    rank, world_size = rank_and_world_size()
+    if rank_state is not None and saved_world_size == world_size:
+        return rank_state.get("data_loader")
+    if rank_state is not None and rank == 0:
+        state = rank_state
+    elif has(rank_state_file(0)):
+        state = load(rank_state_file(0))
+    else:
+        return None
+    position = state.get("data_loader")
+    if position is None or saved_world_size == world_size:
+        return position
+    return resharded_position(data_loader, position, saved_world_size=saved_world_size,
+                              saved_samples_per_batch=state.get("data_loader_samples_per_batch"))
