@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cairn._src.controller.reports import ReportTracker
-from cairn._src.errors import CheckpointCollisionError, ReportError
+from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError, ReportError
 from cairn._src.storage.transfer import FileEntry
 from cairn._src.wire.messages import CheckpointIntent, ReportMessage, UploadedMessage
 
@@ -228,3 +228,30 @@ def test_the_second_upload_of_a_shared_directory_skips_only_what_is_unchanged(
              for name in os.listdir(directory)}
     kept = unchanged_files(directory, files, earlier, {"theirs"}, RetryPolicy())
     assert kept == {"same": earlier["same"]}
+
+
+@pytest.mark.parametrize("late_rank", [False, True])
+def test_a_skipped_report_refuses_the_ranks_held_for_their_shared_directory(
+    late_rank: bool,
+) -> None:
+    # upload_failure_policy="skip": rank 1 reported the directory first and its upload
+    # failed while rank 0, which reported it too, was held (for that upload, or for a
+    # rank that has not reported yet). Nothing would release rank 0 once the report is
+    # dropped: the skip refuses it.
+    tracker = ReportTracker(3, used_dir_names=set())
+    [first] = tracker.on_report(shared(1, 1, {"shard_1": 1}, "m:1:7"))
+    assert first.error is None
+    assert tracker.on_report(shared(0, 1, {"shard_0": 1, "shard_1": 1}, "m:1:7")) == []
+    if not late_rank:
+        assert tracker.on_report(report(2, 1)) == []  # rank 1's upload has not finished
+    pending, refusals = tracker.skip(1, "The checkpoint of report 1 was skipped: rank 1")
+    assert pending is not None and pending.held == {0}
+    assert [(v.rank, v.index, type(v.error)) for v in refusals] == [
+        (0, 1, CheckpointSkippedError)]
+    assert str(refusals[0].error) == "The checkpoint of report 1 was skipped: rank 1"
+    if late_rank:
+        # Its part comes after the skip: refused at once.
+        [late] = tracker.on_report(shared(2, 1, {"shard_1": 1, "shard_2": 1}, "m:1:7"))
+        assert (late.rank, type(late.error)) == (2, CheckpointSkippedError)
+    # Another rank's upload of it failing too: nobody is left to refuse.
+    assert tracker.skip(1, "again") == (None, [])

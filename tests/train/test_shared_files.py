@@ -126,3 +126,18 @@ def test_dir_name_without_a_checkpoint_that_disagrees_is_refused(
                              r"'(epoch|other)_0'"):
         Trainer(v2_workloads.name_without_checkpoint, train_loop_config={"agree": False},
                 scaling_config=ScalingConfig(num_workers=2), run_config=run_config()).fit()
+
+
+def test_a_collision_the_train_function_caught_is_not_raised_again(
+    run_config: RunConfigFactory,
+) -> None:
+    # The SYNC report() raises the refusal, found once both ranks uploaded; the train
+    # function catches it, and its next report() goes through rather than raise it again.
+    config = run_config()
+    result = Trainer(v2_workloads.collision_caught_then_metrics,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.error is None
+    assert result.return_value == {"1": "CheckpointCollisionError", "2": "reported"}
+    assert result.metrics == {"epoch": 1}
+    assert result.checkpoint is None
+    assert commit_events(config) == []

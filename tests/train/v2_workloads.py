@@ -254,3 +254,26 @@ def score_on_one_rank(config: dict[str, Any]) -> None:
         if rank in config["checkpoint_ranks"]:
             checkpoint = _write(tempfile.mkdtemp(), {f"rank_{rank}.txt": b"%d" % rank})
         cairn.report(metrics, checkpoint=checkpoint)
+
+
+# --- a refused checkpoint the train function catches ------------------------------------
+
+
+def collision_caught_then_metrics(config: dict[str, Any]) -> dict[str, str]:
+    """Every rank saves model.pt, each with different content, and reports it (SYNC): the
+    report is refused after the uploads (a collision). The train function catches that,
+    then makes a metric-only report and returns what each report did."""
+    rank = cairn.get_context().get_world_rank()
+    said = {}
+    checkpoint = _write(tempfile.mkdtemp(), {"model.pt": b"weights-%d" % rank})
+    try:
+        cairn.report({"epoch": 0}, checkpoint=checkpoint)
+        said["1"] = "committed"
+    except cairn.CheckpointCollisionError as exc:
+        said["1"] = type(exc).__name__
+    try:
+        cairn.report({"epoch": 1})
+        said["2"] = "reported"
+    except Exception as exc:
+        said["2"] = f"{type(exc).__name__}: {exc}"
+    return said

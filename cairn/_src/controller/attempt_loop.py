@@ -582,7 +582,7 @@ class AttemptLoop:
             return
         reason = (f"The checkpoint of report {message.index} was skipped: rank "
                   f"{message.rank}: {message.error}")
-        pending = attempt.tracker.skip(message.index, reason)
+        pending, refusals = attempt.tracker.skip(message.index, reason)
         logger.warning("Skipping the checkpoint of report %d: rank %d could not upload it (%s)",
                        message.index, message.rank, message.error)
         if pending is not None and pending.dir_name is not None:
@@ -592,6 +592,7 @@ class AttemptLoop:
             # A second rank's upload of a report already skipped failed too: what it wrote
             # after the first deletion goes as well.
             self._delete_uncommitted(attempt.skipped_dirs[message.index])
+        self._send_verdicts(refusals)  # ranks held for a shared directory: not uploaded
         parts.channels.broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
                                                            error=reason))
         parts.events.emit(CheckpointSkipped(message.index))

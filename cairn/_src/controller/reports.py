@@ -311,10 +311,14 @@ class ReportTracker:
         self._changed.add(message.index)
         return self._release(pending)
 
-    def skip(self, index: int, reason: str) -> PendingReport | None:
-        """Drop a report's checkpoint for good; later parts of it are refused."""
-        self._skipped[index] = CheckpointSkippedError(reason)
-        return self._pending.pop(index, None)
+    def skip(self, index: int, reason: str) -> tuple[PendingReport | None, list[Verdict]]:
+        """Drop a report's checkpoint for good; later parts of it are refused. The report
+        (None if it was not pending), and the refusals to send to the ranks still waiting
+        for a verdict (held for a shared directory): nothing else would ever answer them."""
+        error = self._skipped[index] = CheckpointSkippedError(reason)
+        pending = self._pending.pop(index, None)
+        held = sorted(pending.held) if pending is not None else []
+        return pending, [Verdict(rank, index, error) for rank in held]
 
     def take_ready(self) -> list[ReadyCheckpoint]:
         """Reports whose checkpoint can be committed now, in report order; forgets them.

@@ -24,14 +24,13 @@ from typing import Any
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.checkpoint.local_tier import LocalTier
-from cairn._src.checkpoint.references import check_reference, check_upload_source
+from cairn._src.checkpoint.references import check_upload_source
 from cairn._src.checkpoint.reported import CheckpointConsistencyMode, ReportedCheckpoint
 from cairn._src.checkpoint.views import CheckpointView, checkpoint_from_view
 from cairn._src.config.run import CheckpointUploadMode
 from cairn._src.errors import AttemptStopped, CairnError, CheckpointSkippedError, ReportError
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.run.report_checks import check_dir_name, check_score_attribute, validate_metrics
-from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.paths import check_relative_path, local_dir_identity
 from cairn._src.storage.retry import RetryPolicy
@@ -59,6 +58,7 @@ from cairn._src.worker.direct_write import direct_writer, write_direct
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources, serve_copy
 from cairn._src.worker.peer_prefetch import restore_sources
 from cairn._src.worker.preemption import WorkerPreemption
+from cairn._src.worker.references import reference_intent, reference_location
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
 from cairn._src.worker.upload_errors import upload_failure
@@ -254,7 +254,7 @@ class WorkerSession:
         except CheckpointSkippedError:
             pass  # upload_failure_policy="skip": training goes on without this checkpoint
         finally:
-            resolve_after_commit(job, self.retry)
+            self._end_job(job)
         self._timing("checkpoint_stall", time.perf_counter() - started, index)
         return handle
 
@@ -310,26 +310,14 @@ class WorkerSession:
         self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
         validation: dict[str, Any] | None = None,
     ) -> ReportHandle:
-        # Refuses what no new process could reach, credentials in the URI and Cairn's own
-        # data; a path on the run's storage filesystem comes back bound to the run's store.
-        location = check_reference(
-            checkpoint.location, self._setup.run, self.retry,
-            what=f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD)")
-        if not is_dir(location, self.retry):
-            raise ReportError(
-                f"report(checkpoint={checkpoint!r}, checkpoint_upload_mode=NO_UPLOAD): "
-                f"{location.display()} does not exist or is not a directory. Finish writing the "
-                "checkpoint before reporting it."
-            )
+        location = reference_location(checkpoint, self._setup.run, self.retry)
         index = self._take_index()
-        name = dir_name or default_checkpoint_dir_name(index)
         handle = ReportHandle(index, has_checkpoint=True)
         with self._state_lock:
             self._handles[index] = handle
-        intent = CheckpointIntent(
-            name, CheckpointUploadMode.NO_UPLOAD.value, reference=location, validation=validation,
-            explicit_dir_name=dir_name is not None, metadata=checkpoint.get_metadata(),
-            written=checkpoint._written)
+        intent = reference_intent(checkpoint, location,
+                                  dir_name or default_checkpoint_dir_name(index), dir_name,
+                                  validation)
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 
@@ -352,9 +340,7 @@ class WorkerSession:
         """Wait for the go-ahead, upload, announce; the commit resolves ``job.handle``."""
         with self._state_lock:
             waiter = self._proceed[job.index]
-        answer = waiter.get()
-        with self._state_lock:
-            self._proceed.pop(job.index, None)
+        answer = waiter.get()  # the waiter stays until the job ends (_end_job)
         if isinstance(answer, RejectMessage):
             if job.write is not None:
                 shutil.rmtree(job.checkpoint.path, ignore_errors=True)
@@ -431,8 +417,16 @@ class WorkerSession:
                         self._async_error = exc
                 logger.error("ASYNC checkpoint upload of report %d failed: %s", job.index, exc)
             finally:
-                resolve_after_commit(job, self.retry)
+                self._end_job(job)
                 self._slots.release()
+
+    def _end_job(self, job: UploadJob) -> None:
+        """The job is over; its waiter stayed until now, so that a refusal coming after the
+        upload (a collision found once every part was uploaded) only fails the handle the
+        job waits on, not also the next report(), as a NO_UPLOAD report's (no job) does."""
+        with self._state_lock:
+            self._proceed.pop(job.index, None)
+        resolve_after_commit(job, self.retry)
 
     def _fail_handle(self, index: int, error: BaseException) -> None:
         with self._state_lock:
@@ -482,7 +476,7 @@ class WorkerSession:
                 return
             if isinstance(message, ProceedMessage | RejectMessage):
                 with self._state_lock:
-                    waiter = self._proceed.get(message.index)
+                    waiter = self._proceed.get(message.index)  # None: no upload job
                     if (waiter is None and isinstance(message, RejectMessage)
                             and not isinstance(message.error, CheckpointSkippedError)
                             and self._async_error is None):
@@ -519,12 +513,17 @@ class WorkerSession:
             ):
                 self._latest = message.checkpoint
             handle = self._handles.pop(message.index, None)
+            waiter = self._proceed.get(message.index)
+        error = (CheckpointSkippedError(message.error or "skipped") if message.skipped
+                 else CairnError(message.error) if message.error is not None else None)
+        if waiter is not None and error is not None:
+            # Resolved before this rank's verdict came (held for a shared directory when
+            # another rank's upload failed): its job ends, uploading nothing.
+            waiter.set(RejectMessage(message.index, error), final=True)
         if handle is None:
             return
-        if message.skipped:
-            handle._resolve(None, CheckpointSkippedError(message.error or "skipped"))
-        elif message.error is not None:
-            handle._resolve(None, CairnError(message.error))
+        if error is not None:
+            handle._resolve(None, error)
         else:
             view = message.checkpoint
             handle._resolve(self._checkpoint(view) if view else None, None)

@@ -49,14 +49,21 @@ UploadFn = Callable[[Checkpoint, str], Checkpoint]
 
 
 class Waiter:
-    """One pending answer from the controller for a report index."""
+    """One pending answer from the controller for a report index.
+
+    A later answer replaces an earlier one not taken yet (a refusal after the go-ahead),
+    except a ``final`` one: the report was resolved (skipped) before its verdict came,
+    and a verdict that arrives after that is ignored."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.value: object = None
+        self._final = False
 
-    def set(self, value: object) -> None:
-        self.value = value
+    def set(self, value: object, *, final: bool = False) -> None:
+        if self._final:
+            return
+        self.value, self._final = value, final
         self.event.set()
 
     def get(self) -> object:

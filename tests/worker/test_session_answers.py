@@ -1,0 +1,162 @@
+"""A worker session's answers from the controller, with the controller's end of the
+connection played by the test (no processes): a report skipped before this rank's
+go-ahead came, and a refusal that comes after this rank's upload."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn import Checkpoint
+from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError
+from cairn._src.storage.location import resolve
+from cairn._src.storage.retry import RetryPolicy
+from cairn._src.wire.messages import (
+    CommittedMessage,
+    ProceedMessage,
+    RejectMessage,
+    ReportMessage,
+    SetupMessage,
+    UploadedMessage,
+)
+from cairn._src.worker.report_handle import ReportHandle
+from cairn._src.worker.session import WorkerSession
+
+INDEX = 5
+SKIPPED = f"The checkpoint of report {INDEX} was skipped: rank 1: OSError: no space left"
+
+
+def _setup(run: str) -> SetupMessage:
+    return SetupMessage(
+        rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, attempt=0,
+        experiment_name="answers", run=resolve(run), train_fn=b"", config=b"",
+        pass_config=False, resume=None, first_report_index=INDEX, score_attribute=None,
+        max_pending_uploads=2, upload_failure_policy="skip", retry=b"", setup_hooks=b"",
+        teardown_hooks=b"")
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[tuple[WorkerSession, Connection]]:
+    """A session of rank 0 whose first report is report ``INDEX``, and the controller's
+    end of its connection."""
+    ours, theirs = Pipe()
+    worker = WorkerSession(theirs, _setup(str(tmp_path / "run")), RetryPolicy(),
+                           on_controller_lost=lambda: None)
+    yield worker, ours
+    worker.close()
+    ours.close()
+
+
+def _checkpoint(tmp_path: Path) -> Checkpoint:
+    directory = tmp_path / "local"
+    directory.mkdir()
+    (directory / "shard_0").write_bytes(b"shard 0")
+    return Checkpoint.from_directory(str(directory))
+
+
+def _received(connection: Connection, until: Callable[[Any], bool] | None = None,
+              timeout: float = 0.5) -> list[Any]:
+    """What the worker sent: up to the first message ``until`` accepts (30 s at most),
+    or whatever arrives within ``timeout`` seconds."""
+    messages: list[Any] = []
+    while connection.poll(30 if until is not None else timeout):
+        messages.append(connection.recv())
+        if until is not None and until(messages[-1]):
+            break
+    return messages
+
+
+def _in_thread(action: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _is_report(message: Any) -> bool:
+    return isinstance(message, ReportMessage) and message.checkpoint is not None
+
+
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+def test_a_report_skipped_before_its_go_ahead_ends_its_upload_without_uploading(
+    session: tuple[WorkerSession, Connection], tmp_path: Path, mode: str
+) -> None:
+    # Held for a directory it shares with another rank (no verdict yet), rank 0 learns
+    # the report was skipped (the other rank's upload failed): its upload ends, uploads
+    # nothing, and its handle says skipped.
+    worker, controller = session
+    reporting, outcome = _in_thread(lambda: worker.report(
+        {"step": 1}, checkpoint=_checkpoint(tmp_path), checkpoint_upload_mode=mode))
+    [*_, report] = _received(controller, until=_is_report)
+    assert report.index == INDEX
+    controller.send(CommittedMessage(INDEX, None, error=SKIPPED, skipped=True))
+    reporting.join(30)
+    assert not reporting.is_alive(), "report() still waits for a verdict"
+    [handle] = outcome
+    assert isinstance(handle, ReportHandle)
+    with pytest.raises(CheckpointSkippedError, match="was skipped: rank 1"):
+        handle.wait(timeout=30)
+    finishing, _ = _in_thread(worker.finish)
+    finishing.join(30)
+    assert not finishing.is_alive(), "the upload thread still waits for a verdict"
+    assert not any(isinstance(m, UploadedMessage) for m in _received(controller))
+    assert not (tmp_path / "run").exists()
+    if finishing.is_alive():  # let the stuck thread go
+        controller.send(RejectMessage(INDEX, CheckpointSkippedError(SKIPPED)))
+
+
+@pytest.mark.parametrize("late", ["proceed", "reject"])
+def test_a_verdict_that_comes_after_the_skip_is_ignored(
+    session: tuple[WorkerSession, Connection], tmp_path: Path, late: str
+) -> None:
+    worker, controller = session
+    handle = worker.report({"step": 1}, checkpoint=_checkpoint(tmp_path),
+                           checkpoint_upload_mode="ASYNC")
+    _received(controller, until=_is_report)
+    controller.send(CommittedMessage(INDEX, None, error=SKIPPED, skipped=True))
+    controller.send(ProceedMessage(INDEX) if late == "proceed"
+                    else RejectMessage(INDEX, CheckpointSkippedError(SKIPPED)))
+    with pytest.raises(CheckpointSkippedError):
+        handle.wait(timeout=30)
+    finishing, outcome = _in_thread(worker.finish)
+    finishing.join(30)
+    assert not finishing.is_alive() and outcome == [None]
+    assert not any(isinstance(m, UploadedMessage) for m in _received(controller))
+    assert not (tmp_path / "run").exists()
+    # Nothing is left to raise: the next report goes through.
+    assert worker.report({"step": 2}).index == INDEX + 1
+
+
+def test_a_refusal_after_this_ranks_upload_is_raised_by_its_report_only(
+    session: tuple[WorkerSession, Connection], tmp_path: Path
+) -> None:
+    # Another rank's copy of a path differs: found once every part is uploaded, so after
+    # this rank's upload. The SYNC report() raises it; the next report() does not again.
+    worker, controller = session
+    collision = CheckpointCollisionError("Ranks 0 and 1 both wrote 'model.pt'")
+
+    def play_controller() -> None:
+        _received(controller, until=_is_report)
+        controller.send(ProceedMessage(INDEX))
+        _received(controller, until=lambda m: isinstance(m, UploadedMessage))
+        controller.send(RejectMessage(INDEX, collision))
+
+    playing, _ = _in_thread(play_controller)
+    with pytest.raises(CheckpointCollisionError, match=r"both wrote 'model\.pt'"):
+        worker.report({"step": 1}, checkpoint=_checkpoint(tmp_path))
+    playing.join(30)
+    assert worker.report({"step": 2}).index == INDEX + 1
+    worker.finish()
