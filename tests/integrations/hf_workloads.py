@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import torch
@@ -79,6 +80,18 @@ class RecordSteps(TrainerCallback):  # type: ignore[misc]
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SlowSave(TrainerCallback):  # type: ignore[misc]
+    """Rank 0 takes ``seconds`` more to save (a large model on slow storage), before the
+    report callback's barrier."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if cairn.get_context().get_world_rank() == 0:
+            time.sleep(self.seconds)
+
+
 def train_transformers(config: dict[str, Any]) -> None:
     """The ported Ray Train pattern: the callback reports each save; a restart resumes the
     Trainer from the reported checkpoint's ``checkpoint/`` folder."""
@@ -105,6 +118,7 @@ def train_transformers(config: dict[str, Any]) -> None:
         args=args,
         train_dataset=LinearData(),
         callbacks=[
+            *([SlowSave(config["slow_save_s"])] if "slow_save_s" in config else []),
             huggingface.RayTrainReportCallback(
                 checkpoint_upload_mode=config.get("upload_mode", "SYNC")),
             RecordSteps(config["scratch"], config.get("kill_at_step")),
@@ -126,3 +140,37 @@ def prepare_without_process_group(config: dict[str, Any]) -> None:
                              disable_tqdm=True)
     trainer = Trainer(model=TinyRegressor(TinyConfig()), args=args, train_dataset=LinearData())
     cairn.huggingface.prepare_trainer(trainer)
+
+
+def ray_data_items(size: int = 32, features: int = 4) -> list[dict[str, Any]]:
+    """LinearData's rows as Ray Data items."""
+    data = LinearData(size, features)
+    return [{"x": data.x[i].tolist(), "labels": float(data.y[i])} for i in range(size)]
+
+
+def train_on_ray_data(config: dict[str, Any]) -> None:
+    """Ray's Ray Data pattern: the Trainer's train_dataset is this rank's shard as an
+    iterable of torch batches (no __len__), which prepare_trainer makes the Trainer read."""
+    torch.set_num_threads(1)
+    dtypes = {"x": torch.float32, "labels": torch.float32}
+    shard = cairn.get_dataset_shard("train")
+    args = TrainingArguments(
+        output_dir=config["output_dir"], max_steps=4, save_strategy="steps", save_steps=2,
+        logging_steps=1, learning_rate=0.05, report_to="none", use_cpu=True,
+        disable_tqdm=True, seed=0,
+    )
+    trainer = Trainer(
+        model=TinyRegressor(TinyConfig()),
+        args=args,
+        train_dataset=shard.iter_torch_batches(batch_size=4, dtypes=dtypes),
+        eval_dataset={"a": cairn.get_dataset_shard("eval").iter_torch_batches(
+            batch_size=4, dtypes=dtypes)},
+        callbacks=[cairn.huggingface.RayTrainReportCallback(),
+                   RecordSteps(config["scratch"], None)],
+    )
+    trainer = cairn.huggingface.prepare_trainer(trainer)
+    trainer.train()
+    metrics = trainer.evaluate()
+    rank = cairn.get_context().get_world_rank()
+    with open(os.path.join(config["scratch"], f"eval_{rank}.txt"), "w") as f:
+        f.write(str(metrics["eval_a_loss"]))

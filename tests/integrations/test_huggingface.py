@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +24,8 @@ from cairn.huggingface import CairnReportCallback, RayTrainReportCallback, prepa
 from cairn.torch import TorchTrainer
 
 
-def _fit(tmp_path: Path, num_workers: int = 2, **config: object) -> cairn.Result:
+def _fit(tmp_path: Path, num_workers: int = 2,
+         failure_config: FailureConfig | None = None, **config: object) -> cairn.Result:
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     # The workers' temporary directory, where the callback stages each checkpoint.
@@ -32,7 +36,7 @@ def _fit(tmp_path: Path, num_workers: int = 2, **config: object) -> cairn.Result
                            **config},
         scaling_config=ScalingConfig(num_workers=num_workers),
         run_config=RunConfig(name="hf", storage_path=str(tmp_path / "runs"),
-                             failure_config=FailureConfig(max_failures=1),
+                             failure_config=failure_config or FailureConfig(max_failures=1),
                              worker_env={"TMPDIR": str(tmp_path / "worker_tmp")}),
     )
     return trainer.fit()
@@ -72,6 +76,18 @@ def test_two_workers_report_every_save_with_the_logged_metrics(
     # Every staging directory is gone once its checkpoint is committed.
     assert sorted(os.listdir(tmp_path / "hf_output")) == ["checkpoint-2", "checkpoint-4"]
     assert os.listdir(tmp_path / "worker_tmp") == []
+
+
+@pytest.mark.slow
+def test_a_save_longer_than_the_collective_timeout_is_waited_for(tmp_path: Path) -> None:
+    # Rank 1 reaches on_save at once, rank 0 after writing for longer than Cairn's
+    # collective deadline: the barrier before staging has the process group's timeout.
+    result = _fit(tmp_path, max_steps=2, save_steps=2, slow_save_s=6.0,
+                  failure_config=FailureConfig(max_failures=0, collective_timeout_s=2.0))
+
+    assert result.error is None
+    assert _trainer_state(result.checkpoint)["global_step"] == 2
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= _trainer_state(result.checkpoint)["_files"]
 
 
 @pytest.mark.slow
@@ -144,12 +160,16 @@ def test_prepare_trainer_warns_when_nothing_would_be_reported(
     assert "has no cairn.huggingface.CairnReportCallback" in text
     assert "save_strategy='no'" in text
 
+    # As Ray's: the same object, of a subclass of its class; preparing again adds none.
+    prepared_class = type(trainer)
+    assert isinstance(trainer, Trainer) and prepared_class is not Trainer
     caplog.clear()
     trainer.add_callback(CairnReportCallback())
     trainer.args.save_strategy = "steps"
     with caplog.at_level(logging.WARNING, logger="cairn"):
         prepare_trainer(trainer)
     assert caplog.text == ""
+    assert type(trainer) is prepared_class and type(trainer).__mro__[1] is Trainer
     assert os.listdir(tmp_path) == []
 
 
@@ -167,3 +187,42 @@ def test_prepare_trainer_without_a_process_group_says_to_use_torch_trainer(
     assert failure.match(r"prepare_trainer: this run has 2 workers but torch.distributed is "
                          r"not initialized in them.*run the train function with "
                          r"cairn.torch.TorchTrainer")
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[Any]:
+    """A Ray instance of this module's own on 127.0.0.1 (tests/conftest.py keeps every Ray
+    node on the loopback address), as tests/controller/elastic/test_ray_datasets.py starts:
+    Ray Data needs one, even for the local backend's workers."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=tempfile.mkdtemp(prefix="cairn-ray-"))
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_prepare_trainer_feeds_ray_data_shards_to_the_trainer(
+        tmp_path: Path, ray_instance: Any) -> None:
+    # Ray's pattern: train_dataset=get_dataset_shard("train").iter_torch_batches(...), an
+    # iterable with no __len__; unprepared, the Trainer's map-style loader fails on len().
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    items = hf_workloads.ray_data_items()
+    result = TorchTrainer(
+        hf_workloads.train_on_ray_data,
+        train_loop_config={"output_dir": str(tmp_path / "hf_output"), "scratch": str(scratch)},
+        datasets={"train": ray_instance.data.from_items(items),
+                  "eval": ray_instance.data.from_items(items[:16])},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="hf_data", storage_path=str(tmp_path / "runs")),
+    ).fit()
+
+    assert result.error is None
+    for rank in (0, 1):
+        assert _steps(scratch, 0, rank) == [1, 2, 3, 4]
+        assert float((scratch / f"eval_{rank}.txt").read_text()) >= 0.0
+    assert _trainer_state(result.checkpoint)["global_step"] == 4
+    steps = sorted(_trainer_state(c)["global_step"] for c, _ in result.best_checkpoints)
+    assert steps == [2, 4]

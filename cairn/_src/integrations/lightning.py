@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -25,11 +26,21 @@ import torch.distributed as dist
 from cairn._src.config.run import CheckpointUploadMode
 from cairn._src.config.validation import ValidationTaskConfig
 from cairn._src.errors import ConfigError
-from cairn._src.integrations.reporting import ReportOptions, report_staged, staging_directory
+from cairn._src.integrations.reporting import (
+    ReportOptions,
+    StagingFolders,
+    remove_stale,
+    report_staged,
+    run_token,
+    staging_directory,
+    staging_token,
+)
 from cairn._src.torch.placement import get_device, rank_and_world_size
 from cairn._src.train.api import get_context
 
 logger = logging.getLogger(__name__)
+
+STAGING_PREFIX = "cairn-lightning-"
 
 
 def _import_lightning() -> tuple[Any, Any]:
@@ -185,20 +196,46 @@ def _scalar(name: str, value: Any) -> Any:
     return value
 
 
+def _attempt_prefix() -> str:
+    return f"{STAGING_PREFIX}{staging_token()}-"
+
+
+def _shared_staging(trainer: Any) -> str:
+    """Rank 0's new staging directory, the same path on every rank (created where missing).
+
+    Lightning checkpoints into rank 0's path on every rank (``strategy.broadcast``): with
+    sharded state (FSDP ``state_dict_type="sharded"``, DeepSpeed) each rank writes its
+    shards there, on its own machine, so each rank must report that path to put every
+    machine's shards into the checkpoint."""
+    staging: str | None = None
+    if trainer.global_rank == 0:
+        staging = staging_directory(f"{_attempt_prefix()}e{trainer.current_epoch}-")
+    staging = trainer.strategy.broadcast(staging, 0)
+    assert staging is not None
+    os.makedirs(staging, exist_ok=True)
+    return staging
+
+
 class CairnReportCallback(_Callback):  # type: ignore[misc]
     """Reports ``trainer.callback_metrics`` and a Lightning checkpoint at every train epoch
     end, as Ray Train's ``ray.train.lightning.RayTrainReportCallback``.
 
-    Every rank calls ``trainer.save_checkpoint`` into a fresh local directory (Lightning
-    writes the file on rank 0 only, and gathers sharded state as the strategy requires),
-    then every rank reports once: the metrics as Python numbers, plus ``epoch``
-    (``trainer.current_epoch``) and ``step`` (``trainer.global_step``), and its directory
-    as the checkpoint; a rank whose directory stayed empty reports its metrics alone, so
-    the committed checkpoint holds ``checkpoint.ckpt`` (:attr:`CHECKPOINT_NAME`).
+    Rank 0 makes a fresh local directory and broadcasts its path (as Lightning broadcasts
+    rank 0's checkpoint path), every rank creates that path on its own machine and calls
+    ``trainer.save_checkpoint`` into it, and every rank reports that directory once: the
+    metrics as Python numbers, plus ``epoch`` (``trainer.current_epoch``) and ``step``
+    (``trainer.global_step``). What each rank finds there is what Lightning wrote on its
+    machine: the file ``checkpoint.ckpt`` (:attr:`CHECKPOINT_NAME`) written by rank 0
+    alone with DDP or FSDP's default full state dict, or each rank's shards in the folder
+    ``checkpoint.ckpt`` with ``FSDPStrategy(state_dict_type="sharded")`` or DeepSpeed.
+    Ranks on one machine report the same directory (its files are stored once); a rank
+    whose directory holds nothing reports its metrics alone.
 
     ``checkpoint_upload_mode`` (``"SYNC"``, the default, or ``"ASYNC"``) and
-    ``validation`` are passed to :func:`cairn.report`. With ``SYNC``, the local directory
-    is removed once the checkpoint is committed; with ``ASYNC``, after its upload.
+    ``validation`` are passed to :func:`cairn.report`. The local directory is removed once
+    its report is done, whatever the outcome (committed, skipped or failed); ASYNC reports
+    are checked at each epoch end and waited for at ``on_train_end``. ``on_train_start``
+    removes what an earlier attempt of the run left in the temporary directory.
     """
 
     CHECKPOINT_NAME = "checkpoint.ckpt"
@@ -213,20 +250,31 @@ class CairnReportCallback(_Callback):  # type: ignore[misc]
             type(self).__name__, checkpoint_upload_mode, validation)
         self.checkpoint_upload_mode = self._options.checkpoint_upload_mode
         self.validation = self._options.validation
+        self._staging = StagingFolders()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # This run's folders of other attempts (not another run's: the temporary directory
+        # may be shared); never this attempt's, whichever rank named them.
+        remove_stale(tempfile.gettempdir(), f"{STAGING_PREFIX}{run_token()}-",
+                     _attempt_prefix())
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._staging.drain()
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         metrics = {name: _scalar(name, value)
                    for name, value in trainer.callback_metrics.items()}
         metrics["epoch"] = trainer.current_epoch
         metrics["step"] = trainer.global_step
-        staging = staging_directory(f"cairn-lightning-{trainer.current_epoch}-")
+        self._staging.sweep()
+        staging = _shared_staging(trainer)
         try:
             trainer.save_checkpoint(os.path.join(staging, self.CHECKPOINT_NAME),
                                     weights_only=False)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        report_staged(metrics, staging, self._options)
+        report_staged(metrics, staging, self._options, self._staging)
 
 
 RayTrainReportCallback = CairnReportCallback
