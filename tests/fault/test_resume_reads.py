@@ -30,8 +30,8 @@ def driver_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 
     monkeypatch.setattr(manager_module, "check_directory_sizes",
                         spy("sizes", manager_module.check_directory_sizes))
-    monkeypatch.setattr(manager_module, "verify_directory",
-                        spy("full", manager_module.verify_directory))
+    monkeypatch.setattr(manager_module, "verify_committed",
+                        spy("full", manager_module.verify_committed))
     return seen
 
 
