@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +56,29 @@ def lease_files(run: Path) -> list[str]:
     return sorted(n for n in os.listdir(run) if n == LEASE_NAME or n.startswith("_cairn_lease"))
 
 
+def driver_starting_before(call: Callable[..., Any], run: Path,
+                           drivers: list[RunLease]) -> Callable[..., Any]:
+    """``call``, after a driver took (or tried to take) ``run``'s lease; the drivers that
+    got it go to ``drivers``."""
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        driver = RunLease(resolve(str(run)), RETRY)
+        driver.acquire()
+        drivers.append(driver)
+        return call(*args, **kwargs)
+
+    return wrapped
+
+
 def test_prune_refuses_a_driver_that_starts_while_it_reads_the_event_log(
         run: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     before = (run / INDEX_NAME).read_bytes()
     names = checkpoints(run)
-    read_log = cli_runs.read_log
     drivers: list[RunLease] = []
-
-    def driver_starts_meanwhile(*args: Any, **kwargs: Any) -> Any:
-        # fit() of a restarted training script takes the lease (and would then write the
-        # index: attempts + 1) while prune reads the event log.
-        driver = RunLease(resolve(str(run)), RETRY)
-        driver.acquire()
-        drivers.append(driver)
-        return read_log(*args, **kwargs)
-
-    monkeypatch.setattr(cli_runs, "read_log", driver_starts_meanwhile)
+    # fit() of a restarted training script takes the lease (and would then write the
+    # index: attempts + 1) while prune reads the event log.
+    monkeypatch.setattr(cli_runs, "read_log",
+                        driver_starting_before(cli_runs.read_log, run, drivers))
     try:
         assert main(["prune", str(run), "--keep", "1"]) == 2
     finally:
@@ -170,16 +177,9 @@ def test_rebuild_index_refuses_a_driver_that_starts_while_it_reads_the_manifests
         run: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     before = (run / INDEX_NAME).read_bytes()
-    rebuild_index = cli_runs.rebuild_index
     drivers: list[RunLease] = []
-
-    def driver_starts_meanwhile(*args: Any, **kwargs: Any) -> Any:
-        driver = RunLease(resolve(str(run)), RETRY)
-        driver.acquire()
-        drivers.append(driver)
-        return rebuild_index(*args, **kwargs)
-
-    monkeypatch.setattr(cli_runs, "rebuild_index", driver_starts_meanwhile)
+    monkeypatch.setattr(cli_runs, "rebuild_index",
+                        driver_starting_before(cli_runs.rebuild_index, run, drivers))
     try:
         assert main(["rebuild-index", str(run)]) == 2
     finally:
