@@ -40,8 +40,9 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
     buffers), as a bit flip would. Kind "kill_while_serving": the rank, kept into that
     attempt, SIGKILLs itself in the middle of sending its memory copy to a replacement
     rank, once that rank's train function restores (``ballast_mib`` of extra state makes
-    that copy large). Kind "lose_node" (Ray backend): every rank records its node; the
-    highest rank off the head node (``fault["head"]``) holds there for its node to be
+    that copy large): the file's bytes with ``"route": "file"``, else once that rank
+    mapped the copy in shared memory. Kind "lose_node" (Ray backend): every rank records
+    its node; the highest rank off the head node (``fault["head"]``) holds there for its node to be
     removed, the others go on into the step's all_reduce. Kind "kill_after_snapshot": the
     rank SIGKILLs itself 0.3 s after its ``report_snapshot`` of step ``after_step``."""
     context = cairn.get_context()
@@ -158,6 +159,23 @@ def _corrupt_memory_copy() -> None:
                 tensor.add_(1.0)
 
 
+def _wait_mapped_elsewhere(inode: int) -> None:
+    """Until another process maps the shared-memory file ``inode`` (or 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/maps") as maps:
+                    if any(line.split()[4:5] == [str(inode)] and "memfd:" in line
+                           for line in maps):
+                        return
+            except OSError:
+                continue
+        time.sleep(0.01)
+
+
 def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None:
     """From now on, this process (rank ``rank`` of 2) SIGKILLs itself once it has sent
     1 MiB of a file of its memory copy to a peer in ``attempt`` that is restoring (over
@@ -167,6 +185,24 @@ def _kill_while_serving(config: dict[str, Any], attempt: int, rank: int) -> None
     send = memory_copy._send_file
     if getattr(send, "kills", False):
         return
+    answer = memory_copy.answer_mapped
+    if config["faults"][str(attempt)].get("route") == "file":
+        # As a peer whose copy is not in shared memory: the file's bytes are sent.
+        memory_copy.answer_mapped = lambda connection, writer, names: connection.send(())
+    else:
+        def answer_then_die(connection: Any, writer: Any, names: Any) -> None:
+            # Dies once the peer mapped its shared memory, before the peer verified it.
+            _wait_for(config, f"restoring_{attempt}_{1 - rank}.json")
+
+            class Dying:
+                def send(self, value: Any) -> None:
+                    connection.send(value)
+                    _wait_mapped_elsewhere(value[0][3])
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            answer(Dying(), writer, names)
+
+        memory_copy.answer_mapped = answer_then_die
 
     def send_then_die(connection: Any, copy: Any, rel: str, offer: object) -> Any:
         # Once the replacement's train function restores (past the model's set-up).

@@ -167,31 +167,39 @@ def test_a_corrupted_memory_copy_is_not_used_and_the_event_log_says_why(
     # Files whose tensors changed come from storage, with the reason.
     assert "storage" in restored[0]["kind"], restored
     assert "this rank's memory copy of 'model.pt' does not match" in restored[0]["reason"]
-    # Only its own small state comes from the driver's copy.
-    assert restored[1]["kind"] == "driver+storage" and restored[1]["peer_bytes"] == 0, (
-        restored)
+    # Its own small state comes from the driver's copy, the peer's files that match
+    # (its tensors unchanged) from the peer's shared memory.
+    assert restored[1]["kind"] == "peer+driver+storage", restored
+    assert ("peer rank 0's shared memory copy of 'model.pt' does not match the manifest's "
+            "checksum") in restored[1]["reason"]
     assert "peer rank 0's copy of 'model.pt' does not match the manifest's checksum" in (
         restored[1]["reason"])
     assert restored[1].get("prefetched") is True, restored
     _assert_same_training(result.return_value, reference)
 
 
-def test_a_peer_killed_during_the_transfer_falls_back_to_storage(
-    run_config: Any, scratch: str, reference: dict[str, Any],
+@pytest.mark.parametrize("route", ["shared memory", "file"])
+def test_a_peer_killed_during_the_transfer(
+    run_config: Any, scratch: str, reference: dict[str, Any], route: str,
 ) -> None:
     # Attempt 0: rank 1 is killed; attempt 1: rank 0 (the peer serving rank 1's restore)
-    # is killed in the middle of sending its copy, which rank 1 fetches from its start.
+    # is killed in the middle of the transfer, which rank 1 began at its start.
     faults = {"0": {"rank": 1, "step": 13, "kind": "kill"},
-              "1": {"rank": 0, "kind": "kill_while_serving"}}
+              "1": {"rank": 0, "kind": "kill_while_serving", "route": route}}
     result = _fit(run_config, scratch, "transfer", faults, ballast_mib=64, max_failures=2,
                   keep_survivors=True)
     assert result.error is None
     first, second = _restores(result.path)
     assert first[1][1]["kind"] == "peer", first
-    # Rank 1 got what the peer sent before it died, the rest from storage, and says why.
-    assert "storage" in first[2][1]["kind"], first
-    assert "the transfer from peer rank 0 failed" in first[2][1]["reason"], first
     assert first[2][1].get("prefetched") is True, first
+    if route == "file":
+        # Rank 1 got what the peer sent before it died, the rest from storage, and says
+        # why.
+        assert "storage" in first[2][1]["kind"], first
+        assert "the transfer from peer rank 0 failed" in first[2][1]["reason"], first
+    else:
+        # The peer's memory outlives it while mapped: verified, it is used.
+        assert first[2][1]["kind"] == "peer+driver", first
     # Attempt 2: nobody holds the checkpoint in memory (rank 1 never snapshotted): each
     # rank's own small files come from the driver, the rest from storage.
     assert {e["kind"] for e in second[1].values()} == {"driver"}, second

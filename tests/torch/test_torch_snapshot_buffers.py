@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from cairn._src.torch import snapshot
 from cairn._src.torch.snapshot_buffers import SnapshotBuffers, copy_state
+from cairn._src.worker import shared_state
 from cairn._src.worker.report_handle import ReportHandle
 
 
@@ -73,12 +73,12 @@ def test_serialize_writes_what_torch_load_reads_with_or_without_torchs_zip_parts
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     state = {"w": torch.arange(10.0), "nested": [torch.ones(2, 3), 7], "step": 3}
-    found = snapshot._zip_writer_parts()
+    found = shared_state._zip_writer_parts()
     assert found is not None  # this torch: the CRC-free writer
     for parts in (found, None):
-        monkeypatch.setattr(snapshot, "_zip_writer_parts", lambda parts=parts: parts)
+        monkeypatch.setattr(shared_state, "_zip_writer_parts", lambda parts=parts: parts)
         sink = io.BytesIO()
-        snapshot.serialize(state, sink)
+        shared_state.serialize(state, sink)
         loaded = torch.load(io.BytesIO(sink.getvalue()))
         assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
         assert torch.equal(loaded["nested"][0], torch.ones(2, 3)) and loaded["nested"][1] == 7

@@ -26,12 +26,14 @@ STORED = {"model.pt": b"weights" * 1000, "rank_1/rank_state.pt": b"rng"}
 DIR = "checkpoint_000002"
 
 
-def _committed_run(tmp_path: Path) -> tuple[StorageLocation, Manifest]:
+def committed_run(tmp_path: Path, stored: dict[str, bytes] = STORED,
+                  ) -> tuple[StorageLocation, Manifest]:
+    """A run whose report 2 (``stored``, in ``DIR``) is committed: it, its manifest."""
     run = resolve(str(tmp_path / "run"))
-    for rel, data in STORED.items():
+    for rel, data in stored.items():
         (tmp_path / "run" / DIR / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "run" / DIR / rel).write_bytes(data)
-    manifest = Manifest(files={rel: entry(data) for rel, data in STORED.items()},
+    manifest = Manifest(files={rel: entry(data) for rel, data in stored.items()},
                         report_index=2)
     write_manifest(run.join(DIR), manifest)
     return run, manifest
@@ -53,7 +55,7 @@ def _fetched(tmp_path: Path) -> tuple[StorageLocation, Manifest, RestorePlan, Pe
                                       str]:
     """A committed run, a serving peer and a prefetch of its copy that has finished: the
     run, its manifest, the plan, the prefetch and the directory it fetched into."""
-    run, manifest = _committed_run(tmp_path)
+    run, manifest = committed_run(tmp_path)
     _, plan = _serving_peer()
     prefetch = _prefetch(run, plan)
     prefetch._done.wait(60)
@@ -62,7 +64,7 @@ def _fetched(tmp_path: Path) -> tuple[StorageLocation, Manifest, RestorePlan, Pe
 
 
 def test_the_restore_takes_the_files_fetched_before_it_asked(tmp_path: Path) -> None:
-    run, manifest = _committed_run(tmp_path)
+    run, manifest = committed_run(tmp_path)
     peer, plan = _serving_peer()
     prefetch = _prefetch(run, plan)
     prefetch._done.wait(60)
@@ -96,7 +98,7 @@ def test_a_restore_that_waited_for_the_prefetch_counts_its_time_once(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(peer_prefetch, "fetch_from_peer", slow_fetch)
-    run, manifest = _committed_run(tmp_path)
+    run, manifest = committed_run(tmp_path)
     _, plan = _serving_peer()
     began = time.perf_counter()
     prefetch = _prefetch(run, plan)
@@ -155,7 +157,7 @@ def _restore_prefetched(tmp_path: Path, target: Path,
     what it sent. With ``monkeypatch``, renames out of the prefetch's directory fail
     during the restore as across file systems (/dev/shm to a disk); with ``full`` too,
     copying a file's bytes fails as on a full disk."""
-    run, manifest = _committed_run(tmp_path)
+    run, manifest = committed_run(tmp_path)
     peer, plan = _serving_peer()
     prefetch = _prefetch(run, plan)
     prefetch._done.wait(60)

@@ -13,14 +13,11 @@ copy is what makes this safe: training may change the live tensors as soon as
 
 from __future__ import annotations
 
-import inspect
 import logging
-import pickle
 import time
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
-import torch
 from torch import nn
 
 from cairn._src.errors import ReportError
@@ -34,6 +31,7 @@ from cairn._src.torch.training_state import (
 from cairn._src.wire.messages import TimingMessage
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.session import get_session
+from cairn._src.worker.shared_state import describe, serialize
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +102,7 @@ def report_snapshot(
     started = time.perf_counter()
     buffer_set = _buffers.acquire()
     try:
-        copied = copy_state(files, buffer_set)
+        copied = copy_state(files, buffer_set, shared=session.memory is not None)
         copy_s = time.perf_counter() - started
         handle = session.report_deferred(metrics, files=list(copied),
                                          write=_Writer(copied, buffer_set),
@@ -140,82 +138,6 @@ def _state_dict_files(
     return {name: state_dict} if rank == 0 else {}
 
 
-def _zip_writer_parts() -> tuple[Any, Any, Any] | None:
-    """torch's zip writer, its ``_save`` and storage alignment, when this torch has them
-    as :func:`serialize` calls them (torch 2.x); None: use ``torch.save``."""
-    serialization = torch.serialization
-    save = getattr(serialization, "_save", None)
-    writer = getattr(torch._C, "PyTorchFileWriter", None)
-    alignment = getattr(serialization, "_get_storage_alignment", None)
-    if save is None or writer is None or alignment is None:
-        return None
-    try:
-        parameters = list(inspect.signature(save).parameters)
-    except (TypeError, ValueError):
-        return None
-    if parameters != ["obj", "zip_file", "pickle_module", "pickle_protocol",
-                      "_disable_byteorder_record"]:
-        return None
-    return writer, save, alignment
-
-
-def serialize(value: Any, sink: BinaryIO) -> None:
-    """``torch.save(value, sink)``, without the zip format's CRC-32 of every record.
-
-    The checkpoint's own checksum (XXH3, computed by the sink as the bytes pass) already
-    covers every byte, and the CRC-32 is most of torch.save's CPU time (about 0.4 s of
-    0.55 s for 512 MB here): time the train loop's cores give to the upload. torch.load
-    reads such files as it reads any other (``torch.serialization.set_crc32_options``
-    documents them); ``unzip -t`` would call their CRCs wrong. On a torch without the
-    parts this uses, plain ``torch.save``.
-    """
-    parts = _zip_writer_parts()
-    if parts is None:
-        torch.save(value, sink)
-        return
-    writer_type, save, alignment = parts
-    guarded = _FailOnce(sink)
-    writer = writer_type(guarded, False, alignment())
-    try:
-        save(value, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-        writer.write_end_of_file()
-    except BaseException:
-        if guarded.failed:
-            # The sink raised mid-file (a peer that went away, a full disk). A writer left
-            # unfinished ends the process when it is freed (its destructor finishes the
-            # file and throws in C++): finish it now, into nothing.
-            try:
-                writer.write_end_of_file()
-            except Exception:
-                pass
-        raise
-
-
-class _FailOnce:
-    """``sink``, until a write to it raises: that error goes to the zip writer, and every
-    later write is dropped (so the writer can still be finished, see :func:`serialize`)."""
-
-    def __init__(self, sink: BinaryIO) -> None:
-        self._sink = sink
-        self.failed = False
-
-    def writable(self) -> bool:
-        return True
-
-    def flush(self) -> None:
-        if not self.failed:
-            self._sink.flush()
-
-    def write(self, data: Any) -> Any:
-        if self.failed:
-            return len(memoryview(data).cast("B"))
-        try:
-            return self._sink.write(data)
-        except BaseException:
-            self.failed = True
-            raise
-
-
 class _Writer:
     """Runs on the upload thread: serialize the copy, then free its buffers.
 
@@ -242,6 +164,16 @@ class _Writer:
     def value(self, rel: str) -> Any:
         """The copied state of file ``rel`` (what :meth:`write_file` serializes)."""
         return self._copied[rel]
+
+    def describe_shared(self, rel: str) -> tuple[Any, bytes, list[Any]] | None:
+        """File ``rel`` as a peer on this machine can map it: the arena's wire, the
+        skeleton and its tensors' places (:func:`.shared_state.describe`); None when the
+        copy is not in shared memory."""
+        arena = self._buffer_set.arena
+        if arena is None or rel not in self._copied:
+            return None
+        described = describe(self._copied[rel], arena)
+        return None if described is None else (arena.wire(), *described)
 
     def retain(self) -> bool:
         """Keep the copy after it was written (a kept rank's memory copy of the

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from cairn._src.worker.shared_state import Arena, allocate, mapping_like
+
 logger = logging.getLogger(__name__)
 
 Path = tuple[Hashable, ...]
@@ -38,6 +40,10 @@ class BufferSet:
     # Written, and kept busy as a kept rank's memory copy of its checkpoint (see
     # cairn._src.worker.memory_copy) until released.
     held: bool = False
+    # keep_survivors: the shared memory the tensors are carved from, and the layout
+    # ((path, shape, dtype) of each) it was made for (see cairn._src.worker.shared_state).
+    arena: Arena | None = None
+    layout: list[tuple[Path, tuple[int, ...], Any]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -104,13 +110,17 @@ class SnapshotBuffers:
             return len(self._sets)
 
 
-def copy_state(state: Any, buffer_set: BufferSet) -> Any:
+def copy_state(state: Any, buffer_set: BufferSet, *, shared: bool = False) -> Any:
     """A copy of ``state`` whose tensors live in ``buffer_set`` (on the CPU).
 
     Containers are rebuilt (dicts keep their type and a state dict's ``_metadata``),
     tensors that share memory in ``state`` share one buffer in the copy (tied weights),
     other values are deep-copied. Buffers not used by this state are dropped from the set.
+    With ``shared`` (a kept rank's), the buffers of a state of CPU tensors are carved from
+    one arena of shared memory, made again only when the state's layout changes.
     """
+    if shared:
+        _place_in_arena(state, buffer_set)
     previous = buffer_set.tensors
     copier = _Copier(previous)
     result = copier.copy(state, ())
@@ -119,8 +129,27 @@ def copy_state(state: Any, buffer_set: BufferSet) -> Any:
     return result
 
 
+def _place_in_arena(state: Any, buffer_set: BufferSet) -> None:
+    planner = _Copier({}, planning=True)
+    planner.copy(state, ())
+    if planner.cuda_devices:
+        return  # pinned buffers, not shared
+    layout = [entry for entry in planner.planned if all(entry[1])]
+    if layout == buffer_set.layout or not layout:
+        return
+    made = allocate([(shape, dtype) for _, shape, dtype in layout])
+    if made is None:
+        return
+    buffer_set.arena, tensors = made
+    buffer_set.layout = layout
+    buffer_set.tensors = {path: t for (path, _, _), t in zip(layout, tensors, strict=True)}
+
+
 class _Copier:
-    def __init__(self, previous: dict[Path, torch.Tensor]) -> None:
+    def __init__(self, previous: dict[Path, torch.Tensor], *, planning: bool = False) -> None:
+        # planning: only list the buffers a copy needs (``planned``), copying nothing.
+        self.planning = planning
+        self.planned: list[tuple[Path, tuple[int, ...], Any]] = []
         self.previous = previous
         self.used: dict[Path, torch.Tensor] = {}
         self.seen: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -130,20 +159,13 @@ class _Copier:
         if isinstance(value, torch.Tensor):
             return self.tensor(value, path)
         if isinstance(value, Mapping):
-            items = {key: self.copy(item, (*path, key)) for key, item in value.items()}
-            try:
-                result: Any = type(value)(items)  # type: ignore[call-arg]
-            except TypeError:
-                result = dict(items)
-            metadata = getattr(value, "_metadata", None)
-            if metadata is not None:
-                result._metadata = copy.deepcopy(metadata)
-            return result
+            return mapping_like(value, {key: self.copy(item, (*path, key))
+                                        for key, item in value.items()})
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
             return type(value)(*(self.copy(v, (*path, i)) for i, v in enumerate(value)))
         if isinstance(value, (list, tuple)):
             return type(value)(self.copy(v, (*path, i)) for i, v in enumerate(value))
-        return copy.deepcopy(value)
+        return value if self.planning else copy.deepcopy(value)
 
     def tensor(self, value: torch.Tensor, path: Path) -> torch.Tensor:
         source = value.detach()
@@ -154,13 +176,19 @@ class _Copier:
             or source.device.type not in ("cpu", "cuda")
         ):
             # Sparse, quantized, tensor subclasses (DTensor ...): a plain copy, no reuse.
-            return source.to("cpu", copy=True)
+            return source if self.planning else source.to("cpu", copy=True)
         key = (source.untyped_storage().data_ptr(), source.storage_offset(),
                tuple(source.shape), source.stride(), source.dtype, source.device)
         shared = self.seen.get(key)
         if shared is not None:
             return shared
         on_cuda = source.device.type == "cuda"
+        if self.planning:
+            if on_cuda:
+                self.cuda_devices.add(source.device)
+            self.planned.append((path, tuple(source.shape), source.dtype))
+            self.seen[key] = source
+            return source
         buffer = self.previous.get(path)
         if (
             buffer is None

@@ -38,7 +38,8 @@ from cairn._src.wire.messages import (
 )
 from cairn._src.wire.sockets import abort_connection, disable_nagle
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
-from cairn._src.worker.memory_copy import MemoryCopies, local_host_toward
+from cairn._src.worker.memory_copy import MemoryCopies
+from cairn._src.worker.peer_fetch import local_host_toward
 from cairn._src.worker.preemption import NoticeSource, SigtermNotice
 from cairn._src.worker.session import WorkerSession, set_session
 

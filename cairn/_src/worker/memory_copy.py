@@ -1,5 +1,6 @@
 """A kept rank's copy in memory of the latest committed checkpoint, served to itself and,
 over an authenticated socket, to the rank that replaces a failed one (on the same machine,
+used in place where the snapshot lies in shared memory: :mod:`.peer_mapped`; else
 written into files that rank offers: :mod:`.peer_shared`).
 
 With ``FailureConfig(keep_survivors=True)`` a worker process outlives a failed attempt.
@@ -31,7 +32,6 @@ import functools
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -52,10 +52,10 @@ from cairn._src.wire.sockets import abort_connection, set_io_timeout
 from cairn._src.worker.direct_write import DirectWriter, HashingSink
 from cairn._src.worker.peer_fetch import (
     FAILED,
-    PEER_CHUNK,
     PEER_TIMEOUT_S,
     STREAMED,
     WRITTEN,
+    ConnectionSink,
     Outcome,
     PrefetchSource,
     fetch_from_peer,
@@ -63,7 +63,9 @@ from cairn._src.worker.peer_fetch import (
     receive_object,
     write_verified,
 )
+from cairn._src.worker.peer_mapped import MAPPED, answer_mapped
 from cairn._src.worker.peer_shared import open_offered
+from cairn._src.worker.shared_state import load_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +220,12 @@ def _write_bytes(data: bytes, sink: Any) -> None:
     sink.write(data)
 
 
+def _entry_of(data: bytes) -> FileEntry:
+    sink = HashingSink(None)
+    sink.write(data)
+    return sink.entry()
+
+
 def _write_each(target: str, files: Mapping[str, FileEntry], names: set[str],
                 fill: Callable[[str], Callable[[Any], None] | None], copy_of: str,
                 reasons: list[str]) -> dict[str, int]:
@@ -233,56 +241,6 @@ def _write_each(target: str, files: Mapping[str, FileEntry], names: set[str],
         else:
             got[rel] = size
     return got
-
-
-def local_host_toward(address: tuple[str, int]) -> str:
-    """This host's address on the interface that reaches ``address`` (no packet sent)."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(address)
-        return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        probe.close()
-
-
-class _ConnectionSink:
-    """A write-only binary sink that sends what it is given in chunks on ``connection``,
-    hashing it."""
-
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._buffer = bytearray()
-        self._hashed = HashingSink(None)  # what was sent, as the manifest would list it
-
-    def writable(self) -> bool:
-        return True
-
-    def entry(self) -> FileEntry:
-        return self._hashed.entry()
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self._hashed.write(view)
-        if len(self._buffer) + len(view) < PEER_CHUNK:
-            self._buffer += view  # small records (pickle, zip headers) go together
-            return len(view)
-        if self._buffer:
-            self._connection.send_bytes(self._buffer)
-            self._buffer = bytearray()
-        for start in range(0, len(view), PEER_CHUNK):  # a tensor's bytes, without a copy
-            self._connection.send_bytes(view[start:start + PEER_CHUNK])
-        return len(view)
-
-    def flush(self) -> None:
-        pass
-
-    def finish(self) -> None:
-        if self._buffer:
-            self._connection.send_bytes(self._buffer)
-            self._buffer = bytearray()
-        self._connection.send_bytes(b"")
 
 
 class PeerServer:
@@ -346,6 +304,8 @@ class PeerServer:
         offers = request[2] if len(request) > 2 and isinstance(request[2], dict) else {}
         try:
             names = tuple(n for n in wanted if n in copy.entries)
+            if len(request) > 3 and request[3] == MAPPED:
+                return answer_mapped(connection, copy.writer, names)  # holds it till closed
             connection.send(names)
             for rel in names:
                 self._copies.sending(copy, rel)
@@ -366,7 +326,7 @@ def _send_file(connection: Connection, copy: _Copy, rel: str,
     file = open_offered(offer, gone=lambda: connection.poll(0))  # silent until its end
     if file is None:
         connection.send_bytes(STREAMED)
-        sink = _ConnectionSink(connection)
+        sink = ConnectionSink(connection)
         _serialize_into(copy, rel, sink)
         sink.finish()
         return sink.entry()
@@ -502,9 +462,12 @@ class RestoreSources:
         manifest's size and checksum; None otherwise (restore from files)."""
         plan, memory = self._plan, self._memory
         dir_name = manifest_location.path.rstrip("/").rsplit("/", 1)[-1]
-        if (plan is None or memory is None or not plan.own_memory
-                or manifest.report_index != plan.report_index
+        if (plan is None or manifest.report_index != plan.report_index
                 or manifest_location.path != self._run.join(dir_name).path):
+            return None
+        if not plan.own_memory:
+            return self._peer_objects(plan, manifest_location, manifest, names, shared)
+        if memory is None:
             return None
         started = time.perf_counter()
         copy = memory.acquire(plan.report_index)
@@ -530,6 +493,40 @@ class RestoreSources:
             memory.release(copy)
         outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
         self._report(plan, outcome, started, storage_bytes=0)
+        return objects
+
+    def _peer_objects(self, plan: RestorePlan, manifest_location: StorageLocation,
+                      manifest: Any, names: list[str],
+                      shared: Collection[str]) -> dict[str, Any] | None:
+        """A replacement rank's restore without bytes: the states its prefetch mapped from
+        a peer on this machine (verified), the rest of ``names`` from the driver's copies
+        (checked against the manifest); None (restore from files) when not all are."""
+        prefetched = (self._prefetch.objects(manifest_location, manifest)
+                      if self._prefetch is not None else None)
+        wanted = [n for n in names if n in manifest.files]
+        if prefetched is None or not prefetched.objects or not wanted:
+            return None
+        started = time.perf_counter()
+        outcome = Outcome(reasons=list(prefetched.outcome.reasons),
+                          peer_rank=prefetched.outcome.peer_rank)
+        objects: dict[str, Any] = {}
+        try:
+            for rel in wanted:
+                value = prefetched.objects.get(rel)
+                if value is not None:
+                    objects[rel] = value if rel in shared else deepcopy(value)
+                    outcome.peer_bytes += manifest.files[rel].size
+                    continue
+                data = plan.driver_files.get(rel)
+                if not isinstance(data, bytes) or _entry_of(data) != manifest.files[rel]:
+                    return None
+                objects[rel] = load_bytes(data)
+                outcome.driver_bytes += len(data)
+        except Exception as exc:  # a driver's copy torch will not load: files, as usual
+            logger.debug("Rank %d restores from files: %s", self._rank, exc)
+            return None
+        self._report(plan, outcome, min(started, prefetched.started), storage_bytes=0,
+                     prefetched=True)
         return objects
 
     def _fall_back(self, manifest_location: StorageLocation, manifest: Any, target: str,

@@ -9,6 +9,7 @@ each call owns its connection."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import pickle
 import shutil
@@ -32,6 +33,7 @@ from cairn._src.storage.location import StorageLocation
 from cairn._src.wire.sockets import set_io_timeout
 from cairn._src.worker.direct_write import HashingSink
 from cairn._src.worker.peer_shared import Offers
+from cairn._src.worker.shared_state import serialize
 
 # What a peer sends before each file: its bytes follow on the socket, or it writes them
 # into the file offered (and then sends WRITTEN again, or FAILED).
@@ -77,6 +79,9 @@ class Prefetched:
     outcome: Outcome
     started: float
     seconds: float
+    # The states of files a peer on this machine holds in shared memory, verified, in
+    # place of their bytes (:mod:`.peer_mapped`): a restore that wants files writes them.
+    objects: dict[str, Any] = field(default_factory=dict)
 
 
 class PrefetchSource(Protocol):
@@ -87,6 +92,9 @@ class PrefetchSource(Protocol):
 
     def take(self, manifest_location: StorageLocation,
              manifest: Any) -> Prefetched | None: ...
+
+    def objects(self, manifest_location: StorageLocation,
+                manifest: Any) -> Prefetched | None: ...
 
     def discard(self, *, join: bool) -> None: ...
 
@@ -185,6 +193,56 @@ def _wait_written(connection: Connection, offers: Offers, rel: str, expected: in
         raise OSError("the peer could not finish writing the file")
 
 
+class ConnectionSink:
+    """A write-only binary sink that sends what it is given in chunks on ``connection``,
+    hashing it."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._buffer = bytearray()
+        self._hashed = HashingSink(None)  # what was sent, as the manifest would list it
+
+    def writable(self) -> bool:
+        return True
+
+    def entry(self) -> FileEntry:
+        return self._hashed.entry()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hashed.write(view)
+        if len(self._buffer) + len(view) < PEER_CHUNK:
+            self._buffer += view  # small records (pickle, zip headers) go together
+            return len(view)
+        if self._buffer:
+            self._connection.send_bytes(self._buffer)
+            self._buffer = bytearray()
+        for start in range(0, len(view), PEER_CHUNK):  # a tensor's bytes, without a copy
+            self._connection.send_bytes(view[start:start + PEER_CHUNK])
+        return len(view)
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        if self._buffer:
+            self._connection.send_bytes(self._buffer)
+            self._buffer = bytearray()
+        self._connection.send_bytes(b"")
+
+
+def local_host_toward(address: tuple[str, int]) -> str:
+    """This host's address on the interface that reaches ``address`` (no packet sent)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(address)
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
 def connect_peer(address: tuple[str, int], authkey: bytes) -> Connection:
     """An authenticated connection to a :class:`PeerServer` at ``address``, on which
     every read and write, the handshake's included, gives up after PEER_TIMEOUT_S without
@@ -248,16 +306,21 @@ def place_prefetched(prefetched: Prefetched, target: str) -> None:
     directory for to_directory), then remove its directory. As :func:`write_verified`,
     never through something planted there: each file replaces whatever has its name (a
     link itself, never what it points to); across file systems (``/dev/shm`` to a disk)
-    its bytes go to a fresh name, created exclusively, renamed once complete. A directory
+    its bytes go to a fresh name, created exclusively, renamed once complete; the states
+    of ``objects`` are serialized there (:func:`write_verified`). A directory
     of the checkpoint may be a link of the user's to one, as for a download
     (:func:`.local_files.move_into`); anything else with its name raises before a file moves."""
     try:
-        check_nothing_in_the_way(target, {rel.rpartition("/")[0] for rel in prefetched.got}
-                                 - {""})
+        check_nothing_in_the_way(target, {rel.rpartition("/")[0] for rel in
+                                          prefetched.got | set(prefetched.objects)} - {""})
         for rel in sorted(prefetched.got):
             final = os.path.join(target, *rel.split("/"))
             os.makedirs(os.path.dirname(final), exist_ok=True)
             _move_file(os.path.join(prefetched.directory, *rel.split("/")), final)
+        for rel, value in sorted(prefetched.objects.items()):
+            if write_verified(target, rel, prefetched.files[rel],
+                              functools.partial(serialize, value)) is not None:
+                prefetched.got.add(rel)
     finally:
         shutil.rmtree(prefetched.directory, ignore_errors=True)
 

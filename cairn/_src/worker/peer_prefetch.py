@@ -3,7 +3,10 @@
 With ``FailureConfig(keep_survivors=True)``, a rank whose :class:`RestorePlan` names the
 copies of surviving peers (and not its own) fetches the planned checkpoint's files from
 them on a background thread (``cairn-peer-prefetch``) from the moment its worker has its
-setup, while the train function imports, builds its model and so on. The first restore of
+setup, while the train function imports, builds its model and so on: first in place
+from a peer on this machine whose snapshot lies in shared memory (:mod:`.peer_mapped`;
+``load_training_state`` then uses those states, verified, without a file), then the
+usual way. The first restore of
 that checkpoint (``get_checkpoint().as_directory()``, ``load_training_state``) waits for
 the thread and takes its files (:meth:`PeerPrefetch.take`); what the peers did not send
 verified comes from storage, as without a prefetch, and the ``RestoredMessage`` says so.
@@ -38,6 +41,7 @@ from cairn._src.storage.scratch import make_directory
 from cairn._src.wire.messages import RestorePlan
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_fetch import PEER_TIMEOUT_S, Outcome, Prefetched, fetch_from_peer
+from cairn._src.worker.peer_mapped import fetch_mapped
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,18 @@ class PeerPrefetch:
         them twice over; None: the temporary directory), once the manifest was read."""
         self._base_known.wait()
         return self._base
+
+    def objects(self, manifest_location: StorageLocation, manifest: Any) -> Prefetched | None:
+        """Wait for the transfer; its result when it is of this manifest, left in place
+        (for :meth:`take`, by a restore that wants files): its ``objects`` are what a
+        restore without files uses."""
+        self._done.wait()
+        with self._lock:
+            result = self._result
+        if result is None or (result.manifest_path != manifest_location.path
+                              or result.files != dict(manifest.files)):
+            return None
+        return result
 
     def take(self, manifest_location: StorageLocation, manifest: Any) -> Prefetched | None:
         """Wait for the transfer; its result (the caller owns its directory from now on)
@@ -132,6 +148,14 @@ class PeerPrefetch:
         directory = make_directory(self._base)
         outcome = Outcome(reasons=[plan.reason] if plan.reason else [])
         missing = set(files)
+        objects: dict[str, Any] = {}
+        for peer_rank, host, port in plan.peers:  # in place, a peer on this machine
+            if not missing or self._stop.is_set():
+                break
+            objects.update(fetch_mapped(self._authkey, peer_rank, (host, port),
+                                        plan.report_index, files, missing, outcome,
+                                        self._stop))
+            missing -= set(objects)
         try:
             for peer_rank, host, port in plan.peers:
                 if not missing or self._stop.is_set():
@@ -146,8 +170,9 @@ class PeerPrefetch:
         logger.info("Rank %d prefetched %d of %d files of report %d from peers in %.2fs",
                     self._rank, len(files) - len(missing), len(files), plan.report_index,
                     seconds)
-        return Prefetched(directory, view.manifest_at.path, files, set(files) - missing,
-                          outcome, started, seconds)
+        return Prefetched(directory, view.manifest_at.path, files,
+                          set(files) - missing - set(objects), outcome, started, seconds,
+                          objects)
 
 
 def start_prefetch(plan: RestorePlan | None, view: CheckpointView | None,

@@ -106,8 +106,8 @@ class WorkerSession:
         # This node's copy of the newest committed checkpoint (None: off, or local storage):
         # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
-        # What this worker's transfers and the checkpoints it hands out use.
-        self._memory = memory
+        # keep_survivors: this process's memory copies (report_snapshot's are shared).
+        self.memory = memory
         # keep_survivors: a replacement rank's peer transfer starts in there, now.
         self._copies = restore_sources(setup, memory, self._tier, self.send, retry)
         self.storage_options = StorageOptions(transfer=setup.transfer, retry=retry,
@@ -360,7 +360,7 @@ class WorkerSession:
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)
             elif (writer := direct_writer(job, self._tier)) is not None:
                 message = write_direct(job, writer, answer, destination, self.rank, started,
-                                       options=self.storage_options, keep=self._memory,
+                                       options=self.storage_options, keep=self.memory,
                                        small_limit=driver_copy_limit(self._setup.world_size))
             else:
                 if job.write is not None:
@@ -503,7 +503,7 @@ class WorkerSession:
                 self.preemption.on_message(message)
 
     def _on_committed(self, message: CommittedMessage) -> None:
-        for copies in (self._copies, self._memory) if message.checkpoint is not None else ():
+        for copies in (self._copies, self.memory) if message.checkpoint is not None else ():
             if copies is not None and message.checkpoint is not None:
                 copies.committed(message.checkpoint.report_index)
         with self._state_lock:
@@ -574,7 +574,7 @@ class WorkerSession:
         self._uploader.join()
         if not self._rejoin_event.is_set():
             try:
-                self.send(StoppedMessage(self.rank, attempt, serve_copy(self._memory)))
+                self.send(StoppedMessage(self.rank, attempt, serve_copy(self.memory)))
             except OSError:
                 return None
         self._rejoin_event.wait()
