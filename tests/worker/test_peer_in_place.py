@@ -113,3 +113,44 @@ def test_the_peer_keeps_its_copy_until_the_replacement_no_longer_maps_it(
     while copy.readers and time.monotonic() < deadline:
         time.sleep(0.01)
     assert copy.readers == 0 and copy.writer.names() == []  # freed
+
+
+def test_a_forked_child_holding_the_socket_does_not_keep_the_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DataLoader worker forked while the replacement maps the peer's copy inherits
+    # the lease's socket; the lease still ends with the replacement's mapping.
+    run, manifest, peer, sources, _ = _setup(tmp_path, monkeypatch)
+    copy = peer._committed
+    assert copy is not None
+    objects = sources.verified_objects(run.join(DIR), manifest, ["model.pt"],
+                                       shared=("model.pt",))
+    assert objects is not None and copy.readers == 1
+    hold, release = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.read(hold, 1)
+        os._exit(0)
+    try:
+        del objects
+        sources.close()
+        deadline = time.monotonic() + 30
+        while copy.readers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert copy.readers == 0
+    finally:
+        os.write(release, b"x")
+        os.waitpid(child, 0)
+
+
+def test_a_kept_ranks_own_restore_cannot_change_what_a_peer_maps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, manifest, peer, _, _ = _setup(tmp_path, monkeypatch)
+    own = RestoreSources(plan=RestorePlan(2, True), memory=peer, run=run, authkey=KEY,
+                         rank=0, fallback=None, send=lambda message: None)
+    objects = own.verified_objects(run.join(DIR), manifest, ["model.pt"],
+                                   shared=("model.pt",))
+    assert objects is not None
+    objects["model.pt"]["w"].add_(1.0)  # a load hook that writes what it is given
+    held = peer._committed
+    assert held is not None
+    assert torch.equal(held.writer.value("model.pt")["w"], torch.arange(4096.0))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from cairn._src.torch import snapshot_buffers
 from cairn._src.torch.snapshot_buffers import BufferSet, copy_state
 from cairn._src.worker.direct_write import HashingSink
 from cairn._src.worker.shared_state import describe, open_arena, rebuild, serialize
@@ -66,6 +67,14 @@ def test_a_shared_copy_lies_in_one_arena_and_serializes_as_a_private_one() -> No
     assert buffer_set.arena is not arena
 
 
+def test_a_set_whose_buffers_are_no_longer_shared_forgets_its_arena(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, buffer_set = _copied()
+    monkeypatch.setattr(snapshot_buffers, "allocate", lambda layout: None)  # none to be had
+    copy_state({"other": torch.ones(3)}, buffer_set, shared=True)
+    assert buffer_set.arena is None and buffer_set.layout == []
+
+
 def test_a_peer_rebuilds_the_state_in_place_and_it_serializes_to_the_same_bytes() -> None:
     copied, arena, skeleton, placed, mapping = _described()
     assert len(skeleton) < 4096
@@ -91,11 +100,21 @@ def test_the_receiver_opens_nothing_but_the_named_file_of_its_user(tmp_path: Any
     os.mkfifo(fifo)
     fifo_fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     zero_fd = os.open("/dev/zero", os.O_RDONLY)
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x" * size)  # a regular file of this user, not sealed
+    plain_fd = os.open(plain, os.O_RDONLY)
+
+    def named(descriptor: int) -> tuple[int, int, int, int, int]:
+        """The wire of ``descriptor`` itself, so only its type stops it."""
+        info = os.fstat(descriptor)
+        return (pid, descriptor, info.st_dev, info.st_ino, size)
+
     try:
         for wire in [
             (pid, fd, device, inode + 1, size),  # another file
-            (pid, fifo_fd, device, inode, size),  # a FIFO
-            (pid, zero_fd, device, inode, size),  # a device
+            named(fifo_fd),  # a FIFO
+            named(zero_fd),  # a device
+            named(plain_fd),  # not an arena (its size could change)
             (pid, fd, device, inode, size + 1),  # larger than the file
             (pid, fd, device, inode, 2 << 30),  # beyond the limit
             (pid, fd, device, inode, 0),
@@ -108,8 +127,8 @@ def test_the_receiver_opens_nothing_but_the_named_file_of_its_user(tmp_path: Any
             assert open_arena(wire, 1 << 30) is None, wire
         assert open_arena((pid, fd, device, inode, size), 1 << 30) is not None
     finally:
-        os.close(fifo_fd)
-        os.close(zero_fd)
+        for descriptor in (fifo_fd, zero_fd, plain_fd):
+            os.close(descriptor)
 
 
 @pytest.mark.parametrize("change", [

@@ -132,12 +132,13 @@ def copy_state(state: Any, buffer_set: BufferSet, *, shared: bool = False) -> An
 def _place_in_arena(state: Any, buffer_set: BufferSet) -> None:
     planner = _Copier({}, planning=True)
     planner.copy(state, ())
-    if planner.cuda_devices:
-        return  # pinned buffers, not shared
     layout = [entry for entry in planner.planned if all(entry[1])]
-    if layout == buffer_set.layout or not layout:
+    if layout == buffer_set.layout and layout:
         return
-    made = allocate([(shape, dtype) for _, shape, dtype in layout])
+    # No arena (pinned buffers for CUDA, none to be had): the set's buffers are private.
+    made = (allocate([(shape, dtype) for _, shape, dtype in layout])
+            if layout and not planner.cuda_devices else None)
+    buffer_set.arena, buffer_set.layout = None, []
     if made is None:
         return
     buffer_set.arena, tensors = made

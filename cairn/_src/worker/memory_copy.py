@@ -63,9 +63,9 @@ from cairn._src.worker.peer_fetch import (
     receive_object,
     write_verified,
 )
-from cairn._src.worker.peer_mapped import MAPPED, answer_mapped
+from cairn._src.worker.peer_mapped import MAPPED, answer_mapped, private_view
 from cairn._src.worker.peer_shared import open_offered
-from cairn._src.worker.shared_state import load_bytes
+from cairn._src.worker.shared_state import load_bytes, serialize
 
 logger = logging.getLogger(__name__)
 
@@ -478,17 +478,20 @@ class RestoreSources:
             wanted = [n for n in names if n in manifest.files]
             if value is None or not wanted or not all(n in copy.entries for n in wanted):
                 return None  # (none of ``names`` in the checkpoint: nothing restored)
+            # Shared files where they lie in shared memory: over a private mapping (a load
+            # hook that writes them cannot reach what a peer maps), verified as handed out.
+            views = {rel: private_view(copy.writer, rel) for rel in wanted if rel in shared}
             for rel in wanted:
-                if memory.sent_entry(copy, rel) == manifest.files[rel]:
+                view, sink = views.get(rel), HashingSink(None)
+                if view is None and memory.sent_entry(copy, rel) == manifest.files[rel]:
                     continue  # just serialized for a peer, and hashed as it went
-                sink = HashingSink(None)
-                _serialize_into(copy, rel, sink)
+                serialize(view, sink) if view is not None else _serialize_into(copy, rel, sink)
                 if sink.entry() != manifest.files[rel]:
                     logger.warning("Rank %d: the memory copy of %r does not match the "
                                    "manifest's checksum; restoring from files", self._rank, rel)
                     return None
-            objects = {rel: value(rel) if rel in shared else deepcopy(value(rel))
-                       for rel in wanted}
+            objects = {rel: views[rel] if views.get(rel) is not None else value(rel)
+                       if rel in shared else deepcopy(value(rel)) for rel in wanted}
         finally:
             memory.release(copy)
         outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))

@@ -321,6 +321,8 @@ def place_prefetched(prefetched: Prefetched, target: str) -> None:
             if write_verified(target, rel, prefetched.files[rel],
                               functools.partial(serialize, value)) is not None:
                 prefetched.got.add(rel)
+            else:  # (verified when mapped; storage has it)
+                prefetched.outcome.peer_bytes -= prefetched.files[rel].size
     finally:
         shutil.rmtree(prefetched.directory, ignore_errors=True)
 

@@ -54,8 +54,7 @@ def answer_mapped(connection: Connection, writer: Any, names: tuple[str, ...]) -
     connection.send((wire, described))
     set_io_timeout(connection, 0)  # the lease lasts as long as the receiver uses it
     try:
-        while True:
-            connection.recv_bytes(16)
+        connection.recv_bytes(16)  # its release (a forked child may hold the socket on)
     except (EOFError, OSError):
         pass
 
@@ -83,7 +82,7 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
         if mapping is None:
             return used
         # The lease ends with the mapping's last user (or below, when nothing is used).
-        weakref.finalize(mapping, connection.close)
+        weakref.finalize(mapping, _release, connection)
         for rel, described in answer[1].items():
             if rel not in wanted or not (isinstance(described, tuple) and len(described) == 2
                                          and isinstance(described[0], bytes)):
@@ -92,13 +91,15 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
                 value = rebuild(described[0], described[1], mapping)
                 sink = HashingSink(None)
                 serialize(value, sink)
-                matches = sink.entry() == files[rel]
+                if sink.entry() != files[rel]:
+                    outcome.reasons.append(f"peer rank {peer_rank}'s shared memory copy "
+                                           f"of {rel!r} does not match the manifest's "
+                                           "checksum")
+                    continue
             except Exception as exc:  # a description that does not fit: not used
-                logger.debug("Peer rank %d's shared copy of %r: %s", peer_rank, rel, exc)
-                matches = False
-            if not matches:
                 outcome.reasons.append(f"peer rank {peer_rank}'s shared memory copy of "
-                                       f"{rel!r} does not match the manifest's checksum")
+                                       f"{rel!r} was not used: {type(exc).__name__}: "
+                                       f"{str(exc)[:200]}")
                 continue
             used[rel] = value
             outcome.peer_bytes += files[rel].size
@@ -109,4 +110,29 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
         return used
     finally:
         if not used:
-            connection.close()
+            _release(connection)
+
+
+def private_view(writer: Any, rel: str) -> Any:
+    """File ``rel`` of this process's own held snapshot ``writer`` over a private mapping
+    of its arena (what is written to it stays in this view); None when it does not lie
+    in one. The caller verifies it as any other copy."""
+    describe: Any = getattr(writer, "describe_shared", None)
+    found = describe(rel) if callable(describe) else None
+    mapping = open_arena(found[0], found[0][4]) if found is not None else None
+    if found is None or mapping is None:
+        return None
+    try:
+        return rebuild(found[1], found[2], mapping)
+    except Exception as exc:  # (its own description: not expected)
+        logger.debug("No private view of %r: %s", rel, exc)
+        return None
+
+
+def _release(connection: Connection) -> None:
+    """End a lease: say so (a forked child holding the socket keeps it open), close."""
+    try:
+        connection.send_bytes(b"done")
+    except (OSError, ValueError):
+        pass
+    connection.close()

@@ -40,7 +40,13 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.scratch import make_directory
 from cairn._src.wire.messages import RestorePlan
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
-from cairn._src.worker.peer_fetch import PEER_TIMEOUT_S, Outcome, Prefetched, fetch_from_peer
+from cairn._src.worker.peer_fetch import (
+    PEER_TIMEOUT_S,
+    Outcome,
+    Prefetched,
+    fetch_from_peer,
+    local_host_toward,
+)
 from cairn._src.worker.peer_mapped import fetch_mapped
 
 logger = logging.getLogger(__name__)
@@ -149,14 +155,15 @@ class PeerPrefetch:
         outcome = Outcome(reasons=[plan.reason] if plan.reason else [])
         missing = set(files)
         objects: dict[str, Any] = {}
-        for peer_rank, host, port in plan.peers:  # in place, a peer on this machine
-            if not missing or self._stop.is_set():
-                break
-            objects.update(fetch_mapped(self._authkey, peer_rank, (host, port),
-                                        plan.report_index, files, missing, outcome,
-                                        self._stop))
-            missing -= set(objects)
         try:
+            for peer_rank, host, port in plan.peers:  # in place, a peer on this machine
+                if not missing or self._stop.is_set():
+                    break
+                if local_host_toward((host, port)) == host:
+                    objects.update(fetch_mapped(self._authkey, peer_rank, (host, port),
+                                                plan.report_index, files, missing, outcome,
+                                                self._stop))
+                    missing -= set(objects)
             for peer_rank, host, port in plan.peers:
                 if not missing or self._stop.is_set():
                     break

@@ -28,6 +28,7 @@ another user), the copy is served as before (:mod:`.peer_shared`, or the socket)
 from __future__ import annotations
 
 import copy
+import fcntl
 import inspect
 import io
 import itertools
@@ -155,14 +156,17 @@ class Arena:
         """A new arena of ``size`` bytes; None where this OS has no ``memfd_create`` or
         it fails (the caller uses private memory)."""
         make = getattr(os, "memfd_create", None)
-        if make is None or size <= 0:
+        if make is None or not hasattr(fcntl, "F_ADD_SEALS") or size <= 0:
             return None
         try:
-            fd = make("cairn-snapshot", getattr(os, "MFD_CLOEXEC", 0))
+            fd = make("cairn-snapshot", getattr(os, "MFD_CLOEXEC", 0)
+                      | getattr(os, "MFD_ALLOW_SEALING", 0))
         except OSError:
             return None
         try:
             os.ftruncate(fd, size)
+            # Its size can no longer change: a peer's reads never fault past its end.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             mapping = mmap.mmap(fd, size)
         except (OSError, ValueError):
             os.close(fd)
@@ -287,9 +291,11 @@ def load_bytes(data: bytes) -> Any:
 def open_arena(wire: object, limit: int) -> mmap.mmap | None:
     """The receiving side: a peer's arena (``wire``, unchecked), mapped privately
     (copy-on-write: nothing written here reaches the peer), when it is a regular file of
-    this user with the device and inode named, at least as large as named, and the size
-    named at most ``limit``; None (nothing opened) otherwise."""
-    if not (isinstance(wire, tuple) and len(wire) == 5 and all(type(v) is int for v in wire)):
+    this user with the device and inode named, at least as large as named and sealed
+    against shrinking (an arena), and the size named at most ``limit``; None (nothing
+    opened) otherwise."""
+    if not (isinstance(wire, tuple) and len(wire) == 5 and all(type(v) is int for v in wire)
+            and hasattr(fcntl, "F_GET_SEALS")):
         return None
     pid, fd, device, inode, size = wire
     if not (0 < pid and 0 <= fd and 0 < size <= limit):
@@ -306,7 +312,8 @@ def open_arena(wire: object, limit: int) -> mmap.mmap | None:
     try:
         info = os.fstat(handle)
         if not (stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == (device, inode)
-                and info.st_uid == os.geteuid() and info.st_size >= size):
+                and info.st_uid == os.geteuid() and info.st_size >= size
+                and fcntl.fcntl(handle, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK):
             return None
         return mmap.mmap(handle, size, flags=mmap.MAP_PRIVATE,
                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
