@@ -25,7 +25,7 @@ from cairn._src.storage.retry import DEFAULT_RETRY
 from cairn._src.torch.snapshot import _Writer
 from cairn._src.torch.snapshot_buffers import BufferSet, copy_state
 from cairn._src.wire.messages import RestoredMessage, RestorePlan
-from cairn._src.worker import memory_copy
+from cairn._src.worker import memory_copy, peer_mapped
 from cairn._src.worker.memory_copy import MemoryCopies, RestoreSources
 from cairn._src.worker.peer_prefetch import start_prefetch
 from cairn._src.worker.shared_state import serialize
@@ -142,15 +142,42 @@ def test_a_forked_child_holding_the_socket_does_not_keep_the_lease(
         os.waitpid(child, 0)
 
 
+@pytest.mark.parametrize("mapping", ["private mapping", "none to be had"])
 def test_a_kept_ranks_own_restore_cannot_change_what_a_peer_maps(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run, manifest, peer, _, _ = _setup(tmp_path, monkeypatch)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapping: str) -> None:
+    run, manifest, peer, sources, _ = _setup(tmp_path, monkeypatch)
+    if mapping == "none to be had":  # (a process out of descriptors): a private copy
+        monkeypatch.setattr(peer_mapped, "open_arena", lambda wire, limit: None)
     own = RestoreSources(plan=RestorePlan(2, True), memory=peer, run=run, authkey=KEY,
                          rank=0, fallback=None, send=lambda message: None)
-    objects = own.verified_objects(run.join(DIR), manifest, ["model.pt"],
-                                   shared=("model.pt",))
-    assert objects is not None
-    objects["model.pt"]["w"].add_(1.0)  # a load hook that writes what it is given
-    held = peer._committed
-    assert held is not None
-    assert torch.equal(held.writer.value("model.pt")["w"], torch.arange(4096.0))
+    try:
+        objects = own.verified_objects(run.join(DIR), manifest, ["model.pt"],
+                                       shared=("model.pt",))
+        assert objects is not None
+        objects["model.pt"]["w"].add_(1.0)  # a load hook that writes what it is given
+        held = peer._committed
+        assert held is not None
+        assert torch.equal(held.writer.value("model.pt")["w"], torch.arange(4096.0))
+    finally:
+        sources.close()
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_forked_copy_of_the_release_only_closes_its_socket() -> None:
+    # A process forked while the lease is held runs its copy of the finalizer when it
+    # ends: that must not end the parent's lease.
+    for owner, sent in ((os.getpid(), [b"done"]), (os.getpid() + 1, [])):
+        connection = _Recorded()
+        peer_mapped._release(connection, owner)  # type: ignore[arg-type]
+        assert connection.sent == sent and connection.closed

@@ -133,7 +133,7 @@ def _place_in_arena(state: Any, buffer_set: BufferSet) -> None:
     planner = _Copier({}, planning=True)
     planner.copy(state, ())
     layout = [entry for entry in planner.planned if all(entry[1])]
-    if layout == buffer_set.layout and layout:
+    if layout == buffer_set.layout and layout and not planner.cuda_devices:
         return
     # No arena (pinned buffers for CUDA, none to be had): the set's buffers are private.
     made = (allocate([(shape, dtype) for _, shape, dtype in layout])

@@ -17,7 +17,9 @@ until the receiver closes it, which it does once nothing refers to the mapping a
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 import threading
 import weakref
 from multiprocessing import AuthenticationError
@@ -82,7 +84,7 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
         if mapping is None:
             return used
         # The lease ends with the mapping's last user (or below, when nothing is used).
-        weakref.finalize(mapping, _release, connection)
+        weakref.finalize(mapping, _release, connection, os.getpid())
         for rel, described in answer[1].items():
             if rel not in wanted or not (isinstance(described, tuple) and len(described) == 2
                                          and isinstance(described[0], bytes)):
@@ -115,24 +117,28 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
 
 def private_view(writer: Any, rel: str) -> Any:
     """File ``rel`` of this process's own held snapshot ``writer`` over a private mapping
-    of its arena (what is written to it stays in this view); None when it does not lie
-    in one. The caller verifies it as any other copy."""
+    of its arena (what is written to it stays in this view; a deep copy where no mapping
+    can be made); None when it does not lie in one. The caller verifies it as any other
+    copy."""
     describe: Any = getattr(writer, "describe_shared", None)
     found = describe(rel) if callable(describe) else None
-    mapping = open_arena(found[0], found[0][4]) if found is not None else None
-    if found is None or mapping is None:
+    if found is None:
         return None
+    mapping = open_arena(found[0], found[0][4])
     try:
-        return rebuild(found[1], found[2], mapping)
+        if mapping is not None:
+            return rebuild(found[1], found[2], mapping)
     except Exception as exc:  # (its own description: not expected)
         logger.debug("No private view of %r: %s", rel, exc)
-        return None
+    return copy.deepcopy(writer.value(rel))  # (no mapping to be had: a private copy)
 
 
-def _release(connection: Connection) -> None:
-    """End a lease: say so (a forked child holding the socket keeps it open), close."""
-    try:
-        connection.send_bytes(b"done")
-    except (OSError, ValueError):
-        pass
+def _release(connection: Connection, owner: int | None = None) -> None:
+    """End a lease: say so (a forked child holding the socket keeps it open), close. In a
+    process forked from ``owner`` (its copy of the finalizer), only close."""
+    if owner is None or owner == os.getpid():
+        try:
+            connection.send_bytes(b"done")
+        except (OSError, ValueError):
+            pass
     connection.close()
