@@ -157,6 +157,13 @@ class HashingSink:
         return FileEntry(size=self.size, checksum=self._hasher.hexdigest())
 
 
+def entry_of_bytes(data: bytes) -> FileEntry:
+    """``data``'s entry (size and checksum), as a manifest lists a file of those bytes."""
+    sink = HashingSink(None)
+    sink.write(data)
+    return sink.entry()
+
+
 def direct_writer(job: UploadJob, local_tier: object) -> DirectWriter | None:
     """The writer of a deferred ``job`` that can serialize straight into storage; None
     for any other job, and where the worker keeps a local copy of what it uploads (a

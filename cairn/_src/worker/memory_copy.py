@@ -49,7 +49,7 @@ from cairn._src.storage.scratch import SHARED_MEMORY, sweep_stale
 from cairn._src.storage.transfer import download_directory
 from cairn._src.wire.messages import MemoryCopyInfo, RestoredMessage, RestorePlan
 from cairn._src.wire.sockets import abort_connection, set_io_timeout
-from cairn._src.worker.direct_write import DirectWriter, HashingSink
+from cairn._src.worker.direct_write import DirectWriter, HashingSink, entry_of_bytes
 from cairn._src.worker.peer_fetch import (
     FAILED,
     PEER_TIMEOUT_S,
@@ -218,12 +218,6 @@ def _serialize_into(copy: _Copy, rel: str, sink: Any) -> None:
 
 def _write_bytes(data: bytes, sink: Any) -> None:
     sink.write(data)
-
-
-def _entry_of(data: bytes) -> FileEntry:
-    sink = HashingSink(None)
-    sink.write(data)
-    return sink.entry()
 
 
 def _write_each(target: str, files: Mapping[str, FileEntry], names: set[str],
@@ -480,18 +474,22 @@ class RestoreSources:
                 return None  # (none of ``names`` in the checkpoint: nothing restored)
             # Shared files where they lie in shared memory: over a private mapping (a load
             # hook that writes them cannot reach what a peer maps), verified as handed out.
-            views = {rel: private_view(copy.writer, rel) for rel in wanted if rel in shared}
+            views = {rel: view for rel in wanted if rel in shared
+                     and (view := private_view(copy.writer, rel)) is not None}
             for rel in wanted:
-                view, sink = views.get(rel), HashingSink(None)
-                if view is None and memory.sent_entry(copy, rel) == manifest.files[rel]:
+                sink = HashingSink(None)
+                if rel in views:
+                    serialize(views[rel], sink)
+                elif memory.sent_entry(copy, rel) == manifest.files[rel]:
                     continue  # just serialized for a peer, and hashed as it went
-                serialize(view, sink) if view is not None else _serialize_into(copy, rel, sink)
+                else:
+                    _serialize_into(copy, rel, sink)
                 if sink.entry() != manifest.files[rel]:
                     logger.warning("Rank %d: the memory copy of %r does not match the "
                                    "manifest's checksum; restoring from files", self._rank, rel)
                     return None
-            objects = {rel: views[rel] if views.get(rel) is not None else value(rel)
-                       if rel in shared else deepcopy(value(rel)) for rel in wanted}
+            objects = {rel: views[rel] if rel in views else value(rel) if rel in shared
+                       else deepcopy(value(rel)) for rel in wanted}
         finally:
             memory.release(copy)
         outcome = Outcome(memory_bytes=sum(manifest.files[n].size for n in wanted))
@@ -521,7 +519,7 @@ class RestoreSources:
                     outcome.peer_bytes += manifest.files[rel].size
                     continue
                 data = plan.driver_files.get(rel)
-                if not isinstance(data, bytes) or _entry_of(data) != manifest.files[rel]:
+                if not isinstance(data, bytes) or entry_of_bytes(data) != manifest.files[rel]:
                     return None
                 objects[rel] = load_bytes(data)
                 outcome.driver_bytes += len(data)

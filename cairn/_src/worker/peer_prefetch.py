@@ -90,10 +90,8 @@ class PeerPrefetch:
         self._done.wait()
         with self._lock:
             result = self._result
-        if result is None or (result.manifest_path != manifest_location.path
-                              or result.files != dict(manifest.files)):
-            return None
-        return result
+        return result if result is not None and _of(result, manifest_location, manifest) \
+            else None
 
     def take(self, manifest_location: StorageLocation, manifest: Any) -> Prefetched | None:
         """Wait for the transfer; its result (the caller owns its directory from now on)
@@ -103,8 +101,7 @@ class PeerPrefetch:
             result, self._result = self._result, None
         if result is None:
             return None
-        if (result.manifest_path != manifest_location.path
-                or result.files != dict(manifest.files)):
+        if not _of(result, manifest_location, manifest):
             logger.info("Rank %d: the prefetched copy is of another checkpoint than the one "
                         "restored (%s); not used", self._rank, manifest_location.display())
             shutil.rmtree(result.directory, ignore_errors=True)
@@ -180,6 +177,12 @@ class PeerPrefetch:
         return Prefetched(directory, view.manifest_at.path, files,
                           set(files) - missing - set(objects), outcome, started, seconds,
                           objects)
+
+
+def _of(result: Prefetched, manifest_location: StorageLocation, manifest: Any) -> bool:
+    """Whether ``result`` was fetched for this manifest (same location, same entries)."""
+    return (result.manifest_path == manifest_location.path
+            and result.files == dict(manifest.files))
 
 
 def start_prefetch(plan: RestorePlan | None, view: CheckpointView | None,
