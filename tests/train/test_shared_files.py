@@ -141,3 +141,7 @@ def test_a_collision_the_train_function_caught_is_not_raised_again(
     assert result.metrics == {"epoch": 1}
     assert result.checkpoint is None
     assert commit_events(config) == []
+    # What the ranks uploaded for the refused report never commits: the run's end deletes
+    # it (no later attempt failure would), and nothing else is left in the run directory.
+    run = os.path.join(os.fspath(config.storage_path), "run")
+    assert [n for n in os.listdir(run) if n.startswith("checkpoint_")] == []

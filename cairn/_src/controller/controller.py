@@ -468,13 +468,16 @@ class Controller:
             connection.close()
         # As in Ray Train, a run ends once its validations have finished.
         parts.validations.wait_idle()
-        skipped = sorted(set(attempt.skipped_dirs.values()))
+        # Reports that will never commit: skipped, or refused (a caught ReportError) or
+        # left incomplete, which no later attempt's failure would clean up.
+        uncommitted = sorted(set(attempt.skipped_dirs.values())
+                             | set(attempt.tracker.pending_dir_names()))
 
         def delete() -> list[str]:
-            # Every rank has stopped writing: skipped partial uploads go now, before the
+            # Every rank has stopped writing: their partial uploads go now, before the
             # final index write (on a full disk their space is what that write needs),
             # then the deletions that failed earlier in the run are tried once more.
-            manager.delete_uncommitted(skipped)
+            manager.delete_uncommitted(uncommitted)
             return manager.retry_deletions()
 
         left = parts.commits.call_on_commit_thread(delete)
