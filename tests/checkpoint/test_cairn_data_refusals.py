@@ -102,6 +102,28 @@ def test_the_run_metrics_directory_is_refused_and_the_history_stays(
     assert os.listdir(storage / "run" / "metrics")
 
 
+def _report_under_a_cairn_name(config: dict[str, Any]) -> None:
+    """Writes the checkpoint into ``<run>/checkpoint_000009`` and registers it there."""
+    target = os.path.join(cairn.get_context().get_storage().run.path, "checkpoint_000009")
+    os.makedirs(target)
+    with open(os.path.join(target, "model.bin"), "wb") as f:
+        f.write(b"the user's weights")
+    cairn.report({"step": 0}, Checkpoint(target),
+                 checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+
+def test_a_reference_under_a_name_cairn_gives_its_uploads_is_refused(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    with pytest.raises(cairn.TrainingFailedError,
+                       match=r"NO_UPLOAD\): .*/run/checkpoint_000009 is 'checkpoint_000009', a "
+                             r"name Cairn gives the directories of the checkpoints it uploads"):
+        cairn.Trainer(_report_under_a_cairn_name,
+                      run_config=cairn.RunConfig(name="run", storage_path=str(storage))).fit()
+    # Refused before anything was registered: the user's files are where they wrote them.
+    assert (storage / "run" / "checkpoint_000009" / "model.bin").read_bytes() == (
+        b"the user's weights")
+
+
 @pytest.mark.parametrize(
     ("mode", "kwargs"),
     [("SYNC", {"delete_local_checkpoint_after_upload": True}), ("ASYNC", {})],
@@ -134,7 +156,8 @@ def test_a_checkpoint_holding_the_storage_is_refused_and_nothing_is_deleted(
 
 def _committed_run(root: Path) -> Any:
     run = root / "storage" / "run"
-    for name in ("metrics", "events", "checkpoint_000001/sub", "mine/nested/deep"):
+    for name in ("metrics", "events", "checkpoint_000001/sub", "mine/nested/deep",
+                 "checkpoint_000007/sub"):
         (run / name).mkdir(parents=True)
     (run / "checkpoint_000001" / "_cairn_manifest.json").write_text("{}")
     (run / "mine" / "nested" / "deep" / "_cairn_manifest.json").write_text("{}")
@@ -156,6 +179,12 @@ def _committed_run(root: Path) -> Any:
         ("checkpoint_000001/sub", r"lies inside the directory of checkpoint "
                                   r"'checkpoint_000001'"),
         ("mine", r"holds Cairn's checkpoint manifest 'nested/deep/_cairn_manifest.json'"),
+        # No manifest yet, but named as Cairn names its uploads: a later report would upload
+        # into it, and a sweep of uncommitted uploads would delete it once forgotten.
+        ("checkpoint_000007", r"is 'checkpoint_000007', a name Cairn gives the directories "
+                              r"of the checkpoints it uploads \(and deletes when one never "
+                              r"commits\)"),
+        ("checkpoint_000007/sub", r"lies inside 'checkpoint_000007', a name Cairn gives"),
     ],
 )
 def test_references_holding_cairn_data_are_refused(tmp_path: Path, target: str, why: str) -> None:

@@ -7,7 +7,9 @@ made and before anything is written (contract items 5, 12 and 13):
   forget or (when the user asks) delete, so it may not contain Cairn's own data: not the
   run directory, not one of its ancestors (the storage root holds other runs), not the
   run's ``metrics/`` or ``events/``, not another checkpoint's directory (a direct child of
-  the run holding a manifest), nothing inside those, and no directory holding a manifest
+  the run holding a manifest) or a direct child named as Cairn names its uploads
+  (``checkpoint_000007``: a later upload would go there, and a sweep of uploads that never
+  committed would delete it), nothing inside those, and no directory holding a manifest
   anywhere below it. Its location must be one a new process can reach again: a URI, or a
   path on the run's own storage filesystem, which is then recorded as a path on that
   filesystem. A URI it persists may not carry credentials.
@@ -27,7 +29,12 @@ import os
 import stat
 
 from cairn._src.errors import ReportError
-from cairn._src.run.layout import EVENTS_DIR, MANIFEST_NAME, METRICS_DIR
+from cairn._src.run.layout import (
+    EVENTS_DIR,
+    MANIFEST_NAME,
+    METRICS_DIR,
+    looks_like_default_dir_name,
+)
 from cairn._src.storage.fileio import exists, list_files
 from cairn._src.storage.location import StorageLocation, local_root
 from cairn._src.storage.retry import RetryPolicy
@@ -167,12 +174,20 @@ def _check_not_cairn_data(
                 what, shown, f"lies in the run's {name}/ directory, where Cairn keeps the "
                 f"run's {'metrics history' if name == METRICS_DIR else 'event log'}")
     first = _first_component_below(run, location) if run.contains(location) else None
+    exact = first is not None and (
+        _path(location).rstrip("/") == f"{_path(run).rstrip('/')}/{first}")
+    relation = "is" if exact else "lies inside"
     if first is not None and exists(run.join(first, MANIFEST_NAME), retry):
-        exact = _path(location).rstrip("/") == f"{_path(run).rstrip('/')}/{first}"
-        relation = "is" if exact else "lies inside"
         raise _cairn_data_error(
             what, shown, f"{relation} the directory of checkpoint {first!r}, which Cairn "
             "committed and may delete")
+    if first is not None and looks_like_default_dir_name(first):
+        # Not committed yet, but the name is one Cairn gives its own uploads: a later
+        # report's upload would go there, and once this record is forgotten a start's
+        # sweep of uploads that never committed would delete it.
+        raise _cairn_data_error(
+            what, shown, f"{relation} {first!r}, a name Cairn gives the directories of the "
+            "checkpoints it uploads (and deletes when one never commits)")
     manifests = sorted(name for name in list_files(location, retry)
                        if name == MANIFEST_NAME or name.endswith("/" + MANIFEST_NAME))
     if manifests:
