@@ -23,7 +23,7 @@ def train_func():
     cairn.report({{"step": 0}})
     print("worker output from attempt", context.get_attempt(), flush=True)
     if context.get_attempt() == 0 and context.get_world_rank() == 0:
-        raise RuntimeError("the first attempt fails")
+        raise RuntimeError("the first attempt fails: no shards in [/mnt/data/a.bin]")
 
 
 if __name__ == "__main__":
@@ -58,3 +58,10 @@ def test_a_warning_logged_during_the_live_view_prints_whole_above_it(tmp_path: P
     panel = [i for i, line in enumerate(lines) if line.startswith("uploads ")]
     assert len(panel) == 1, text
     assert lines.index("the script ends") > panel[0], text
+    # The panel shows the failure as raised, brackets and all (not read as markup: a
+    # closing tag it does not know would stop the panel's updates).
+    restarts = [line for line in lines if line.startswith("restarts ")]
+    assert len(restarts) == 1, text
+    assert restarts[0].split(None, 1)[1].startswith(
+        "1 restart (last: [rank 0] RuntimeError: the first attempt fails: no shards in "
+        "[/mnt/data/a.bin]"), text

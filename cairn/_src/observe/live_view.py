@@ -379,12 +379,15 @@ class LiveView:
 
     def _renderable(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column(overflow="ellipsis")
         for label, value in self.rows():
-            table.add_row(label, value)
+            # Text, not markup: a failure reason ("[rank 0] ...", a path in brackets) or a
+            # metric name is the user's, shown as written.
+            table.add_row(Text(label), Text(value))
         return table
 
     def _run(self, interactive: bool) -> None:
