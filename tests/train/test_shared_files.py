@@ -145,3 +145,19 @@ def test_a_collision_the_train_function_caught_is_not_raised_again(
     # it (no later attempt failure would), and nothing else is left in the run directory.
     run = os.path.join(os.fspath(config.storage_path), "run")
     assert [n for n in os.listdir(run) if n.startswith("checkpoint_")] == []
+
+
+def test_refused_references_in_the_run_directory_stay(run_config: RunConfigFactory) -> None:
+    # The user's own data, registered by reference under the run directory: a refused
+    # report leaves it where it is, at the run's end as after a failed attempt.
+    config = run_config()
+    result = Trainer(v2_workloads.references_refused_then_metrics,
+                     scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
+    assert result.error is None
+    said = result.return_value
+    assert said["1"] == "ReportError" or said["2"] == "ReportError", said
+    assert result.checkpoint is None
+    run = os.path.join(os.fspath(config.storage_path), "run")
+    for name, rank in (("step_10", 0), ("step_10_rank1", 1)):
+        with open(os.path.join(run, name, "model.pt"), "rb") as f:
+            assert f.read() == b"weights-%d" % rank

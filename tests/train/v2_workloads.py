@@ -259,6 +259,32 @@ def score_on_one_rank(config: dict[str, Any]) -> None:
 # --- a refused checkpoint the train function catches ------------------------------------
 
 
+def references_refused_then_metrics(config: dict[str, Any]) -> dict[str, str]:
+    """Each rank writes its checkpoint into the run directory (``<run>/step_10`` on rank 0,
+    ``<run>/step_10_rank1`` on rank 1) and reports it NO_UPLOAD under the name ``step_10``:
+    the locations differ, so the report is refused. The train function catches that, makes
+    a metric-only report and returns what each report did."""
+    context = cairn.get_context()
+    rank = context.get_world_rank()
+    name = "step_10" if rank == 0 else f"step_10_rank{rank}"
+    directory = context.get_storage().build_checkpoint_path_from_name(name)
+    os.makedirs(directory)
+    checkpoint = _write(directory, {"model.pt": b"weights-%d" % rank})
+    said = {}
+    try:
+        cairn.report({"epoch": 0}, checkpoint=checkpoint, checkpoint_dir_name="step_10",
+                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD).wait()
+        said["1"] = "committed"
+    except cairn.ReportError as exc:
+        said["1"] = type(exc).__name__
+    try:
+        cairn.report({"epoch": 1})
+        said["2"] = "reported"
+    except cairn.ReportError as exc:
+        said["2"] = type(exc).__name__
+    return said
+
+
 def collision_caught_then_metrics(config: dict[str, Any]) -> dict[str, str]:
     """Every rank saves model.pt, each with different content, and reports it (SYNC): the
     report is refused after the uploads (a collision). The train function catches that,

@@ -499,7 +499,11 @@ class ReportTracker:
         return sorted(r for r in range(self.world_size) if self.last_index.get(r, 0) < index)
 
     def pending_dir_names(self) -> list[str]:
-        return [p.dir_name for p in self._pending.values() if p.dir_name is not None]
+        """Directories of reports not committed that Cairn's own uploads may have written:
+        a report whose checkpoint is registered where it is (NO_UPLOAD, or what a
+        ``checkpoint_upload_fn`` put there) names the user's data, never a partial upload."""
+        return [p.dir_name for p in self._pending.values() if p.dir_name is not None and any(
+            i.mode != "NO_UPLOAD" and not i.upload_fn for i in p.intents.values())]
 
 
 def collision_error(index: int, path: str, first: int, second: int,
