@@ -345,3 +345,95 @@ def test_a_commit_whose_index_write_answer_was_lost_is_adopted_and_validated(
     validated = {os.path.basename(c.path): m.get("val_step")
                  for c, m in result.best_checkpoints}
     assert validated == {"checkpoint_000001": 0, "checkpoint_000002": 1}
+
+
+def test_a_lost_index_answer_and_one_lie_about_its_manifest_still_resume_from_it(
+        root: str, control: str, scratch: str) -> None:
+    # The index write of checkpoint_000001 landed and its answer was lost (three times):
+    # the attempt fails and the next one settles the commit. The store then answers "not
+    # found" for its manifest once: asked again, it is adopted, resumed from, and the
+    # stored index keeps naming it (never dropped on one answer).
+    storage = lying_store.lying_uri(root, control)
+    lying_store.add_rule(control, "not_found", f"checkpoint_000001/{MANIFEST_NAME}", times=1)
+    config = cairn.RunConfig(name="run", storage_path=storage,
+                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+                             failure_config=cairn.FailureConfig(max_failures=1))
+    result = Trainer(fault_workloads.index_answer_lost,
+                     train_loop_config={"steps": 2, "control": control, "lost": 3},
+                     scaling_config=ScalingConfig(num_workers=1), run_config=config,
+                     validation_config=cairn.ValidationConfig(fault_workloads.step_score),
+                     ).fit()
+    assert lying_store.lies_told(control) == {"lost_answer": 3, "not_found": 1}
+    run_dir = os.path.join(root, "store", "run")
+    with open(os.path.join(run_dir, "cairn_run.json")) as f:
+        index = json.load(f)
+    assert index["resumed_from"] == "checkpoint_000001"
+    assert [r["dir_name"] for r in index["checkpoints"]] == [
+        "checkpoint_000001", "checkpoint_000002"]
+    names = sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints)
+    assert names == ["checkpoint_000001", "checkpoint_000002"]
+
+
+def uncertain_commit(root: str, control: str) -> tuple[CheckpointManager, StorageLocation]:
+    """A manager whose commit of checkpoint_000001 wrote its manifest and its index, and
+    lost every answer of the index write: the commit is uncertain."""
+    from cairn._src.checkpoint.views import ReadyCheckpoint
+    from cairn._src.errors import StorageError
+
+    directory = os.path.join(root, "store", "run", "checkpoint_000001")
+    os.makedirs(directory)
+    with open(os.path.join(directory, "weights.bin"), "wb") as f:
+        f.write(b"w" * 10)
+    entries = compute_entries(resolve(directory), ["weights.bin"])
+    run = lying_run(root, control)
+    manager = manager_at(run, next_report_index=1)
+    lying_store.add_rule(control, "lost_answer", "cairn_run.json", times=RETRY.max_attempts)
+    ready = ReadyCheckpoint(index=1, dir_name="checkpoint_000001", metrics={}, entries=entries,
+                            ranks=(0,), reference=None, metadata={}, bytes_uploaded=10)
+    with pytest.raises(StorageError):
+        manager.commit(ready, attempt=0)
+    assert manager.index.find("checkpoint_000001") is None
+    return manager, run
+
+
+def stored_index_names(root: str) -> list[str]:
+    with open(os.path.join(root, "store", "run", "cairn_run.json")) as f:
+        return [r["dir_name"] for r in json.load(f)["checkpoints"]]
+
+
+def test_settling_an_uncertain_commit_asks_again_when_its_manifest_reads_as_missing(
+        root: str, control: str) -> None:
+    manager, _ = uncertain_commit(root, control)
+    assert stored_index_names(root) == ["checkpoint_000001"]  # the write landed
+    lying_store.add_rule(control, "not_found", f"checkpoint_000001/{MANIFEST_NAME}", times=1)
+    assert manager.settle_uncertain() == {"checkpoint_000001"}
+    assert lying_store.lies_told(control)["not_found"] == 1
+    chosen = manager.choose_resume()
+    assert chosen is not None and chosen.dir_name == "checkpoint_000001"
+    manager.save_index(resumed_from=chosen.dir_name)
+    assert stored_index_names(root) == ["checkpoint_000001"]
+
+
+def test_an_uncertain_commit_storage_answers_inconsistently_for_stays_uncertain(
+        root: str, control: str) -> None:
+    from cairn._src.errors import StorageError
+
+    manager, _ = uncertain_commit(root, control)
+    # Every read denies the manifest, a listing shows it: in doubt, the attempt fails
+    # and the commit is settled at the next one, once the store answers consistently.
+    lying_store.add_rule(control, "not_found", f"checkpoint_000001/{MANIFEST_NAME}",
+                         times=1 + max(3, RETRY.max_attempts))
+    with pytest.raises(StorageError, match="a fresh listing shows its manifest"):
+        manager.settle_uncertain()
+    assert manager.index.find("checkpoint_000001") is None
+    assert manager.settle_uncertain() == {"checkpoint_000001"}
+    assert stored_index_names(root) == ["checkpoint_000001"]
+
+
+def test_an_uncertain_commit_whose_manifest_never_landed_is_forgotten(
+        root: str, control: str) -> None:
+    manager, _ = uncertain_commit(root, control)
+    os.remove(os.path.join(root, "store", "run", "checkpoint_000001", MANIFEST_NAME))
+    assert manager.settle_uncertain() == set()
+    assert manager.settle_uncertain() == set()  # settled once
+    assert manager.index.find("checkpoint_000001") is None

@@ -3,8 +3,9 @@
 Ordering is the whole point (contract item 4):
 
 1. the data is on storage (workers uploaded it, or it was there already for a reference);
-2. the manifest is written: from here on the checkpoint exists;
-3. the metrics history up to it is flushed;
+2. the metrics history up to it is flushed (a report a later start knows of: its manifest
+   is never refused as beyond the reports made, ``index.within_reports_made``);
+3. the manifest is written: from here on the checkpoint exists;
 4. the index is written with the new checkpoint and without the ones retention drops;
 5. only then are dropped checkpoints deleted.
 
@@ -43,6 +44,7 @@ from cairn._src.checkpoint.ownership import (
 )
 from cairn._src.checkpoint.recheck import (
     check_stored,
+    commit_landed,
     manifest_asked_again,
     recheck_uncommitted,
 )
@@ -156,7 +158,7 @@ class CheckpointManager:
         # are fsynced by the workers that wrote them, before they announce them).
         self.fsync = fsync
         # Commits that failed once their manifest write was attempted (the manifest, the
-        # history or event log flush, or the index write): the store may have kept what
+        # event log flush, or the index write): the store may have kept what
         # it did not acknowledge. Settled by settle_uncertain() before the next attempt.
         self._uncertain: list[CheckpointRecord] = []
         # Checkpoint directories whose deletion failed, or waits for its record in the
@@ -245,6 +247,10 @@ class CheckpointManager:
             committed_at=time.time(),
             size_bytes=sum(entry.size for entry in entries.values()),
         )
+        # Before the manifest: a driver killed right after it leaves a history that knows
+        # of this report, so the next start adopts the checkpoint instead of refusing it
+        # (and reusing its name). A history record without a commit is normal.
+        self.history.flush()
         try:
             index, dropped = self._write_committed(manifest_at, manifest, record)
         except RunLeaseError:
@@ -272,7 +278,6 @@ class CheckpointManager:
         """The commit's writes, from the manifest on; the index written and the records
         retention dropped. Any error here leaves the commit uncertain (see ``commit``)."""
         write_manifest(manifest_at, manifest, self.retry, durable=self.fsync)
-        self.history.flush()
         target = record_target(record)
         if target is not None:
             # Registered before the index names it: only a reference this run registered
@@ -505,22 +510,18 @@ class CheckpointManager:
         committed (its manifest says so), so the index names it again and the next attempt
         may resume from it. Call before :meth:`choose_resume`.
         """
-        uncertain, self._uncertain = self._uncertain, []
-        adopted = []
-        for record in uncertain:
-            if self.index.find(record.dir_name) is not None:
-                continue
-            try:
-                manifest = read_manifest(self.run.join(record.dir_name), self.retry)
-            except CheckpointDamagedError:
-                manifest = None
-            if manifest is not None and manifest.report_index == record.report_index:
-                adopted.append(record)
+        # Asked again where storage answers "not found" (commit_landed); kept uncertain,
+        # all of them, until every one is settled and the adoption written.
+        committed = once(self._committed_in_event_log)
+        adopted = [r for r in self._uncertain if self.index.find(r.dir_name) is None
+                   and commit_landed(self.run.join(r.dir_name), r.dir_name, r.report_index,
+                                     self.retry, committed)]
         if adopted:
             logger.warning("Adopting %s: committed, but the index write of the commit failed",
                            [r.dir_name for r in adopted])
             self.index = adopt(self.run, self.index, adopted, self.retry, self.fence,
                                durable=self.fsync)
+        self._uncertain = []
         return {r.dir_name for r in adopted}
 
     def choose_resume(self) -> CheckpointView | None:
@@ -544,8 +545,15 @@ class CheckpointManager:
         dropped: list[CheckpointRecord] = []
         chosen: CheckpointView | None = None
         for record in records:
-            view = self.view(record)
             name = record.dir_name
+            try:
+                view = self.view(record)
+            except CairnError as exc:
+                # Where its data lies cannot be told here (a URI whose scheme this process
+                # has not registered): not resumed from, and kept in the index.
+                logger.warning("Not resuming from %s (report %d): %s", name,
+                               record.report_index, exc)
+                continue
             if name in self.committed_here and name not in self.suspects:
                 chosen = view
                 break

@@ -31,7 +31,7 @@ from cairn._src.errors import (
 from cairn._src.run.events import CheckpointDeleting, CheckpointStarted, Commit, Event, as_events
 from cairn._src.run.layout import default_checkpoint_dir_name
 from cairn._src.storage.checksum import FileEntry
-from cairn._src.storage.fileio import list_files
+from cairn._src.storage.fileio import list_dir_names, list_files
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 
@@ -110,7 +110,10 @@ def recheck_uncommitted(
             return Recheck(doubt=f"its manifest exists but cannot be read ({exc})")
         if manifest is not None:
             return Recheck(manifest=manifest)
-    if MANIFEST_NAME in list_files(location, retry):
+    # Only the top level can hold the manifest: not listed recursively, so that whatever
+    # else a partial directory holds (a FIFO, a socket: list_files refuses them) never
+    # makes the check fail.
+    if MANIFEST_NAME in list_dir_names(location, retry):
         return Recheck(doubt="a fresh listing shows its manifest, which reads answered "
                              "as missing")
     if name in committed():
@@ -134,6 +137,33 @@ def manifest_asked_again(manifest_at: StorageLocation, name: str, retry: RetryPo
                            f"is missing, but {recheck.doubt}; not resuming until it "
                            "answers consistently")
     raise ManifestError(f"{manifest_at.display()} has no manifest")
+
+
+def commit_landed(location: StorageLocation, name: str, report_index: int, retry: RetryPolicy,
+                  committed: Callable[[], set[str]]) -> bool:
+    """Whether the commit of report ``report_index`` into ``location`` (the run's entry
+    ``name``), which failed once its manifest write was attempted, landed: its manifest
+    is there, of that report.
+
+    A "not found" is asked again (:func:`recheck_uncommitted`): one answer never forgets
+    a commit whose index write may have landed. While storage answers inconsistently, a
+    :class:`StorageError` (the caller keeps the commit uncertain and asks again later).
+    A manifest that cannot be read is not adopted (it is never resumed from either).
+    """
+    try:
+        manifest = read_manifest(location, retry)
+    except CheckpointDamagedError as exc:
+        logger.warning("Not adopting %s: %s", name, exc)
+        return False
+    if manifest is None:
+        recheck = recheck_uncommitted(location, name, retry, committed)
+        if recheck.doubt is not None:
+            raise StorageError(f"{location.display()}: the commit of report {report_index} "
+                               "failed after its manifest write was attempted; storage "
+                               f"answers that its manifest is missing, but {recheck.doubt}; "
+                               "not going on until it answers consistently")
+        manifest = recheck.manifest
+    return manifest is not None and manifest.report_index == report_index
 
 
 # How many of the missing or short files a message names.

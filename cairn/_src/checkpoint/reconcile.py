@@ -123,7 +123,14 @@ def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
     URI or, on a run without one, by path)."""
     names = set()
     for record in index.checkpoints:
-        data = reference_data(run, record)
+        try:
+            data = reference_data(run, record)
+        except CairnError as exc:
+            # A URI no store resolves (an unregistered scheme, say): not inside the run.
+            # Storage is untrusted: one such record must not stop every start.
+            logger.warning("Cannot tell where the data of %s lies (%s); taking it for "
+                           "outside the run directory", record.dir_name, exc)
+            continue
         name = entry_holding(run, data) if data is not None else None
         if name is not None:
             names.add(name)
@@ -216,16 +223,22 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
             logger.debug("Leaving %s in place: it holds the data of a checkpoint this run "
                          "registered by reference", name)
             continue
-        recheck = recheck_uncommitted(run.join(name), name, retry,
-                                      lambda: committed_dir_names(events()))
+        try:
+            recheck = recheck_uncommitted(run.join(name), name, retry,
+                                          lambda: committed_dir_names(events()))
+            if recheck.never_committed:
+                delete_dir(run.join(name), retry)
+                logger.info("Deleted %s: a directory without a manifest", name)
+        except CairnError as exc:
+            # As its manifest read above: one entry storage cannot answer for (or delete)
+            # must not stop every start; a later start tries again.
+            logger.warning("Leaving %s in place: %s", name, exc)
+            continue
         if recheck.manifest is not None and recheck.manifest.report_index is not None:
             logger.warning("%s has a manifest after all (storage first answered that "
                            "it had none): adopting it", name)
             adopted.append(adoption_record(name, recheck.manifest))
-        elif recheck.never_committed:
-            delete_dir(run.join(name), retry)
-            logger.info("Deleted %s: a directory without a manifest", name)
-        else:
+        elif not recheck.never_committed:
             logger.warning("Leaving %s in place: storage answers that it has no "
                            "manifest, but %s. Check the store; a later start deletes it "
                            "if it never committed.", name, recheck.doubt)
