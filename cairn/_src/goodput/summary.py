@@ -20,15 +20,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cairn._src.goodput.timeline import ordered_events, walk
 from cairn._src.run.events import (
     AttemptStart,
-    Blocked,
     Commit,
+    Event,
     Failure,
-    FirstReport,
     SessionEnd,
     SessionStart,
-    TrainStart,
     as_events,
 )
 from cairn._src.text import plural
@@ -91,58 +90,58 @@ class GoodputSummary:
 
 def summarize(events: Iterable[object]) -> GoodputSummary:
     """The goodput of a run from its ``events`` (typed, or records as the log stores them;
-    any order)."""
-    ordered = sorted(as_events(events), key=lambda e: float(e.t or 0.0))
-    wall = startup = recovery = lost = 0.0
+    any order).
+
+    The attempts are found as :func:`~cairn._src.goodput.timeline.build_timeline` finds
+    them, so the summary and the chart agree: start-up or recovery lasts until training
+    starts (up to the attempt's end when it never does, as in a crash loop); a failure
+    loses the work from its last commit or, if later, the train start; a rank's stall in
+    that lost work is lost work, not a stall too."""
+    typed = as_events(events)
+    ordered = ordered_events(typed)
+    found = walk(ordered)
+    startup = recovery = lost = 0.0
     blocked: dict[int, float] = defaultdict(float)
-    attempts = failures = uploaded = 0
+    for span in found.spans:
+        begin, trained, lost_from, end = span.phases()
+        if span.recovering_from is None:
+            startup += trained - begin
+        else:
+            recovery += trained - begin
+        lost += end - lost_from
+        for rank, start, stop in span.stalls:
+            # A rank's stall that overlaps the lost work is counted once, as lost work.
+            in_lost = max(0.0, min(stop, end) - max(start, lost_from))
+            blocked[rank] += stop - start - in_lost
+    mean_blocked = sum(blocked.values()) / len(blocked) if blocked else 0.0
+    return GoodputSummary(
+        wall_s=_wall(ordered),
+        startup_s=startup,
+        checkpoint_blocked_s=mean_blocked,
+        recovery_s=recovery,
+        lost_work_s=lost,
+        attempts=sum(isinstance(e, AttemptStart) for e in typed),
+        failures=sum(isinstance(e, Failure) for e in typed),
+        uploaded_bytes=sum(e.bytes or 0 for e in typed if isinstance(e, Commit)),
+    )
+
+
+def _wall(ordered: Iterable[tuple[float, Event]]) -> float:
+    """The seconds drivers worked on the run: each session from its start to its end, or
+    to its last event when its driver died without a word."""
+    wall = 0.0
     session_start: float | None = None
     last_t: float | None = None
-    attempt_start: float | None = None
-    failed_at: float | None = None
-    for event in ordered:
-        t = float(event.t or 0.0)
+    for t, event in ordered:
         if isinstance(event, SessionStart):
             if session_start is not None and last_t is not None:
                 # The previous driver died without a session_end: count up to its last event.
                 wall += last_t - session_start
             session_start = t
-            failed_at = None
-        elif isinstance(event, AttemptStart):
-            attempts += 1
-            attempt_start = t
-        elif isinstance(event, (TrainStart, FirstReport)) and attempt_start is not None:
-            # train_start (every worker connected and about to train) ends start-up and
-            # recovery; logs written before it existed fall back to the first report.
-            if failed_at is not None:
-                recovery += t - failed_at
-                failed_at = None
-            else:
-                startup += t - attempt_start
-            attempt_start = None
-        elif isinstance(event, Blocked):
-            blocked[event.rank or 0] += float(event.seconds or 0.0)
-        elif isinstance(event, Commit):
-            uploaded += event.bytes or 0
-        elif isinstance(event, Failure):
-            failures += 1
-            failed_at = t
-            since = event.last_commit_t or event.attempt_t or t
-            lost += max(0.0, t - float(since))
         elif isinstance(event, SessionEnd) and session_start is not None:
             wall += t - session_start
             session_start = None
         last_t = t
     if session_start is not None and last_t is not None:
         wall += last_t - session_start
-    mean_blocked = sum(blocked.values()) / len(blocked) if blocked else 0.0
-    return GoodputSummary(
-        wall_s=wall,
-        startup_s=startup,
-        checkpoint_blocked_s=mean_blocked,
-        recovery_s=recovery,
-        lost_work_s=lost,
-        attempts=attempts,
-        failures=failures,
-        uploaded_bytes=uploaded,
-    )
+    return wall

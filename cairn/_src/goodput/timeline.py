@@ -13,7 +13,7 @@ The categories are those of the goodput summary:
 * ``checkpoint_stall``: a rank blocked in ``report()`` (a ``blocked`` event: it ends at
   ``t`` and lasted ``seconds``);
 * ``lost_work``: the work of a failed attempt after its last commit, which the next
-  attempt redoes (``last_commit_t`` to the failure).
+  attempt redoes (``last_commit_t``, or the train start if later, to the failure).
 
 Each (attempt, rank) lane is a sequence of disjoint, ordered intervals; where categories
 overlap, the later one in ``_PRIORITY`` wins (a failed attempt's stalls after its last
@@ -31,6 +31,7 @@ from cairn._src.run.events import (
     Blocked,
     Commit,
     ErrorInfo,
+    Event,
     Failure,
     FirstReport,
     Restored,
@@ -43,7 +44,10 @@ from cairn._src.run.events import (
 CATEGORIES = ("training", "checkpoint_stall", "lost_work", "startup", "recovery")
 _PRIORITY = {category: rank for rank, category in enumerate(CATEGORIES)}
 _DETAIL_CHARS = 120
-_MAX_RANKS = 4096
+_MAX_RANKS = 4096  # lanes of one attempt
+# Lanes in all: a chart draws a few dozen; a crash-looping (or forged) log of thousands of
+# attempts times thousands of ranks would otherwise take minutes and gigabytes.
+_MAX_LANES = 4096
 # Events at the same instant, in the order they can happen (a sort is stable otherwise).
 _TIE_ORDER = {"session_start": 0, "failure": 1, "attempt_start": 2, "workers_ready": 3,
               "train_start": 4, "first_report": 4, "session_end": 9}
@@ -108,16 +112,23 @@ class FailureMark:
 @dataclass(frozen=True)
 class Timeline:
     """The lanes in order (by attempt, then rank), the failures, and the times of the
-    commits, all in seconds since ``started_at`` (a Unix time; None for an empty log)."""
+    commits, all in seconds since ``started_at`` (a Unix time; None for an empty log).
+    ``lanes`` are the first of :attr:`lane_count`; ``lanes_left_out`` were not built."""
 
     started_at: float | None
     lanes: tuple[Lane, ...] = ()
     failures: tuple[FailureMark, ...] = ()
     commits: tuple[float, ...] = ()
     end: float = 0.0
+    lanes_left_out: int = 0
+
+    @property
+    def lane_count(self) -> int:
+        """The lanes of the run (one per attempt and rank), built or not."""
+        return len(self.lanes) + self.lanes_left_out
 
     def as_dict(self) -> dict[str, Any]:
-        return {"started_at": self.started_at, "end": self.end,
+        return {"started_at": self.started_at, "end": self.end, "lane_count": self.lane_count,
                 "lanes": [lane.as_dict() for lane in self.lanes],
                 "failures": [f.as_dict() for f in self.failures],
                 "commits": list(self.commits)}
@@ -163,8 +174,8 @@ def _shorten(text: str, limit: int) -> str:
 
 
 @dataclass
-class _Span:
-    """One attempt's times, as the walk over the log finds them."""
+class AttemptSpan:
+    """One attempt's times (Unix times), as :func:`walk` finds them in the log."""
 
     number: int
     start: float
@@ -172,30 +183,56 @@ class _Span:
     train_start: float | None = None
     end: float | None = None
     lost_from: float | None = None
+    # (rank, start, end) of each time a rank was blocked in report().
     stalls: list[tuple[int, float, float]] = field(default_factory=list)
     restored: dict[int, str] = field(default_factory=dict)
 
+    def phases(self) -> tuple[float, float, float, float]:
+        """``(begin, trained, lost, end)``, in order: start-up (or recovery, from the
+        failure before) is ``[begin, trained)``, training ``[trained, end)``, of which
+        ``[lost, end)`` is lost work (``lost == end`` when the attempt did not fail).
+        Lost work never starts before training: start-up and recovery are counted once."""
+        end = self.end if self.end is not None else self.start
+        begin = self.start if self.recovering_from is None else min(self.start,
+                                                                    self.recovering_from)
+        end = max(end, begin)
+        trained = self.train_start if self.train_start is not None else end
+        trained = min(max(trained, begin), end)
+        lost = end if self.lost_from is None else min(max(self.lost_from, trained), end)
+        return begin, trained, lost, end
 
-def build_timeline(events: Iterable[object]) -> Timeline:
-    """The :class:`Timeline` of a run's ``events`` (typed, or records as the log stores
-    them; any order; sorted by ``t``)."""
-    ordered = sorted(((float(e.t), e) for e in as_events(events) if e.t is not None),
-                     key=lambda pair: (pair[0], _TIE_ORDER.get(pair[1].type, 5)))
-    if not ordered:
-        return Timeline(started_at=None)
-    spans: list[_Span] = []
-    failures: list[tuple[int, float, tuple[ErrorInfo, ...], str]] = []
-    commits: list[float] = []
-    ranks: set[int] = set()
-    current: _Span | None = None
+
+@dataclass
+class Walk:
+    """What one pass over a run's ordered events finds: the attempts, the failures (each
+    with the number of its attempt, -1 when unknown), the commits' times, every rank the
+    log names, and the time of the last event."""
+
+    spans: list[AttemptSpan] = field(default_factory=list)
+    failures: list[tuple[int, float, Failure]] = field(default_factory=list)
+    commits: list[float] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    last_t: float = 0.0
+
+
+def ordered_events(events: Iterable[object]) -> list[tuple[float, Event]]:
+    """The typed ``events`` that have a time, as ``(t, event)`` sorted by time; events at
+    the same instant in the order they can happen."""
+    return sorted(((float(e.t), e) for e in as_events(events) if e.t is not None),
+                  key=lambda pair: (pair[0], _TIE_ORDER.get(pair[1].type, 5)))
+
+
+def walk(ordered: Iterable[tuple[float, Event]]) -> Walk:
+    """The attempts of a run and their times, from its :func:`ordered_events`."""
+    found = Walk()
+    current: AttemptSpan | None = None
     failed_at: float | None = None
-    last_t = ordered[0][0]
     for t, event in ordered:
         if isinstance(event, SessionStart):
             if current is not None:
                 # The previous driver died without a word: its attempt ended with its
                 # last event.
-                current.end = last_t
+                current.end = found.last_t
                 current = None
             failed_at = None
         elif isinstance(event, AttemptStart):
@@ -203,9 +240,9 @@ def build_timeline(events: Iterable[object]) -> Timeline:
                 current.end = t
             number = event.attempt
             if number is None:
-                number = spans[-1].number + 1 if spans else 0
-            current = _Span(number=number, start=t, recovering_from=failed_at)
-            spans.append(current)
+                number = found.spans[-1].number + 1 if found.spans else 0
+            current = AttemptSpan(number=number, start=t, recovering_from=failed_at)
+            found.spans.append(current)
         elif isinstance(event, (TrainStart, FirstReport)):
             if current is not None and current.train_start is None:
                 current.train_start = t
@@ -213,18 +250,17 @@ def build_timeline(events: Iterable[object]) -> Timeline:
         elif isinstance(event, Blocked):
             rank, seconds = event.rank, event.seconds
             if rank is not None and seconds is not None and current is not None:
-                ranks.add(rank)
+                found.ranks.add(rank)
                 current.stalls.append((rank, t - max(0.0, seconds), t))
         elif isinstance(event, Restored):
             if current is not None and event.rank is not None and event.kind:
                 current.restored[event.rank] = _restore_source(event)
         elif isinstance(event, Commit):
-            commits.append(t)
+            found.commits.append(t)
         elif isinstance(event, Failure):
             for error in event.errors:
-                ranks.update(error.ranks)
-            parsed = cause_first(event.errors, event.ranks)
-            ranks.update(event.ranks)
+                found.ranks.update(error.ranks)
+            found.ranks.update(event.ranks)
             attempt = event.attempt
             if current is not None:
                 since = event.last_commit_t or event.attempt_t
@@ -232,31 +268,54 @@ def build_timeline(events: Iterable[object]) -> Timeline:
                 current.end = t
                 attempt = current.number if attempt is None else attempt
                 current = None
-            failures.append((attempt if attempt is not None else -1, t, parsed,
-                             event.reason or ""))
+            found.failures.append((attempt if attempt is not None else -1, t, event))
             failed_at = t
         elif isinstance(event, SessionEnd):
             if current is not None:
                 current.end = t
                 current = None
-        last_t = t
+        found.last_t = t
     if current is not None:
-        current.end = last_t
+        current.end = found.last_t
+    return found
+
+
+def build_timeline(events: Iterable[object]) -> Timeline:
+    """The :class:`Timeline` of a run's ``events`` (typed, or records as the log stores
+    them; any order; sorted by ``t``). At most ``_MAX_LANES`` lanes are built, the first
+    ones; :attr:`Timeline.lane_count` counts them all."""
+    ordered = ordered_events(events)
+    if not ordered:
+        return Timeline(started_at=None)
+    found = walk(ordered)
+    ranks = found.ranks
     origin = ordered[0][0]
     # Ranks are 0..N-1: a rank the log never names (it never blocked) still had a lane.
-    # (The log is untrusted: an absurd rank does not make millions of lanes.)
+    # (The log is untrusted: an absurd rank does not make millions of lanes, nor do many
+    # attempts times many ranks.)
     lane_ranks: list[int | None] = (
         [None] if not ranks else list(range(max(ranks) + 1)) if max(ranks) < _MAX_RANKS
         else list(sorted(ranks)[:_MAX_RANKS]))
-    lanes = [Lane(span.number, rank, _paint(_paints(span, rank), origin),
-                  span.restored.get(rank) if rank is not None else None)
-             for span in spans for rank in lane_ranks]
+    lanes: list[Lane] = []
+    for span in found.spans:
+        if len(lanes) >= _MAX_LANES:
+            break
+        stalls: dict[int | None, list[tuple[float, float]]] = {}
+        for stalled, start, end in span.stalls:
+            stalls.setdefault(stalled, []).append((start, end))
+        for rank in lane_ranks[:_MAX_LANES - len(lanes)]:
+            lanes.append(Lane(span.number, rank,
+                              _paint(_paints(span, stalls.get(rank, [])), origin),
+                              span.restored.get(rank) if rank is not None else None))
     marks = []
-    for attempt, t, errors, reason in failures:
+    for attempt, t, event in found.failures:
+        errors, reason = cause_first(event.errors, event.ranks), event.reason or ""
         label, detail = describe_failure(errors, reason)
         marks.append(FailureMark(attempt, t - origin, label, detail, errors, reason))
     return Timeline(started_at=origin, lanes=tuple(lanes), failures=tuple(marks),
-                    commits=tuple(t - origin for t in commits), end=last_t - origin)
+                    commits=tuple(t - origin for t in found.commits),
+                    end=found.last_t - origin,
+                    lanes_left_out=len(found.spans) * len(lane_ranks) - len(lanes))
 
 
 def _restore_source(event: Restored) -> str:
@@ -266,18 +325,12 @@ def _restore_source(event: Restored) -> str:
     return "+".join(peer if part == "peer" else part for part in str(event.kind).split("+"))
 
 
-def _paints(span: _Span, rank: int | None) -> list[tuple[float, float, str]]:
-    end = span.end if span.end is not None else span.start
-    begin = span.start if span.recovering_from is None else min(span.start,
-                                                                 span.recovering_from)
-    trained = span.train_start if span.train_start is not None else end
-    trained = min(max(trained, begin), end)
+def _paints(span: AttemptSpan,
+            stalls: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+    begin, trained, lost, end = span.phases()
     paints = [(begin, trained, "startup" if span.recovering_from is None else "recovery"),
-              (trained, end, "training")]
-    if span.lost_from is not None:
-        paints.append((max(span.lost_from, begin), end, "lost_work"))
-    paints.extend((max(a, begin), min(b, end), "checkpoint_stall")
-                  for r, a, b in span.stalls if rank is None or r == rank)
+              (trained, end, "training"), (lost, end, "lost_work")]
+    paints.extend((max(a, begin), min(b, end), "checkpoint_stall") for a, b in stalls)
     return [(a, b, c) for a, b, c in paints if b > a]
 
 
