@@ -6,12 +6,11 @@ run's wall time went). The data comes from :mod:`cairn._src.plots.series` and
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from cairn._src.cli.common import RETRY, open_run, printable, printable_lines
+from cairn._src.cli.common import RETRY, open_run, print_json, printable, printable_lines
 from cairn._src.errors import ConfigError
 from cairn._src.goodput.summary import summarize
 from cairn._src.goodput.timeline import build_timeline
@@ -40,8 +39,10 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     summary = summarize(events)
     if args.out:
         drawing.draw_timeline(build_timeline(events), summary, _run_name(run), args.out)
-    print(json.dumps(summary.as_dict(), indent=1) if args.json
-          else printable_lines(summary.format()))
+    if args.json:
+        print_json(summary.as_dict())
+    else:
+        print(printable_lines(summary.format()))
     if args.out and not args.json:
         print(f"wrote {printable(args.out)}")
     return 0
@@ -76,7 +77,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if args.out:
         drawing.draw_metric_plot(plot, args.out)
     if args.json:
-        print(json.dumps(plot.as_dict(), indent=1))
+        print_json(plot.as_dict())
         return 0
     if args.out:
         print(f"wrote {printable(args.out)}")

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from cairn._src.errors import CairnError
 from cairn._src.goodput.summary import GoodputSummary
-from cairn._src.goodput.timeline import CATEGORIES, Timeline
-from cairn._src.plots.series import MetricPlot, Series
+from cairn._src.goodput.timeline import CATEGORIES, Timeline, describe_failure
+from cairn._src.plots.series import MetricPlot, Series, masked_failure
 from cairn._src.text import plural
 
 if TYPE_CHECKING:
@@ -93,15 +93,30 @@ def _mark_labels(axes: Axes, labels: list[tuple[str, float]]) -> None:
         last = x
 
 
+def metric_notes(plot: MetricPlot) -> list[str]:
+    """The lines under a metric chart: one per restart, with its failure's detail (whose
+    URI credentials :func:`~cairn._src.plots.series.build_plot` masked)."""
+    return [f"R{r.number}  attempt {r.attempt} failed: {r.detail}"
+            + ("" if r.counted else " (not counted against max_failures)")
+            + (f"; resumed from {r.resumed_from}" if r.resumed_from else
+               "; restarted from scratch" if r.restarted else "")
+            for r in plot.restarts]
+
+
+def timeline_notes(timeline: Timeline) -> list[str]:
+    """The lines under a goodput timeline: one per failure, its detail made again from
+    its errors and reason with their URI credentials masked (the event log is untrusted:
+    written before the driver masked them, or forged)."""
+    return [f"F{number}  attempt {f.attempt} failed: "
+            f"{describe_failure(*masked_failure(f.errors, f.reason))[1]}"
+            for number, f in enumerate(timeline.failures, start=1)]
+
+
 def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     """Write ``plot`` to ``path`` (PNG, SVG or PDF by its extension): one axis per metric,
     one line per attempt, restarts as vertical lines, checkpoints as markers."""
     count = len(plot.metrics)
-    notes = [f"R{r.number}  attempt {r.attempt} failed: {r.detail}"
-             + ("" if r.counted else " (not counted against max_failures)")
-             + (f"; resumed from {r.resumed_from}" if r.resumed_from else
-                "; restarted from scratch" if r.restarted else "")
-             for r in plot.restarts]
+    notes = metric_notes(plot)
     figure = _figure(10.0, 1.3 + 2.6 * count + 0.3 * min(len(notes), _MAX_NOTES))
     axes_grid = figure.subplots(count, 1, sharex=True, squeeze=False)
     attempts = sorted({s.attempt for s in plot.series})
@@ -212,10 +227,9 @@ def draw_timeline(timeline: Timeline, summary: GoodputSummary, run: str, path: s
     """Write the goodput timeline of a run to ``path``: one lane per attempt and rank,
     coloured by what the time went to, failures as vertical lines, commits as ticks."""
     lanes = timeline.lanes[:_MAX_LANES]
-    notes = [f"F{number}  attempt {f.attempt} failed: {f.detail}"
-             for number, f in enumerate(timeline.failures, start=1)]
-    if len(timeline.lanes) > len(lanes):
-        notes.insert(0, f"(the first {len(lanes)} of {len(timeline.lanes)} lanes are drawn)")
+    notes = timeline_notes(timeline)
+    if timeline.lane_count > len(lanes):
+        notes.insert(0, f"(the first {len(lanes)} of {timeline.lane_count} lanes are drawn)")
     figure = _figure(11.0, 2.3 + 0.32 * max(1, len(lanes))
                      + 0.3 * min(len(notes), _MAX_NOTES))
     axes = figure.subplots()

@@ -14,6 +14,7 @@ The x axis is one of:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from cairn._src.run.events import (
     as_events,
 )
 from cairn._src.run.report_checks import rankable
+from cairn._src.storage.uris import redact_text
 
 X_AXES = ("report", "step", "time")
 STEP_METRIC = "step"
@@ -77,7 +79,9 @@ class RestartMark:
     it started from scratch, or when no attempt followed). ``x`` is where the restart is
     drawn: between the two attempts' reports, at the first step of the next attempt, or
     at the failure's time. ``counted`` is False for a failure that did not count against
-    ``max_failures`` (a rank found the checkpoint it resumed from damaged)."""
+    ``max_failures`` (a rank found the checkpoint it resumed from damaged). ``reason``,
+    the ``errors``' messages and so ``label`` and ``detail`` have any URI credentials
+    masked (:func:`masked_failure`)."""
 
     number: int
     attempt: int
@@ -133,6 +137,14 @@ class MetricPlot:
 def _number(value: object) -> float | None:
     number = rankable(value)
     return number if number is not None and math.isfinite(number) else None
+
+
+def _since(t: float | None, started_at: float | None) -> float | None:
+    """Seconds from ``started_at`` to ``t``; None when either is unknown, or when the
+    difference overflows (a forged log's ``-1.5e308`` and ``1.5e308``)."""
+    if t is None or started_at is None:
+        return None
+    return _number(t - started_at)
 
 
 def _count(value: object) -> int | None:
@@ -227,7 +239,7 @@ def build_plot(
             return float(row.report)
         if x_axis == "step":
             return _number(row.metrics.get(STEP_METRIC))
-        return None if row.time is None or started_at is None else row.time - started_at
+        return _since(row.time, started_at)
 
     series: list[Series] = []
     for metric in metrics:
@@ -260,6 +272,16 @@ def build_plot(
                       restarts=tuple(restarts), started_at=started_at)
 
 
+def masked_failure(errors: Iterable[ErrorInfo], reason: str
+                   ) -> tuple[tuple[ErrorInfo, ...], str]:
+    """A failure's ``errors`` and ``reason`` with every URI's credentials in them masked
+    (:func:`redact_text`), as ``cairn show`` prints them: the event log is untrusted (written
+    before the driver masked them, or forged). Masked before any shortening, which could
+    cut a URI's ``@`` off and leave its password unrecognised."""
+    return (tuple(dataclasses.replace(e, message=redact_text(e.message)) for e in errors),
+            redact_text(reason))
+
+
 def _restarts(ordered: list[tuple[float, Event]], rows: list[_Record],
               x_of: Any, started_at: float | None, x_axis: str,
               report_of: Mapping[str, int]) -> list[RestartMark]:
@@ -276,19 +298,19 @@ def _restarts(ordered: list[tuple[float, Event]], rows: list[_Record],
         next_xs = [x for r in rows if r.attempt == next_attempt
                    and (x := x_of(r)) is not None] if next_attempt is not None else []
         if x_axis == "time":
-            x = None if started_at is None else t - started_at
+            x = _since(t, started_at)
         elif next_xs:
             x = next_xs[0] - (0.5 if x_axis == "report" else 0.0)
         elif failed_xs:
             x = failed_xs[-1] + (0.5 if x_axis == "report" else 0.0)
         else:
             x = None
-        errors = cause_first(event.errors, event.ranks)
-        reason = event.reason or ""
+        errors, reason = masked_failure(cause_first(event.errors, event.ranks),
+                                        event.reason or "")
         label, detail = describe_failure(errors, reason)
         marks.append(RestartMark(
             number=len(marks) + 1, attempt=attempt,
-            t=None if started_at is None else t - started_at, x=x, label=label,
+            t=_since(t, started_at), x=x, label=label,
             detail=detail, reason=reason, errors=errors, restarted=following is not None,
             resumed_from=resume,
             resumed_from_report=report_of.get(resume) if resume is not None else None,
