@@ -15,8 +15,7 @@ from typing import Any
 from cairn._src.checkpoint.index import RunIndex, read_index
 from cairn._src.errors import CairnError, ManifestError, RunLeaseError
 from cairn._src.run.layout import LEASE_NAME
-from cairn._src.run.lease import LeaseInfo, RunLease, is_live
-from cairn._src.storage.fileio import read_bytes
+from cairn._src.run.lease import LeaseInfo, RunLease, is_live, read_lease_settled
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 
@@ -32,10 +31,14 @@ def open_run(path: str) -> tuple[StorageLocation, RunIndex]:
 
 
 def read_lease(run: StorageLocation) -> LeaseInfo | None:
-    """The run's lease as a driver wrote it; None when there is none or it is invalid."""
+    """The run's lease as a driver wrote it; None when there is none or it is invalid.
+
+    A read that does not parse is read again, as a driver's own reads are: on a store
+    without atomic reads it may be torn by a driver rewriting its lease, and a live lease
+    must not look absent. One that stays malformed is invalid (None)."""
     try:
-        return LeaseInfo.from_json(read_bytes(run.join(LEASE_NAME), RETRY))
-    except (FileNotFoundError, ManifestError):
+        return read_lease_settled(run.join(LEASE_NAME), RETRY)
+    except ManifestError:
         return None
 
 

@@ -42,7 +42,7 @@ from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
 from cairn._src.run.events import CheckpointDropped, read_events
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
-from cairn._src.run.lease import LeaseInfo, break_lease
+from cairn._src.run.lease import LeaseChangedError, break_lease, is_live, lease_state
 from cairn._src.run.report_checks import score_present
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.run.status import run_history
@@ -376,13 +376,21 @@ def cmd_lease_break(args: argparse.Namespace) -> int:
         # a lease.json there is someone else's file.
         raise CairnError(f"{run.display()} holds no run (no run index, no event log, no "
                          "lease a driver wrote); nothing removed.")
-    live: LeaseInfo | None = live_lease(run)
+    # What is judged is what is removed: should another lease be there by the time it is
+    # deleted (a driver started meanwhile), break_lease refuses.
+    judged = lease_state(run, RETRY)
+    live = judged.lease if judged.lease is not None and is_live(judged.lease) else None
+    advice = ("Break the lease when its driver has stopped, or let it expire; "
+              f"`cairn lease break --force {run.display()}` removes it anyway, and a driver "
+              "still running then stops committing checkpoints and fails.")
     if live is not None and not args.force:
-        raise live_run_error(run, live, (
-            "Break the lease when its driver has stopped, or let it expire; "
-            f"`cairn lease break --force {run.display()}` removes it anyway, and a driver "
-            "still running then stops committing checkpoints and fails."))
-    previous = break_lease(run, RETRY)
+        raise live_run_error(run, live, advice)
+    try:
+        previous = break_lease(run, RETRY, judged=None if args.force else judged)
+    except LeaseChangedError as exc:
+        if is_live(exc.current):
+            raise live_run_error(run, exc.current, advice) from exc
+        raise
     if args.json:
         print_json({"run": run.display(), "previous": None if previous is None else {
             "host": previous.host, "pid": int(previous.pid),

@@ -1,11 +1,16 @@
 """The run lease: at most one live driver per run, and a fence for the one that lost it.
 
-A driver writes ``lease.json`` (host, pid, a random token, a heartbeat time, a ttl and a
-generation) when it starts and renews it every ``ttl_s / 3`` seconds.
+A driver writes ``lease.json`` (host, pid, the PID namespace its pid belongs to, a random
+token, a heartbeat time, a ttl and a generation) when it starts and renews it every
+``ttl_s / 3`` seconds.
 
 * **Who may take a lease.** A lease is live while its heartbeat is younger than its ttl and,
-  on this host, its process still exists (a driver killed with ``kill -9`` on this host is
-  taken over at once). A heartbeat older than the ttl means its driver is gone whatever
+  when it names this host and this process's PID namespace (see :func:`pid_namespace`), its
+  process still exists (a driver killed with ``kill -9`` here is taken over at once). A
+  lease of the same host name from another PID namespace (a container with the host's
+  network, a Kubernetes ``hostNetwork`` pod), of a system without ``/proc``, or written
+  before leases named their namespace is judged by its heartbeat alone: its pid means
+  nothing here. A heartbeat older than the ttl means its driver is gone whatever
   the pid says (pids are reused). An invalid lease (pid 0 or below, a ttl of 0, below or
   above :data:`MAX_TTL_S`, a heartbeat further in the future than its ttl, wrong types, a
   number beyond a double's range, a generation of more than 12 digits) is taken over too,
@@ -52,6 +57,11 @@ _SHOWN = 3
 # A ttl above this is not one Cairn writes (the default is 30 s): such a lease is invalid.
 MAX_TTL_S = 3600.0
 _SETTLE_S = 0.05
+# Where Linux says which PID namespace a process is in, and which boot of the kernel this is.
+_PID_NAMESPACE_PATH = "/proc/self/ns/pid"
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# A pid_namespace read back longer than this is not one Cairn wrote: judged as none.
+_MAX_NAMESPACE_CHARS = 200
 BREAK_HINT = ("`cairn lease break {run}` clears it by hand once no driver runs it (with --force "
               "while its heartbeat is fresh)")
 
@@ -64,6 +74,8 @@ class LeaseInfo:
     heartbeat_at: float
     ttl_s: float
     generation: int = 0
+    # Which pids ``pid`` is one of (:func:`pid_namespace`); None: unknown (heartbeat only).
+    pid_namespace: str | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"version": LEASE_VERSION, **asdict(self)}).encode()
@@ -72,9 +84,28 @@ class LeaseInfo:
     def from_json(cls, data: bytes, *, where: str = LEASE_NAME) -> LeaseInfo:
         """The lease in ``data``; :class:`ManifestError` when it is not one Cairn wrote."""
         body = parse_lease(data, where=where)
+        # Optional, and a lease is judged without it (by its heartbeat): a lease written
+        # before the field, or one with a value of the wrong type, is still a lease.
+        namespace = body.get("pid_namespace")
+        if not (isinstance(namespace, str) and 0 < len(namespace) <= _MAX_NAMESPACE_CHARS):
+            namespace = None
         return cls(host=body["host"], pid=int(body["pid"]), token=body["token"],
                    heartbeat_at=float(body["heartbeat_at"]), ttl_s=float(body["ttl_s"]),
-                   generation=int(body.get("generation", 0)))
+                   generation=int(body.get("generation", 0)), pid_namespace=namespace)
+
+
+def pid_namespace() -> str | None:
+    """Which pids this process sees, as ``"<boot id>/<device>:<inode>"`` of its PID namespace
+    (``/proc/self/ns/pid``) and the kernel's boot (``/proc/sys/kernel/random/boot_id``):
+    two processes with the same value can see each other's pids. None where either cannot
+    be read (a system without ``/proc``): then no lease's pid is judged here."""
+    try:
+        namespace = os.stat(_PID_NAMESPACE_PATH)
+        with open(_BOOT_ID_PATH, encoding="ascii") as file:
+            boot = file.read(100).strip()
+    except (OSError, ValueError):
+        return None
+    return f"{boot}/{namespace.st_dev}:{namespace.st_ino}" if boot else None
 
 
 def lease_problem(lease: LeaseInfo, *, now: float | None = None) -> str | None:
@@ -94,14 +125,18 @@ def is_live(lease: LeaseInfo, *, now: float | None = None) -> bool:
     """Whether the driver named by ``lease`` may still be running.
 
     A heartbeat older than the ttl means gone, whatever the pid (it may be reused). On this
-    host a dead process settles it at once. An invalid lease is never live.
+    host, in this PID namespace, a dead process settles it at once; a lease from another
+    PID namespace of the same host name (or one that does not say which) is judged by its
+    heartbeat alone, since its pid may be a live process this one cannot see. An invalid
+    lease is never live.
     """
     now = time.time() if now is None else now
     if lease_problem(lease, now=now) is not None:
         return False
     if now - lease.heartbeat_at >= lease.ttl_s:
         return False
-    if lease.host == socket.gethostname() and lease.pid != os.getpid():
+    if (lease.host == socket.gethostname() and lease.pid != os.getpid()
+            and lease.pid_namespace is not None and lease.pid_namespace == pid_namespace()):
         return process_exists(lease.pid)
     return True
 
@@ -157,21 +192,83 @@ def claim_names(run: StorageLocation, retry: RetryPolicy) -> dict[int, str]:
     return claims
 
 
-def break_lease(run: StorageLocation, retry: RetryPolicy) -> LeaseInfo | None:
-    """Clear the lease of ``run`` and its claims (``cairn lease break``); the lease that was
-    there, if it could be read."""
-    location = run.join(LEASE_NAME)
-    previous: LeaseInfo | None = None
+def read_lease_settled(location: StorageLocation, retry: RetryPolicy) -> LeaseInfo | None:
+    """The lease at ``location`` (None when there is none), read again with backoff while it
+    does not parse: an object store may hand back a torn read of a lease its driver is
+    rewriting at that moment (seen with an S3-protocol server). A lease that stays
+    malformed raises :class:`ManifestError`."""
+    attempts = max(3, retry.max_attempts)
+    for attempt in range(attempts):
+        try:
+            return LeaseInfo.from_json(read_bytes(location, retry), where=location.display())
+        except FileNotFoundError:
+            return None
+        except ManifestError:
+            if attempt == attempts - 1:
+                raise
+            logger.debug("The lease %s did not parse; reading it again", location.display())
+            time.sleep(retry.backoff(attempt))
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """A run's lease as :func:`lease_state` read it, for :func:`break_lease` to remove only
+    that: the lease (None: none, or none that parses) and the highest generation of the
+    lease and the claims there then (a driver that starts later claims a higher one)."""
+
+    lease: LeaseInfo | None
+    generation: int
+
+
+def lease_state(run: StorageLocation, retry: RetryPolicy) -> LeaseState:
+    """The lease of ``run`` and its generation now, for :func:`break_lease`."""
+    # The claims first: a driver claims its generation, then writes its lease.
+    claims = claim_names(run, retry)
     try:
-        previous = LeaseInfo.from_json(read_bytes(location, retry), where=location.display())
-    except (FileNotFoundError, ManifestError):
-        pass
+        lease = read_lease_settled(run.join(LEASE_NAME), retry)
+    except ManifestError:
+        lease = None
+    return LeaseState(lease, max([lease.generation if lease is not None else 0, *claims]))
+
+
+class LeaseChangedError(RunLeaseError):
+    """:func:`break_lease` found another lease than the one judged; nothing was removed."""
+
+    def __init__(self, run: StorageLocation, current: LeaseInfo) -> None:
+        self.current = current
+        super().__init__(
+            f"The lease of the run at {run.display()} changed while `cairn lease break` "
+            f"judged it (now held by host {current.host}, pid {current.pid}); nothing "
+            "removed. Run it again to judge the lease there now.")
+
+
+def break_lease(run: StorageLocation, retry: RetryPolicy, *,
+                judged: LeaseState | None = None) -> LeaseInfo | None:
+    """Clear the lease of ``run`` and its claims (``cairn lease break``); the lease that was
+    there, if it could be read.
+
+    ``judged``: the :func:`lease_state` the caller judged breakable. The lease is read
+    again right before it is deleted, and when another one is there now (a driver started,
+    or the judged one renewed its heartbeat) :class:`LeaseChangedError` is raised with
+    nothing removed; only claims up to the judged generation are deleted, so a driver that
+    starts meanwhile keeps its claim. (Storage without a compare-and-delete leaves a window
+    of one read.) None (``--force``): whatever lease and claims are there are removed.
+    """
+    location = run.join(LEASE_NAME)
+    try:
+        previous = read_lease_settled(location, retry)
+    except ManifestError:
+        previous = None
+    if judged is not None and previous is not None and previous != judged.lease:
+        raise LeaseChangedError(run, previous)
     try:
         delete_file(location, retry)
     except FileNotFoundError:
         pass
-    for name in claim_names(run, retry).values():
-        delete_file(run.join(name), retry)
+    for generation, name in sorted(claim_names(run, retry).items()):
+        if judged is None or generation <= judged.generation:
+            delete_file(run.join(name), retry)
     return previous
 
 
@@ -193,33 +290,15 @@ class RunLease:
     def generation(self) -> int:
         return self._generation
 
-    def _read(self) -> LeaseInfo | None:
-        try:
-            return LeaseInfo.from_json(read_bytes(self._location, self._retry),
-                                       where=self._location.display())
-        except FileNotFoundError:
-            return None
-
     def _read_settled(self) -> LeaseInfo | None:
-        """The lease as :meth:`_read` gives it, read again with backoff while it does not
-        parse: an object store may hand back a torn read of the object this driver is
-        rewriting at that moment (seen with an S3-protocol server). A lease that stays
-        malformed is not this driver's: :class:`ManifestError` propagates."""
-        attempts = max(3, self._retry.max_attempts)
-        for attempt in range(attempts):
-            try:
-                return self._read()
-            except ManifestError:
-                if attempt == attempts - 1:
-                    raise
-                logger.debug("The lease of %s did not parse; reading it again",
-                             self._run_text())
-                time.sleep(self._retry.backoff(attempt))
-        raise AssertionError("unreachable")
+        """The lease as :func:`read_lease_settled` gives it: a torn read (of the lease this
+        driver or another one is rewriting) is read again, so a live lease never looks
+        malformed; one that stays malformed raises :class:`ManifestError`."""
+        return read_lease_settled(self._location, self._retry)
 
     def _write(self) -> None:
         info = LeaseInfo(socket.gethostname(), os.getpid(), self._token, time.time(),
-                         self._ttl_s, self._generation)
+                         self._ttl_s, self._generation, pid_namespace())
         write_bytes_atomic(self._location, info.to_json(), self._retry)
 
     def _run_text(self) -> str:
@@ -228,7 +307,7 @@ class RunLease:
     def acquire(self) -> None:
         """Take the lease or raise :class:`RunLeaseError` naming the holder."""
         try:
-            current = self._read()
+            current = self._read_settled()
         except ManifestError as exc:
             logger.warning("Taking over the lease of %s: %s", self._run_text(), exc)
             current = None
@@ -270,7 +349,7 @@ class RunLease:
         # Without an exclusive create, a driver that read the lease as free at the same
         # moment writes within this window; reading back after it leaves one of the two.
         time.sleep(_SETTLE_S)
-        check = self._read()
+        check = self._read_settled()
         if check is None or check.token != self._token:
             holder = f"host {check.host}, pid {check.pid}" if check else "unknown"
             raise RunLeaseError(
@@ -336,7 +415,7 @@ class RunLease:
             self._thread.join()
             self._thread = None
         try:
-            current = self._read()
+            current = self._read_settled()
             if current is not None and current.token == self._token:
                 delete_file(self._location, self._retry)
                 delete_file(self._run.join(f"{CLAIM_PREFIX}{self._generation}"), self._retry)
