@@ -48,13 +48,20 @@ def fsync_path(path: str) -> None:
 
     A directory is skipped where the OS cannot open one (Windows) and where its file
     system refuses to sync one (EINVAL, ENOTSUP: some FUSE and network file systems,
-    whose directory operations are synchronous or out of the client's hands)."""
+    whose directory operations are synchronous or out of the client's hands).
+
+    A directory is opened through a symbolic link (a ``storage_path`` such as
+    ``~/ray_results -> /mnt/nvme/ray_results``): syncing it changes nothing, and it is
+    the directory whose entries were written through the link. A file never is
+    (``O_NOFOLLOW``): a link in its place is not what was written."""
     is_dir = os.path.isdir(path)
     if is_dir and os.name == "nt":
         return
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     if is_dir:
         flags |= getattr(os, "O_DIRECTORY", 0)
+    else:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     descriptor = os.open(path, flags)
     try:
         os.fsync(descriptor)

@@ -10,6 +10,7 @@ with the backend's exception chained.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -21,7 +22,7 @@ import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError, CheckpointNotFoundError, StorageError
 from cairn._src.storage.durability import fsync_path, write_durably
-from cairn._src.storage.location import StorageLocation, local_root, supports_atomic_rename
+from cairn._src.storage.location import StorageLocation, supports_atomic_rename
 from cairn._src.storage.reader import local_os_path, read_small_file
 from cairn._src.storage.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 
@@ -197,14 +198,20 @@ def _relative(base: str, path: str) -> str:
 def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, int]:
     """Every file under ``loc``, recursively: relative ``/``-path -> size. ``{}`` if missing.
 
-    On local storage an entry that is neither a file nor a directory (a FIFO, a socket, a
+    On local storage the walk never follows a symbolic link below ``loc`` (``a -> .``
+    would make it endless, ``evil -> /outside`` would list what is not in the
+    checkpoint): a link is listed as an entry of its own, at the size of the regular
+    file it points to, or 0 when it points to a directory, and the bounded reader
+    (:mod:`.reader`) refuses it when the files are read; a link that points nowhere is
+    left out. An entry that is neither a file nor a directory (a FIFO, a socket, a
     device, or a link to one) raises :class:`StorageError`, as uploads refuse them:
-    reading one could block or never end. Links are listed as what they point to; the
-    bounded reader refuses them when the files are read.
+    reading one could block or never end.
     """
+    root = local_os_path(loc)
+    if root is not None:
+        return _list_local(loc, root, retry)
     files: dict[str, int] = {}
     skipped: list[str] = []
-    local = local_root(loc.filesystem) is not None
     for info in _select(loc, True, retry):
         if info.type == pafs.FileType.File:
             relative = _relative(loc.path, info.path)
@@ -212,14 +219,66 @@ def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict
                 files[relative] = int(info.size or 0)
             else:
                 skipped.append(relative)
-        elif local and info.type == pafs.FileType.Unknown:
-            raise StorageError(
-                f"{info.path!r} in {loc.display()} is not a regular file (a FIFO, socket or "
-                "device, or a link to one); checkpoints may contain regular files and "
-                "directories only."
-            )
     _warn_skipped(skipped, loc)
     return files
+
+
+def _list_local(loc: StorageLocation, root: str, retry: RetryPolicy) -> dict[str, int]:
+    try:
+        found = storage_call(lambda: _walk_local(root), loc, retry, "list")
+    except CheckpointNotFoundError:
+        return {}  # a missing directory (or a file) lists as empty
+    files: dict[str, int] = {}
+    skipped: list[str] = []
+    for relative, size in found:
+        if size is None:
+            raise StorageError(
+                f"{os.path.join(root, *relative.split('/'))!r} in {loc.display()} is not a "
+                "regular file (a FIFO, socket or device, or a link to one); checkpoints may "
+                "contain regular files and directories only."
+            )
+        if all(is_listed_name_safe(part) for part in relative.split("/")):
+            files[relative] = size
+        else:
+            skipped.append(relative)
+    _warn_skipped(skipped, loc)
+    return files
+
+
+def _walk_local(root: str) -> list[tuple[str, int | None]]:
+    """``(relative path, size)`` of every file and link under the OS directory ``root``,
+    links not followed; size None for a special file or a link to one. A directory below
+    ``root`` that vanishes meanwhile holds nothing; ``root`` itself missing raises."""
+    found: list[tuple[str, int | None]] = []
+    stack = [("", root)]
+    while stack:
+        prefix, directory = stack.pop()
+        try:
+            with os.scandir(directory) as scan:
+                entries = list(scan)
+        except (FileNotFoundError, NotADirectoryError):
+            if not prefix:
+                raise
+            continue  # deleted (or replaced) since its parent was listed
+        for entry in entries:
+            relative = prefix + entry.name
+            try:
+                if entry.is_symlink():
+                    info = os.stat(entry.path)  # what it points to, for its size only
+                    if stat.S_ISDIR(info.st_mode):
+                        found.append((relative, 0))
+                        continue
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append((relative + "/", entry.path))
+                    continue
+                else:
+                    info = entry.stat(follow_symlinks=False)
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) or exc.errno == errno.ELOOP:
+                    continue  # a link that points nowhere, or an entry deleted meanwhile
+                raise
+            found.append((relative, info.st_size if stat.S_ISREG(info.st_mode) else None))
+    return found
 
 
 def _warn_skipped(skipped: list[str], loc: StorageLocation) -> None:

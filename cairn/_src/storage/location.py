@@ -40,6 +40,7 @@ from cairn._src.storage import registry
 from cairn._src.storage.object_store import is_object_store, object_store_filesystem
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.uris import (
+    backend_message,
     fsspec_filesystem,
     join_path,
     local_os_join,
@@ -49,10 +50,10 @@ from cairn._src.storage.uris import (
     public_uri,
     redact,
     scheme_of,
-    scrub,
     strip_uri,
     supports_atomic_rename,
     typo_correction,
+    without_userinfo,
 )
 
 __all__ = [
@@ -437,12 +438,14 @@ def _resolve_custom(text: str, scheme: str, factory: registry.Factory) -> Storag
         # Not chained: the factory's exception may quote the URI with its credentials.
         raise StorageError(
             f"The storage factory registered for scheme {scheme!r} failed for "
-            f"{redact(text)!r}: {type(exc).__name__}: {scrub(str(exc), text)}"
+            f"{redact(text)!r}: {type(exc).__name__}: {backend_message(str(exc), text)}"
         ) from None
     fs = _as_pyarrow(
         made, what=f"The factory registered for scheme {scheme!r} returned {made!r}, which"
     )
-    path = strip_uri(text)
+    # The user info says who connects (the factory has it), never where: a password in
+    # it would otherwise be in every key written and in every display of the path.
+    path = strip_uri(without_userinfo(text))
     path = path.strip("/") if is_object_store(made) else normalize_path(path)
     return StorageLocation(fs, path, normalize_uri(text), ("uri", normalize_uri(text)))
 
@@ -458,13 +461,14 @@ def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
         # Not chained: pyarrow's exception quotes the raw URI, credentials included.
         raise ConfigError(
             f"location={redact(text)!r} is not a valid {scheme}:// URI: "
-            f"{scrub(str(exc), text)}. See "
+            f"{backend_message(str(exc), text)}. See "
             "pyarrow.fs.FileSystem.from_uri for the accepted query parameters."
         ) from None
     except OSError as exc:
         hint = " Add '?region=<bucket region>' to the URI." if scheme == "s3" else ""
         raise StorageError(
-            f"Could not set up storage for {redact(text)!r}: {scrub(str(exc), text)}.{hint}"
+            f"Could not set up storage for {redact(text)!r}: "
+            f"{backend_message(str(exc), text)}.{hint}"
         ) from None
     uri = normalize_uri(text)
     return StorageLocation(fs, normalize_path(path), uri, ("uri", uri))
@@ -501,7 +505,7 @@ def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:
     except (ValueError, TypeError) as exc:
         raise ConfigError(
             f"location={redact(text)!r} is not a valid {scheme}:// URI for "
-            f"{fs_class.__name__}: {scrub(str(exc), text)}"
+            f"{fs_class.__name__}: {backend_message(str(exc), text)}"
         ) from None
     uri = normalize_uri(text)
     return StorageLocation(
@@ -542,7 +546,8 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         source = ("fs", fs)
     if scheme_of(text) is not None:
         inner = fsspec_filesystem(fs)
-        text = inner._strip_protocol(text) if inner is not None else strip_uri(text)
+        text = (inner._strip_protocol(text) if inner is not None
+                else strip_uri(without_userinfo(text)))
     root = local_root(fs)
     if root is not None:
         if root == "" and not isinstance(fs, pafs.SubTreeFileSystem):

@@ -276,7 +276,7 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     path = local_os_path(location)
     if path is None:
         with location.filesystem.open_input_stream(location.path) as stream:
-            data = bytes(stream.read(limit + 1))
+            data = _read_up_to(stream, limit + 1)
         if len(data) > limit:
             raise _too_large(location, limit)
         return data
@@ -296,10 +296,28 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     with io.FileIO(fd, "rb", closefd=True) as stream:
         if info.st_size > limit:
             raise _too_large(location, limit)
-        data = stream.read(limit + 1)
+        data = _read_up_to(stream, limit + 1)
     if len(data) > limit:
         raise _too_large(location, limit)
     return data
+
+
+def _read_up_to(stream: Any, most: int) -> bytes:
+    """At most ``most`` bytes of ``stream``, read until its end: one ``read`` may return
+    fewer bytes than asked (a raw stream of a custom store, a network file system)."""
+    chunks: list[bytes] = []
+    left = most
+    while left > 0:
+        chunk = stream.read(left)
+        if chunk is None:
+            # A non-blocking raw stream with nothing yet: an error the caller retries,
+            # never a file that ends here.
+            raise BlockingIOError(errno.EAGAIN, "the stream had no data ready; read again")
+        if not chunk:
+            break
+        chunks.append(bytes(chunk))
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _too_large(location: StorageLocation, limit: int) -> ManifestError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import random
 import re
 import time
@@ -122,19 +123,26 @@ class RetryPolicy:
             )
         for name in ("initial_backoff_s", "max_backoff_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"RetryPolicy.{name}={value!r} must be a number >= 0.")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ConfigError(f"RetryPolicy.{name}={value!r} must be a finite number "
+                                  ">= 0 (seconds), such as 0.05.")
         if (
             isinstance(self.multiplier, bool)
             or not isinstance(self.multiplier, (int, float))
-            or self.multiplier < 1
+            or not (math.isfinite(self.multiplier) and self.multiplier >= 1)
         ):
-            raise ConfigError(f"RetryPolicy.multiplier={self.multiplier!r} must be >= 1.")
+            raise ConfigError(f"RetryPolicy.multiplier={self.multiplier!r} must be a finite "
+                              "number >= 1, such as 2.0.")
         check_field_types(self)
 
     def backoff(self, retry_number: int) -> float:
         """Seconds to sleep before retry number ``retry_number`` (0-based)."""
-        ceiling = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**retry_number)
+        try:
+            growth = self.initial_backoff_s * self.multiplier**retry_number
+        except OverflowError:  # a float power past 1e308: far above any max_backoff_s
+            growth = math.inf
+        ceiling = min(self.max_backoff_s, growth)
         return random.uniform(0, ceiling) if self.jitter else ceiling
 
 

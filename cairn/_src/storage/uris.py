@@ -28,24 +28,81 @@ _NO_COLON_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)//(.*)$", re.DOTALL)
 # name, so 'aws_secret_access_key' and 'x-amz-security-token' are caught too.
 _SECRET_WORDS = (
     "secret", "password", "passwd", "token", "access_key", "key_id", "credential",
-    "signature", "sas", "sig", "auth", "private",
+    "signature", "sas", "sig", "auth", "private", "apikey", "api_key", "account_key",
 )
+# Parameter names that are credentials as a whole (not as a part: 'keyfile' is none).
+_SECRET_NAMES = frozenset({"key"})
 
 
 def _split_authority(uri: str) -> tuple[str, str, str, str] | None:
-    """``(head, authority, rest_after_authority, query)`` of a URI with a scheme, else None."""
+    """``(head, authority, rest_after_authority, query)`` of a URI with a scheme, else None.
+
+    The authority ends at the first ``/``, except where what comes before the last ``@``
+    (before ``?``) is a user info whose password holds a ``/``
+    (:func:`_is_slashed_userinfo`): an AWS secret key may, and the user info is then
+    everything up to that ``@``."""
     match = SCHEME_RE.match(uri)
     if match is None:
         return None
     head = match.group(0)
     rest, question, query = uri[len(head):].partition("?")
     authority, slash, tail = rest.partition("/")
+    if "@" not in authority and "@" in rest:
+        userinfo, _, after = rest.rpartition("@")
+        if _is_slashed_userinfo(userinfo):
+            host, slash, tail = after.partition("/")
+            authority = f"{userinfo}@{host}"
     return head, authority, slash + tail, query if question else ""
+
+
+def _is_slashed_userinfo(text: str) -> bool:
+    """Whether ``text``, all before the last ``@`` of a URI whose first ``/`` comes before
+    it, reads as ``user:password`` with a ``/`` in the password, not as a host (or
+    ``host:port``) and a path that holds ``@``: its first segment has a ``:`` followed by
+    something other than a port number."""
+    first = text.partition("/")[0]
+    _, colon, after = first.partition(":")
+    return bool(colon) and not after.isdigit()
+
+
+def _loose_userinfo(uri: str) -> str | None:
+    """For redaction: everything between ``scheme://`` and the last ``@`` before ``?``,
+    or None when there is no ``@`` there. A path may hold ``@`` (then more is masked
+    than needed); a password may hold ``/`` (then it is masked whole)."""
+    match = SCHEME_RE.match(uri)
+    if match is None:
+        return None
+    rest = uri[len(match.group(0)):].partition("?")[0]
+    return rest.rpartition("@")[0] if "@" in rest else None
+
+
+def backend_message(message: str, uri: str) -> str:
+    """What a backend's error ``message`` about ``uri`` may show: :func:`scrub`-bed, or
+    nothing of it where ``uri`` may carry a password that holds ``/`` (an ``@`` after
+    the first ``/``, with a ``:`` before it): a backend that cannot parse such a user
+    info quotes it in pieces :func:`scrub` cannot know. A plain ``user:password@host``
+    is masked whole, so its message stays."""
+    loose = _loose_userinfo(uri)
+    if loose is not None and ":" in loose and "/" in loose:
+        return ("(the backend's message is left out: it may quote the password of the "
+                "URI's user info; percent-encode a password that holds '/' or '@', or leave "
+                "it out of the URI for the environment or a credentials file to supply)")
+    return scrub(message, uri)
+
+
+def without_userinfo(uri: str) -> str:
+    """``uri`` (which must have a scheme) without its user info (``user[:password]@``,
+    see :func:`_split_authority`): the user info names who connects, never the path."""
+    head, authority, tail, query = _split_authority(uri)  # type: ignore[misc]
+    if "@" in authority:
+        authority = authority.rpartition("@")[2]
+    out = f"{head}{authority}{tail}"
+    return f"{out}?{query}" if query else out
 
 
 def _is_secret_parameter(name: str) -> bool:
     lowered = name.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
+    return lowered in _SECRET_NAMES or any(word in lowered for word in _SECRET_WORDS)
 
 
 def credentials_in(uri: str) -> list[str]:
@@ -122,25 +179,28 @@ def redact(uri: str) -> str:
     """``uri`` with its password (``user:password@``) and secret query values hidden.
 
     Plain paths come back unchanged. Meant for logs and error messages.
+    An ``@`` after the first ``/`` with a ``:`` before it is taken for the end of a user
+    info whose password holds ``/`` (an AWS secret key may): all before it is masked.
     """
-    match = SCHEME_RE.match(uri)
-    if match is None:
+    parts = _split_authority(uri)
+    if parts is None:
         return uri
-    head = match.group(0)
-    rest = uri[len(head):]
-    rest, _, query = rest.partition("?")
-    authority, slash, tail = rest.partition("/")
+    head, authority, tail, query = parts
+    loose = _loose_userinfo(uri)
     if "@" in authority:
         userinfo, _, host = authority.rpartition("@")
         user = userinfo.partition(":")[0]
-        authority = f"{user}:***@{host}" if user else f"***@{host}"
-    out = f"{head}{authority}{slash}{tail}"
+        authority = f"{user}:***@{host}" if user and "/" not in user else f"***@{host}"
+    elif loose is not None and ":" in loose:
+        user = loose.partition(":")[0]
+        rest = uri[len(head):].partition("?")[0][len(loose) + 1:]
+        authority, tail = (f"{user}:***@" if user and "/" not in user else "***@"), rest
+    out = f"{head}{authority}{tail}"
     if query:
         params = []
         for item in query.split("&"):
             name, eq, _value = item.partition("=")
-            lowered = name.lower()
-            if eq and any(word in lowered for word in _SECRET_WORDS):
+            if eq and _is_secret_parameter(name):
                 params.append(f"{name}=***")
             else:
                 params.append(item)
@@ -261,10 +321,11 @@ def _secret_values(uri: str) -> list[str]:
         return []
     _, authority, _, query = parts
     values = []
-    if "@" in authority:
-        userinfo = authority.rpartition("@")[0]
+    for userinfo in (authority.rpartition("@")[0], _loose_userinfo(uri) or ""):
         if ":" in userinfo:
-            values.append(userinfo.partition(":")[2])
+            password = userinfo.partition(":")[2]
+            # A message may quote a part of a password with "/" (a path it parsed).
+            values += [password, *(part for part in password.split("/") if len(part) >= 6)]
     for item in query.split("&") if query else ():
         name, eq, value = item.partition("=")
         if eq and value and _is_secret_parameter(name):
