@@ -162,6 +162,19 @@ def test_a_file_in_the_way_of_a_directory_fails_before_any_copy(
         download_directory(resolve(location), str(tmp_path / "other"), files=entries)
 
 
+def test_a_directory_in_the_way_of_a_file_fails_before_any_file_moves(
+        stored: tuple[str, dict[str, bytes], dict[str, FileEntry]], tmp_path: Path) -> None:
+    location, contents, entries = stored
+    out = tmp_path / "out"
+    # The user's files with the checkpoint's names, and a directory where it has a file.
+    mine = {rel: b"the user's" for rel in contents if rel.startswith("d0/")}
+    write_tree(out, {**mine, "d2/big/inside": b"the user's directory"})
+    with pytest.raises(FileExistsError, match=r"'d2/big' is a file of the checkpoint, and a "
+                                              r"directory has its name there"):
+        download_directory(resolve(location), str(out), files=entries)
+    assert read_tree(out) == {**mine, "d2/big/inside": b"the user's directory"}
+
+
 def test_a_download_killed_midway_leaves_no_file_under_its_name(tmp_path: Path) -> None:
     # kill -9 while the files are copied: what it wrote is inside the staging directory
     # only (which carries the temporary mark), nothing under a name of the checkpoint.

@@ -21,9 +21,12 @@ from cairn._src.storage.fileio import TEMPORARY_MARK
 logger = logging.getLogger(__name__)
 
 
-def check_nothing_in_the_way(local_dir: str, parents: Iterable[str]) -> None:
+def check_nothing_in_the_way(local_dir: str, parents: Iterable[str],
+                             files: Iterable[str] = ()) -> None:
     """Raise :class:`FileExistsError` before anything is downloaded when something that
-    is not a directory has the name of a directory of the checkpoint in ``local_dir``."""
+    is not a directory has the name of a directory of the checkpoint in ``local_dir``, or
+    a directory (not a link to one) has the name of one of its ``files``: the files moved
+    into place before it would have replaced the user's."""
     ancestors = {parent[:cut] for parent in parents
                  for cut in [i for i, c in enumerate(parent) if c == "/"] + [len(parent)]}
     for ancestor in sorted(ancestors):
@@ -32,6 +35,12 @@ def check_nothing_in_the_way(local_dir: str, parents: Iterable[str]) -> None:
             raise FileExistsError(
                 errno.EEXIST, f"Cannot download into {local_dir!r}: {ancestor!r} is a "
                 "directory of the checkpoint, and something else has its name there", path)
+    for rel in sorted(files):
+        path = os.path.join(local_dir, *rel.split("/"))
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise FileExistsError(
+                errno.EEXIST, f"Cannot download into {local_dir!r}: {rel!r} is a file of "
+                "the checkpoint, and a directory has its name there", path)
 
 
 def move_into(staging: str, target: str) -> None:

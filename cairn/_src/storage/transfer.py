@@ -273,7 +273,7 @@ def download_directory(
     checked = {check_relative_path(rel, argument="files"): rel for rel in expected}
     parents = {parent for parent in {rel.rpartition("/")[0] for rel in checked} if parent}
     os.makedirs(local_dir, exist_ok=True)
-    _check_nothing_in_the_way(local_dir, parents)
+    _check_nothing_in_the_way(local_dir, parents, checked)
     staging = os.path.join(local_dir, f"{TEMPORARY_MARK}restore-{secrets.token_hex(8)}")
     os.mkdir(staging, 0o700)
     try:

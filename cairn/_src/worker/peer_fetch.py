@@ -311,8 +311,9 @@ def place_prefetched(prefetched: Prefetched, target: str) -> None:
     of the checkpoint may be a link of the user's to one, as for a download
     (:func:`.local_files.move_into`); anything else with its name raises before a file moves."""
     try:
-        check_nothing_in_the_way(target, {rel.rpartition("/")[0] for rel in
-                                          prefetched.got | set(prefetched.objects)} - {""})
+        names = prefetched.got | set(prefetched.objects)
+        check_nothing_in_the_way(target, {rel.rpartition("/")[0] for rel in names} - {""},
+                                 names)
         for rel in sorted(prefetched.got):
             final = os.path.join(target, *rel.split("/"))
             os.makedirs(os.path.dirname(final), exist_ok=True)
