@@ -15,6 +15,7 @@ import pytest
 
 from cairn import Checkpoint
 from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError
+from cairn._src.storage.fileio import exists, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.wire.messages import (
@@ -160,3 +161,66 @@ def test_a_refusal_after_this_ranks_upload_is_raised_by_its_report_only(
     playing.join(30)
     assert worker.report({"step": 2}).index == INDEX + 1
     worker.finish()
+
+
+def _upload_then(controller: Connection, answer: Any) -> None:
+    """The controller's part: a go-ahead, this rank's upload, then ``answer``."""
+    _received(controller, until=_is_report)
+    controller.send(ProceedMessage(INDEX))
+    _received(controller, until=lambda m: isinstance(m, UploadedMessage))
+    controller.send(answer)
+
+
+@pytest.mark.parametrize("answer", ["refused", "skipped"])
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+def test_a_directory_to_delete_after_upload_stays_when_its_report_does_not_commit(
+    session: tuple[WorkerSession, Connection], tmp_path: Path, mode: str, answer: str
+) -> None:
+    # Uploaded, then the report is refused (another rank's copy differs) or skipped
+    # (another rank's upload failed): the user's directory is the only copy; it stays.
+    worker, controller = session
+    checkpoint = _checkpoint(tmp_path)
+    verdict = (RejectMessage(INDEX, CheckpointCollisionError("Ranks 0 and 1 both wrote x"))
+               if answer == "refused" else
+               CommittedMessage(INDEX, None, error=SKIPPED, skipped=True))
+    playing, _ = _in_thread(lambda: _upload_then(controller, verdict))
+    reporting, outcome = _in_thread(lambda: worker.report(
+        {"step": 1}, checkpoint=checkpoint, checkpoint_upload_mode=mode,
+        delete_local_checkpoint_after_upload=True))
+    playing.join(30)
+    reporting.join(30)
+    assert not reporting.is_alive()
+    if isinstance(outcome[0], ReportHandle):
+        with pytest.raises((CheckpointCollisionError, CheckpointSkippedError)):
+            outcome[0].wait(timeout=30)
+    finishing, _ = _in_thread(worker.finish)
+    finishing.join(30)
+    assert (tmp_path / "local" / "shard_0").read_bytes() == b"shard 0"
+
+
+def test_a_store_source_to_delete_after_upload_stays_until_its_report_commits(
+    session: tuple[WorkerSession, Connection], tmp_path: Path
+) -> None:
+    # A checkpoint already on a store, copied store to store with an explicit
+    # delete_local_checkpoint_after_upload=True: not deleted at its upload (another rank
+    # reporting the same directory may still read it), nor at all when refused.
+    worker, controller = session
+    source = resolve(f"memory://answers-{tmp_path.name}/ckpt")
+    write_bytes_atomic(source.join("model.pt"), b"weights")
+    seen: list[bool] = []
+
+    def play_controller() -> None:
+        _received(controller, until=_is_report)
+        controller.send(ProceedMessage(INDEX))
+        _received(controller, until=lambda m: isinstance(m, UploadedMessage))
+        seen.append(exists(source.join("model.pt")))
+        controller.send(RejectMessage(INDEX, CheckpointCollisionError("differs")))
+
+    playing, _ = _in_thread(play_controller)
+    with pytest.raises(CheckpointCollisionError):
+        worker.report({"step": 1}, checkpoint=Checkpoint(source.uri or ""),
+                      delete_local_checkpoint_after_upload=True)
+    playing.join(30)
+    worker.finish()
+    assert seen == [True]
+    assert read_bytes(source.join("model.pt")) == b"weights"

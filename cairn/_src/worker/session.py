@@ -239,9 +239,10 @@ class WorkerSession:
             source=local_dir_identity(checkpoint.path)
             if upload_fn is None and is_local_source(checkpoint) else None,
         )
-        if job.delete_local and job.source is not None:
-            # Another rank may report this same directory and still be writing into it:
-            # it goes once the report resolved, before the caller's handle says so.
+        if job.delete_local and upload_fn is None:
+            # Deleted once the report committed, before the caller's handle says so: not
+            # before (another rank may still read or write this same directory), and not
+            # when the report is refused or skipped (the user's only copy).
             job.inner = ReportHandle(index, has_checkpoint=True)
         if mode is CheckpointUploadMode.ASYNC:
             job.background = True

@@ -347,14 +347,14 @@ def sync_written(destination: StorageLocation, written: dict[str, FileEntry],
 def resolve_after_commit(job: UploadJob, retry: RetryPolicy) -> None:
     """Delete a directory kept until the report resolved, then resolve ``handle``.
 
-    As with a directory deleted right after its upload, one that was never uploaded (the
-    report was refused first) stays, and so do a committed checkpoint
-    (:func:`delete_source`) and one whose report failed for its vanished files.
+    Only a report that committed deletes it: one refused (before or after this rank's
+    upload), skipped or stopped keeps the user's directory, and so does a committed
+    checkpoint reported again (:func:`delete_source`).
     """
     inner = job.inner
     if inner is None or not inner.done():
         return
-    if job.sent and not (job.vanished and inner._error is not None):
+    if job.sent and inner._error is None:
         delete_source(job.checkpoint, retry)
     job.handle._resolve(inner._checkpoint, inner._error)
 
