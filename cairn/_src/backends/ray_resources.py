@@ -100,7 +100,12 @@ def count_fitting(bundle: dict[str, float], strategy: str, nodes: list[dict[str,
 def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
     """The resources one worker's placement bundle holds."""
     if scaling.resources_per_worker:
-        bundle = dict(scaling.resources_per_worker)
+        # As Ray Train: resources given as 0 are dropped, and a GPU worker asks for one
+        # GPU unless resources_per_worker names a number.
+        bundle = {name: value for name, value in scaling.resources_per_worker.items()
+                  if value != 0}
+        if scaling.use_gpu:
+            bundle.setdefault("GPU", 1.0)
     else:
         bundle = {"CPU": 1.0}
         if scaling.use_gpu:

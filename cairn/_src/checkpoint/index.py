@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cairn._src.checkpoint.manifest import Manifest, read_manifest
-from cairn._src.errors import ConfigError, ManifestError
+from cairn._src.errors import ConfigError, ManifestError, UnsafePathError
 from cairn._src.run import schema
 from cairn._src.run.events import UnknownEvent, read_events
 from cairn._src.run.layout import (
@@ -217,7 +217,8 @@ class RunIndex:
 
         Raises :class:`ManifestError` for invalid JSON (nested too deeply included), an
         unknown version, a field that does not match :data:`INDEX_SCHEMA` (the message
-        names the field and what it should be) or two records with the same directory.
+        names the field and what it should be), a record that is not a valid
+        :class:`CheckpointRecord` or two records with the same directory.
         One pass over the document.
         """
         body = schema.load_json(data, what="run index", where=where, hint=_INDEX_HINT)
@@ -229,7 +230,13 @@ class RunIndex:
                 f"{INDEX_VERSION}. Upgrade Cairn, or rebuild the index from the manifests."
             )
         schema.validate(body, INDEX_SCHEMA, where=where)
-        records = tuple(CheckpointRecord.from_json(r) for r in body["checkpoints"])
+        try:
+            records = tuple(CheckpointRecord.from_json(r) for r in body["checkpoints"])
+        except (ConfigError, UnsafePathError) as exc:
+            # A record the schema accepts but a CheckpointRecord refuses (both target_uri
+            # and target_path): the index is damaged, and open_run rebuilds it.
+            raise ManifestError(f"The run index {where} is invalid: {exc} {_INDEX_HINT}"
+                                ) from exc
         seen: set[str] = set()
         for record in records:
             if record.dir_name in seen:

@@ -334,7 +334,9 @@ class CheckpointConfig:
 
 
 def default_storage_path() -> str:
-    return os.environ.get("CAIRN_STORAGE_PATH", os.path.expanduser("~/cairn_results"))
+    """``CAIRN_STORAGE_PATH``, else ``~/cairn_results`` (also when it is set but blank)."""
+    from_env = os.environ.get("CAIRN_STORAGE_PATH", "")
+    return from_env if from_env.strip() else os.path.expanduser("~/cairn_results")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -408,10 +410,20 @@ class RunConfig:
                     f"RunConfig.name={self.name!r} must be a single path component "
                     "(no '/', '\\', '.' or '..')."
                 )
+            if "\0" in self.name or not _encodable(self.name):
+                raise ConfigError(f"RunConfig.name={self.name!r} must be a str without NUL "
+                                  "characters (or lone surrogates): it names a directory.")
+            if len(os.fsencode(self.name)) > 255:
+                raise ConfigError(
+                    f"RunConfig.name={self.name!r} is {len(os.fsencode(self.name))} bytes "
+                    "long; it names the run's directory, which can be at most 255 bytes.")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ConfigError(
                 f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string."
             )
+        if self.storage_path is not None and "\0" in os.fsdecode(self.storage_path):
+            raise ConfigError(f"RunConfig.storage_path={self.storage_path!r} must be a path or "
+                              "URI without NUL characters.")
         if self.storage_path is not None and not os.fspath(self.storage_path):
             raise ConfigError(
                 f"RunConfig.storage_path={self.storage_path!r} is empty; pass a directory or "
@@ -446,6 +458,10 @@ class RunConfig:
                 "cairn.UserCallback objects."
             )
         for callback in self.callbacks:
+            if isinstance(callback, type):
+                raise ConfigError(
+                    f"RunConfig.callbacks contains the class {callback.__qualname__}, not an "
+                    f"instance of it: pass {callback.__qualname__}() instead.")
             if not any(callable(getattr(callback, hook, None)) for hook in HOOK_NAMES):
                 raise ConfigError(
                     f"RunConfig.callbacks contains {callback!r}, which has none of the "

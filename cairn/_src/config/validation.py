@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,7 +41,9 @@ class ValidationTaskConfig:
     still pending when the driver dies runs again on the next ``fit()``); those given to
     ``report()`` override the trainer's defaults. ``timeout_s``: None (no timeout) or
     seconds > 0; a validation that passes it gets the status ``VALIDATION_TIMEOUT`` and
-    its result, if it comes later, is ignored.
+    its result, if it comes later, is ignored. ``float("inf")`` means no timeout and is
+    stored as None; a finite value above ``threading.TIMEOUT_MAX`` (what a thread can wait
+    for) raises :class:`ConfigError`.
     """
 
     fn_kwargs: dict[str, Any] | None = None
@@ -71,6 +74,14 @@ class ValidationTaskConfig:
             raise ConfigError(
                 f"ValidationTaskConfig.timeout_s={self.timeout_s!r} must be None (no timeout) "
                 "or a number of seconds > 0."
+            )
+        if self.timeout_s is not None and math.isinf(self.timeout_s):
+            self.timeout_s = None  # no timeout, and JSON has no infinity
+        if self.timeout_s is not None and self.timeout_s > threading.TIMEOUT_MAX:
+            raise ConfigError(
+                f"ValidationTaskConfig.timeout_s={self.timeout_s!r} is longer than a thread "
+                f"can wait (threading.TIMEOUT_MAX={threading.TIMEOUT_MAX:g} seconds); pass a "
+                "number of seconds up to that, or None (or float('inf')) for no timeout."
             )
         check_field_types(self)
 
@@ -146,4 +157,6 @@ def merged_task(config: ValidationConfig, task: dict[str, Any]) -> tuple[dict[st
     kwargs = {**(defaults.fn_kwargs or {}), **dict(task.get("fn_kwargs") or {})}
     # As in Ray: a ValidationTaskConfig's timeout applies (None too); True takes the default.
     timeout = task["timeout_s"] if "timeout_s" in task else defaults.timeout_s
+    if isinstance(timeout, (int, float)) and not timeout < threading.TIMEOUT_MAX:
+        timeout = None  # a task persisted before such timeouts were refused: no timeout
     return kwargs, timeout

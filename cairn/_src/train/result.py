@@ -23,7 +23,7 @@ from cairn._src.errors import (
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
-from cairn._src.run.report_checks import score_value
+from cairn._src.run.report_checks import rankable, score_value
 from cairn._src.run.segment_log import read_log
 from cairn._src.run.status import run_history
 from cairn._src.storage.fileio import is_dir
@@ -155,7 +155,9 @@ class Result:
         ``metric`` may name a nested value with ``/`` (``"val/loss"``). Checkpoints whose
         metrics lack it are ignored. As in Ray Train, raises a ``RuntimeError``
         (:class:`ResultLookupError`) without checkpoints or when no checkpoint has the
-        metric, and a ``ValueError`` (:class:`ConfigError`) for a bad ``mode``.
+        metric, and a ``ValueError`` (:class:`ConfigError`) for a bad ``mode``. Values that
+        retention does not rank (NaN, strings, booleans) are skipped, as are checkpoints
+        without the metric; :class:`ResultLookupError` when no value is left.
         """
         if not self.best_checkpoints:
             raise ResultLookupError("No checkpoint exists in the trial directory!")
@@ -172,8 +174,17 @@ class Result:
                 f"Invalid metric name {metric}! You may choose from the following metrics: "
                 f"{known}."
             )
+        # As retention ranks: numbers only; NaN, strings and booleans are never the best.
+        ranked = [(checkpoint, number) for checkpoint, value in scored
+                  if (number := rankable(value)) is not None]
+        if not ranked:
+            raise ResultLookupError(
+                f"No checkpoint has a number for the metric {metric!r} to rank by (NaN, "
+                f"strings and booleans are not ranked); its values: "
+                f"{[value for _, value in scored]!r}."
+            )
         pick = max if mode == "max" else min
-        return pick(scored, key=lambda pair: pair[1])[0]
+        return pick(ranked, key=lambda pair: pair[1])[0]
 
     @classmethod
     def from_path(

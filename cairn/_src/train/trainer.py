@@ -62,6 +62,17 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return True
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword_only = [p.name for p in parameters
+                    if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword_only:
+        # Each worker calls fn(config) or fn(): a required keyword-only parameter would
+        # fail there with a TypeError, on every restart.
+        raise ConfigError(
+            f"train_loop_per_worker={getattr(fn, '__name__', fn)!r} has the required "
+            f"keyword-only parameter {keyword_only[0]!r}; it is called with the "
+            "train_loop_config as its one positional argument, or with none: make that "
+            "parameter positional (def train_func(config)) or give it a default."
+        )
     if any(p.kind is p.VAR_POSITIONAL for p in parameters):
         return True
     required = [p for p in positional if p.default is p.empty]
