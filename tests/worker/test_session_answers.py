@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -224,3 +225,35 @@ def test_a_store_source_to_delete_after_upload_stays_until_its_report_commits(
     worker.finish()
     assert seen == [True]
     assert read_bytes(source.join("model.pt")) == b"weights"
+
+
+def test_an_upload_functions_checkpoint_keeps_its_metadata(
+    session: tuple[WorkerSession, Connection], tmp_path: Path
+) -> None:
+    # checkpoint_upload_fn: the committed checkpoint's metadata is the reported one's.
+    worker, controller = session
+    checkpoint = _checkpoint(tmp_path)
+    checkpoint.set_metadata({"epoch": 3})
+    worker.report({"step": 1}, checkpoint=checkpoint, checkpoint_upload_mode="ASYNC",
+                  checkpoint_upload_fn=lambda c, _name: c)
+    [*_, report] = _received(controller, until=_is_report)
+    assert report.checkpoint.metadata == {"epoch": 3}
+    controller.send(RejectMessage(INDEX, CheckpointSkippedError(SKIPPED)))
+    worker.finish()
+
+
+def test_a_snapshot_needs_the_score_on_rank_0_only(tmp_path: Path) -> None:
+    # As report(): a checkpoint keeps rank 0's metrics, so rank 1 may report none.
+    ours, theirs = Pipe()
+    setup = replace(_setup(str(tmp_path / "run")), rank=1, score_attribute="loss")
+    worker = WorkerSession(theirs, setup, RetryPolicy(), on_controller_lost=lambda: None)
+    try:
+        handle = worker.report_deferred({}, files=["rank_1/state.pt"], write=lambda d: None)
+        assert handle.index == INDEX
+        controller_view = _received(ours, until=_is_report)
+        assert controller_view[-1].rank == 1
+        ours.send(RejectMessage(INDEX, CheckpointSkippedError(SKIPPED)))
+        worker.finish()
+    finally:
+        worker.close()
+        ours.close()

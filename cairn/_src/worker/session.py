@@ -222,6 +222,8 @@ class WorkerSession:
             files, has_metadata = checkpoint_files(checkpoint, self.retry)
             if has_metadata:
                 metadata = checkpoint.get_metadata()
+        else:  # the metadata of the checkpoint given to the function, as NO_UPLOAD's
+            metadata = checkpoint.get_metadata()
         index = self._take_index()
         name = dir_name or default_checkpoint_dir_name(index)
         handle = ReportHandle(index, has_checkpoint=True)
@@ -286,7 +288,8 @@ class WorkerSession:
         """
         self._raise_async_error()
         clean = validate_metrics(metrics)
-        check_score_attribute(clean, self._setup.score_attribute)
+        if self.rank == 0:  # as report(): a checkpoint keeps rank 0's metrics
+            check_score_attribute(clean, self._setup.score_attribute)
         if checkpoint_dir_name is not None:
             check_dir_name(checkpoint_dir_name)
         declared = {check_relative_path(name, argument="files"): 0 for name in files}
@@ -295,16 +298,10 @@ class WorkerSession:
         directory = deferred_directory()  # created only if the upload needs it
         index = self._take_index()
         job = UploadJob(
-            index=index,
-            dir_name=checkpoint_dir_name or default_checkpoint_dir_name(index),
-            checkpoint=Checkpoint.from_directory(directory),
-            files=declared,
-            upload_fn=None,
-            delete_local=True,
-            handle=ReportHandle(index, has_checkpoint=True),
-            metadata={},
-            write=write,
-        )
+            index=index, dir_name=checkpoint_dir_name or default_checkpoint_dir_name(index),
+            checkpoint=Checkpoint.from_directory(directory), files=declared, upload_fn=None,
+            delete_local=True, handle=ReportHandle(index, has_checkpoint=True), metadata={},
+            write=write)
         return self._enqueue(job, clean)
 
     def _register_reference(
