@@ -25,6 +25,8 @@ from cairn._src.wire.messages import (
     RejectMessage,
     ReportMessage,
     SetupMessage,
+    StopMessage,
+    StoppedMessage,
     UploadedMessage,
 )
 from cairn._src.worker.report_handle import ReportHandle
@@ -257,3 +259,31 @@ def test_a_snapshot_needs_the_score_on_rank_0_only(tmp_path: Path) -> None:
     finally:
         worker.close()
         ours.close()
+
+
+@pytest.mark.parametrize("function_ended", [False, True])
+def test_a_kept_rank_whose_driver_dies_while_it_stops_leaves(
+    tmp_path: Path, function_ended: bool
+) -> None:
+    # keep_survivors: the controller asked this rank to stop, then its driver was killed.
+    # While the train function still runs it must not go on training unobserved (it
+    # leaves, as on any lost controller); once it ended, the end lets it go quietly.
+    ours, theirs = Pipe()
+    lost = threading.Event()
+    setup = replace(_setup(str(tmp_path / "run")), keep_survivors=True)
+    worker = WorkerSession(theirs, setup, RetryPolicy(), on_controller_lost=lost.set)
+    try:
+        ours.send(StopMessage(0, "rank 1 failed"))
+        rejoining: threading.Thread | None = None
+        if function_ended:
+            rejoining, outcome = _in_thread(lambda: worker.wait_to_rejoin(0))
+            _received(ours, until=lambda m: isinstance(m, StoppedMessage))
+        ours.close()
+        worker._receiver.join(30)
+        assert not worker._receiver.is_alive()
+        assert lost.is_set() is not function_ended
+        if rejoining is not None:
+            rejoining.join(30)
+            assert outcome == [None]
+    finally:
+        worker.close()

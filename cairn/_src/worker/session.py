@@ -126,6 +126,8 @@ class WorkerSession:
         self._stop: AttemptStopped | None = None
         self._rejoin: RejoinMessage | None = None
         self._stop_event, self._rejoin_event = threading.Event(), threading.Event()
+        # Set once the train function ended: only then does the connection's end let go.
+        self._rejoining = threading.Event()
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
         self.preemption = WorkerPreemption()  # what get_preemption_info() hands out
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
@@ -464,7 +466,7 @@ class WorkerSession:
             try:
                 message = self._connection.recv()
             except (EOFError, OSError):
-                if self._setup.keep_survivors and self._stop_event.is_set():
+                if self._setup.keep_survivors and self._rejoining.is_set():
                     self._rejoin_event.set()  # let go: the whole group restarts
                     return
                 if not self._stopping:
@@ -568,6 +570,7 @@ class WorkerSession:
         """After the train function ended: wait for the stop, let the uploader finish, say
         so, and wait for the next attempt (None: the controller let this process go)."""
         self._stop_event.wait()
+        self._rejoining.set()
         self._uploads.put(_STOP)
         self._uploader.join()
         if not self._rejoin_event.is_set():
