@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
 import time
@@ -114,7 +115,7 @@ def run_worker(connection: Connection, rank: int, attempt: int,
         gc.unfreeze()  # no rank of this run is kept: nothing to leave out
     session = WorkerSession(connection, setup, cloudpickle.loads(setup.retry),
                             on_controller_lost=(in_driver.on_controller_lost
-                                                if in_driver is not None else None),
+                                                if in_driver is not None else leave),
                             memory=memory if setup.keep_survivors else None)
     set_session(session)
     teardown = in_driver.teardown_hooks if in_driver is not None else []
@@ -320,6 +321,16 @@ def _preload() -> None:
             logger.debug("Could not preload %s: %s", name, exc)
 
 
+def leave() -> None:
+    """The driver is gone (its connection ended): nobody will commit or answer, so the
+    process leaves now, and so do the processes the train function started (a
+    ``subprocess``, a ``multiprocessing`` pool) where this worker leads their process
+    group, as a local worker does: the driver's shutdown would have ended them."""
+    if hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)  # this process with them
+    os._exit(70)
+
+
 def main() -> None:
     # SIGTERM is the local backend's preemption notice (worker/preemption.py).
     notices = SigtermNotice()
@@ -331,7 +342,11 @@ def main() -> None:
     boot = json.loads(line)
     # The attempt's own variables (the torch rendezvous port), for a process started early.
     os.environ.update({str(k): str(v) for k, v in boot.get("env", {}).items()})
-    code = run_from_bootstrap(boot, notices=notices)
+    try:
+        code = run_from_bootstrap(boot, notices=notices)
+    except BaseException:
+        logger.exception("The worker failed outside its train function")
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: non-daemon threads of user libraries must not hang exit.
