@@ -163,6 +163,11 @@ def run_worker(connection: Connection, rank: int, attempt: int,
         message = _error_message(rank, exc, fatal=fatal)
         session.close()
         session.send(message)
+        if in_driver is None and not fatal:
+            # ASYNC uploads of reports this rank made before it failed: their checkpoints
+            # may still commit (the controller waits for the reports the failed rank
+            # reached, a bounded grace, and ends this process when it gives up).
+            session.join(receiver=False)
         return 1
     returned: bytes | None = None
     if in_driver is not None and in_driver.on_return is not None:

@@ -103,8 +103,7 @@ class WorkerSession:
         self.rank = setup.rank
         self.context = TrainContext.for_setup(setup)
         self.datasets = DatasetShards(setup.dataset_names, setup.dataset_shards)
-        # This node's copy of the newest committed checkpoint (None: off, or local storage):
-        # get_checkpoint().as_directory() restores from it when it holds the whole checkpoint.
+        # This node's copy of the newest committed checkpoint (None: off), restored from.
         self._tier = LocalTier.for_run(setup.run, setup.local_tier_dir, setup.local_tier_bytes)
         # keep_survivors: this process's memory copies (report_snapshot's are shared).
         self.memory = memory
@@ -544,9 +543,10 @@ class WorkerSession:
         if isinstance(self._copies, RestoreSources):
             self._copies.close()  # a peer transfer that no restore took: its files go
 
-    def join(self) -> None:
-        """Wait for the receiver and the uploader, once the connection is closed."""
-        self._receiver.join()
+    def join(self, *, receiver: bool = True) -> None:
+        """Wait for the uploader (after close(): its queued uploads) and the receiver."""
+        if receiver:
+            self._receiver.join()
         self._uploader.join()
 
     def _on_stop(self, message: StopMessage) -> None:
