@@ -127,9 +127,20 @@ class InProcessWorker:
             self.exit_code, self.error = code, error
             self._ended.set()
             if self._write_fd is not None:
-                os.write(self._write_fd, b"x")
-                os.close(self._write_fd)
-                self._write_fd = None
+                try:
+                    os.write(self._write_fd, b"x")
+                except OSError:
+                    # The controller already closed its end (it went on to the next
+                    # attempt): nobody waits for this mark.
+                    pass
+                finally:
+                    os.close(self._write_fd)
+                    self._write_fd = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the calling thread is done with this attempt."""
+        return self._ended.is_set()
 
     def detach(self) -> None:
         """The calling thread leaves the attempt without ending it (Ctrl-C: the caller
@@ -222,6 +233,8 @@ class InProcessBackend:
     def __post_init__(self) -> None:
         self._requests: queue.Queue[object] = queue.Queue()
         self.workers: list[InProcessWorker] = []
+        # Earlier attempts the calling thread had not yet ended when the next one started.
+        self._ending: list[InProcessWorker] = []
 
     def advertise_host(self) -> str:
         return self.bind_host
@@ -233,8 +246,13 @@ class InProcessBackend:
         """Hand the attempt to the calling thread: one worker, whatever ``num_workers``
         (0 in local mode). ``env`` is not applied: the driver's environment is the one the
         function runs in."""
-        for worker in self.workers:
-            worker.close_watcher()
+        # The watcher of an attempt still ending (its function finishing an upload, say)
+        # stays open until it ends, so that end() finds a reader; close() closes the rest.
+        earlier = [*self._ending, *self.workers]
+        for old in earlier:
+            if old.ended:
+                old.close_watcher()
+        self._ending = [old for old in earlier if not old.ended]
         worker = InProcessWorker(bootstrap)
         self.workers = [worker]
         self._requests.put(worker)
@@ -260,9 +278,9 @@ class InProcessBackend:
 
     def close(self) -> None:
         """After the run: the last attempt's pipe is closed (the calling thread)."""
-        for worker in self.workers:
+        for worker in [*self._ending, *self.workers]:
             worker.close()
-        self.workers = []
+        self.workers, self._ending = [], []
 
     def end_serving(self) -> None:
         """The run is over: :meth:`serve` returns (from any thread)."""

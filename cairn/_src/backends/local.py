@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -58,9 +59,13 @@ class _ExitWatcher:
                              daemon=True).start()
 
     def fileno(self) -> int:
-        fd = self._fd if self._fd is not None else self._read_fd
+        fd = self.open_fd()
         assert fd is not None
         return fd
+
+    def open_fd(self) -> int | None:
+        """The descriptor that fires at exit; None once closed."""
+        return self._fd if self._fd is not None else self._read_fd
 
     def close(self) -> None:
         for fd in (self._fd, self._read_fd):
@@ -73,7 +78,13 @@ class _ExitWatcher:
 
 
 class WorkerProcess:
-    """One worker process of the local backend."""
+    """One worker process of the local backend.
+
+    Its exit is seen without reaping it (:func:`_exit_status`): the zombie keeps its pid,
+    which is its process group's id, from being reused until the backend has signalled the
+    group for the last time (:meth:`end_group`) and reaped it. A signal to the group of a
+    reaped worker whose group has emptied could reach another group that took the pid.
+    """
 
     node_id = "local"
     preempted = False
@@ -85,6 +96,8 @@ class WorkerProcess:
         # The OOM killer's count when the worker started (oom_kill_count), or None.
         self._oom_kills_at_start = oom_kills_at_start
         self.exit_watcher = _ExitWatcher(process)
+        # Whether end_group ran: its group signalled for the last time, the worker reaped.
+        self.group_ended = False
         self._forwarder: threading.Thread | None = None
         if forward_output and process.stdout is not None:
             self._forwarder = threading.Thread(
@@ -98,14 +111,20 @@ class WorkerProcess:
         return self.process.pid
 
     def exit_code(self) -> int | None:
-        return self.process.poll()
+        return _exit_status(self.process)
 
     # The process's exit closed its sockets (a child it forked may hold one open): what it
     # sent is readable when its exit is seen.
     last_message_may_trail = False
 
+    def restart_oom_baseline(self, oom_kills: int | None) -> None:
+        """A kept worker (keep_survivors) runs a new attempt: an OOM kill before it, of
+        another rank, says nothing about how this one ends."""
+        if self.exit_code() is None:
+            self._oom_kills_at_start = oom_kills
+
     def describe_exit(self) -> str:
-        code = self.process.poll()
+        code = _exit_status(self.process)
         if code is None:
             return "is still running"
         if code < 0:
@@ -117,11 +136,29 @@ class WorkerProcess:
         return f"exited with code {code}"
 
     def wait_exit(self, timeout: float) -> bool:
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        if _exit_status(self.process) is not None:
+            return True
+        fd = self.exit_watcher.open_fd()
+        if fd is None:  # after end_group: reaped
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        if timeout > 0:
+            select.select([fd], [], [], timeout)
+        return _exit_status(self.process) is not None
+
+    def end_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the worker's process group for the last time (children it started, data
+        loaders and helpers, go too), then reap it; once only."""
+        if self.group_ended:
+            return
+        self.group_ended = True
+        _signal_group(self.process, sig)
+        self.process.wait()
+        self.flush_output()
+        self.exit_watcher.close()
 
     def flush_output(self, timeout: float = 2.0) -> None:
         if self._forwarder is not None:
@@ -268,7 +305,7 @@ class LocalBackend:
         if not spares:
             return None
         if key != self._standby_key_of(num_workers, env) or any(
-                spare.poll() is not None for spare in spares):
+                _exit_status(spare) is not None for spare in spares):
             logger.info("The warm standby workers do not fit this attempt (another size or "
                         "environment, or one exited); starting fresh ones")
             _stop_spares(spares)
@@ -332,10 +369,7 @@ class LocalBackend:
         ranks' processes run the next attempt)."""
         for worker in self.workers:
             if worker.rank in ranks:
-                _signal_group(worker.process, signal.SIGKILL)
-                worker.process.wait()
-                worker.flush_output()
-                worker.exit_watcher.close()
+                worker.end_group()
 
     def replace(self, ranks: Collection[int], bootstrap: Bootstrap, *,
                 env: dict[str, str] | None = None) -> list[WorkerHandle]:
@@ -360,29 +394,31 @@ class LocalBackend:
                 logger.warning("Worker rank %d (pid %d) exited before it read its bootstrap: "
                                "%s", rank, process.pid, exc)
             self.workers[rank] = WorkerProcess(rank, process, self._forward_output, oom_kills)
+        for worker in self.workers:
+            if worker.rank not in ranks:
+                worker.restart_oom_baseline(oom_kills)
         logger.info("Replaced local workers of ranks %s (pids %s); kept pids %s",
                     sorted(ranks), ", ".join(str(self.workers[r].pid) for r in sorted(ranks)),
                     ", ".join(str(w.pid) for w in self.workers if w.rank not in ranks))
         return list(self.workers)
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
-        """Stop every worker: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""
-        alive = [w for w in self.workers if w.exit_code() is None]
-        for worker in alive:
-            _signal_group(worker.process, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for worker in alive:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                worker.process.wait(remaining)
-            except subprocess.TimeoutExpired:
-                _signal_group(worker.process, signal.SIGKILL)
-                worker.process.wait()
-        for worker in self.workers:
+        """Stop every worker: SIGTERM, then SIGKILL after ``grace_s``; reap them all.
+
+        Each group is signalled while its leader is unreaped, and only by the first call:
+        a later one (the run's close after its end) finds nothing to do.
+        """
+        workers = [w for w in self.workers if not w.group_ended]
+        alive = [w for w in workers if w.exit_code() is None]
+        if grace_s > 0:
+            for worker in alive:
+                _signal_group(worker.process, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for worker in alive:
+                worker.wait_exit(max(0.0, deadline - time.monotonic()))
+        for worker in workers:
             # Children the worker started (data loaders, its own helpers) go too.
-            _signal_group(worker.process, signal.SIGKILL)
-            worker.flush_output()
-            worker.exit_watcher.close()
+            worker.end_group()
         # A worker killed during a restore (keep_survivors) left its directory of
         # received files in RAM: removed now, not at some later run's restore.
         for base in (SHARED_MEMORY, tempfile.gettempdir()):
@@ -409,6 +445,23 @@ def _stop_spares(spares: list[subprocess.Popen[bytes]]) -> None:
                     stream.close()
                 except OSError:
                     pass
+
+
+def _exit_status(process: subprocess.Popen[Any]) -> int | None:
+    """``process.poll()``, without reaping the process: its zombie keeps the pid (the id of
+    its process group) reserved until it is reaped after its group's last signal."""
+    if process.returncode is not None:
+        return process.returncode
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return process.poll()
+    try:
+        info = waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already (the exit watcher's thread, without pidfd)
+        return process.poll()
+    if info is None:
+        return None
+    return int(info.si_status) if info.si_code == os.CLD_EXITED else -int(info.si_status)
 
 
 def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:

@@ -17,8 +17,10 @@ without it, sends to another machine carry no storage credentials
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
@@ -46,6 +48,18 @@ RETURNED_GRACE_S = 30.0
 # connections end together wait together, on the loop's clock, and the loop goes on
 # meanwhile (Attempt.exits_awaited).
 LOST_EXIT_GRACE_S = 0.5
+# The loop reads a message once poll() says its first bytes are in; the rest of a large one
+# comes in more writes. A rank that dies between them while a process it forked (a
+# DataLoader worker, a Pool) keeps the socket open would block that read until every holder
+# is gone, and the whole loop with it: a read that waits this long for the next bytes ends
+# the connection instead (the rank's lost connection). Reads only: a send stays blocking.
+RECEIVE_TIMEOUT_S = 30.0
+# A peer on another machine that vanished (power, network) without closing the connection
+# is found by TCP keepalive: the first probe after this long idle, then one every
+# _KEEPALIVE_INTERVAL_S, the connection ending after _KEEPALIVE_PROBES unanswered.
+_KEEPALIVE_IDLE_S = 60
+_KEEPALIVE_INTERVAL_S = 15
+_KEEPALIVE_PROBES = 4
 
 
 class WorkerChannels:
@@ -117,6 +131,7 @@ class WorkerChannels:
                              name="cairn-handshake", daemon=True).start()
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
+        _enable_keepalive(sock)
         if self._certificate is not None:
             try:
                 sock = open_server_tunnel(sock, self._certificate.server_context,
@@ -133,6 +148,7 @@ class WorkerChannels:
             answer_challenge(connection, self.authkey)
             disable_nagle(connection)
             _, rank, pid, attempt = connection.recv()  # the worker's hello
+            _set_receive_timeout(connection, RECEIVE_TIMEOUT_S)
         except Exception as exc:
             connection.close()
             if not self._closing:
@@ -176,6 +192,7 @@ class WorkerChannels:
                 handle(connection.recv())
                 read += 1
         except (EOFError, OSError):
+            # OSError includes BlockingIOError: a message stalled RECEIVE_TIMEOUT_S midway.
             attempt.connections.pop(rank, None)
             connection.close()
             if attempt.went_unexplained(rank):
@@ -247,3 +264,30 @@ class WorkerChannels:
         self._listener.close()
         if self._owns_inbox:
             self.inbox.close()
+
+
+def _enable_keepalive(sock: socket.socket) -> None:
+    """TCP keepalive on an accepted connection (before any TLS tunnel: on its TCP end)."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+                              ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+                              ("TCP_KEEPCNT", _KEEPALIVE_PROBES)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    except OSError as exc:
+        logger.debug("Could not turn on TCP keepalive: %s", exc)
+
+
+def _set_receive_timeout(connection: Connection, seconds: float) -> None:
+    """Make a blocking read of ``connection`` fail (``BlockingIOError``) after ``seconds``
+    without new bytes; sends are left blocking."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock = socket.socket(fileno=os.dup(connection.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    finally:
+        sock.close()
