@@ -116,6 +116,9 @@ def test_node_loss_keeps_the_survivor_and_restores_the_lost_rank_from_its_peer(
     assert planned[kept].kind == "memory" and planned[lost].kind == "peer", planned
     assert planned[lost].peer == kept, planned
     restored = {e.rank: e for e in events if isinstance(e, Restored)}
-    assert restored[lost].kind.startswith("peer") and restored[lost].peer == kept, restored
+    # Its own files come from the peer or, small as they are here, from the driver's
+    # copies: which, depends on which rank the lost node held (rank 0 saves the model).
+    assert restored[lost].peer == kept, restored
+    assert set(restored[lost].kind.split("+")) <= {"peer", "driver"}, restored
     # From storage: only the small per-rank state of the other rank (its RNGs).
     assert restored[lost].bytes < 64 * 1024, restored
