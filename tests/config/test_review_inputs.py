@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from cairn import ConfigError, RunConfig, UserCallback, ValidationConfig, ValidationTaskConfig
+from cairn import (
+    ConfigError,
+    FailureConfig,
+    RunConfig,
+    UserCallback,
+    ValidationConfig,
+    ValidationTaskConfig,
+)
 from cairn._src.config.run import default_storage_path
 from cairn._src.config.validation import merged_task
 
@@ -92,3 +99,13 @@ def test_the_storage_path_variable_is_used_when_set(monkeypatch: pytest.MonkeyPa
     assert default_storage_path() == "/data/runs"
     monkeypatch.delenv("CAIRN_STORAGE_PATH")
     assert default_storage_path() == os.path.expanduser("~/cairn_results")
+
+
+@pytest.mark.parametrize("field", ["collective_timeout_s", "preemption_deadline_s",
+                                   "stop_timeout_s", "preemption_grace_s"])
+@pytest.mark.parametrize("value", [10**400, float("inf"), 1e12])
+def test_a_wait_no_thread_can_take_is_refused(field: str, value: object) -> None:
+    # 10**400 passed the checks and overflowed in float() inside the controller.
+    with pytest.raises(ConfigError, match=rf"FailureConfig\.{field}=.* must be a (finite "
+                                          r"number of seconds, at most \d+\.|number >= 0)"):
+        FailureConfig(**{field: value})

@@ -5,7 +5,10 @@ authority), and query parameters named like API keys count as credentials."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import fsspec
+import pyarrow.fs as pafs
 import pytest
 from conftest import DictStore
 
@@ -84,3 +87,23 @@ def test_key_parameters_are_credentials(name: str) -> None:
 
 def test_a_name_that_merely_contains_key_is_no_credential() -> None:
     assert credentials_in("myfs://b/p?keyfile=/etc/k&monkey=1") == []
+
+
+@pytest.mark.parametrize(("uri", "filesystem"), [
+    ("s3://bucket/x", pafs.LocalFileSystem()),
+    ("gs://bucket/x", fsspec.filesystem("memory")),
+])
+def test_a_uri_with_a_file_system_of_another_scheme_is_refused(
+        uri: str, filesystem: object) -> None:
+    # The rest of the URI would be taken for a path there (s3://bucket/x on the local
+    # disk: ./bucket/x), as pyarrow refuses a URI for a local file system.
+    with pytest.raises(ConfigError, match=rf"location='{uri}' is a \w+:// URI, but the file "
+                                          r"system given with it \(\w+\) serves .*:// only\. "
+                                          r"Pass a path on that file system"):
+        resolve(uri, filesystem=filesystem)
+
+
+def test_a_uri_of_the_file_systems_own_scheme_is_a_path_on_it(tmp_path: Path) -> None:
+    assert resolve(f"file://{tmp_path}", filesystem=pafs.LocalFileSystem()).path == str(tmp_path)
+    assert resolve("memory://bucket/x", filesystem=fsspec.filesystem("memory")).path.endswith(
+        "bucket/x")

@@ -3,6 +3,8 @@ value received and what is accepted."""
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Sequence
 
 from cairn._src.errors import ConfigError
@@ -19,4 +21,17 @@ def check_int(name: str, value: object, *, minimum: int, allow: Sequence[int] = 
 def check_positive_float(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{name}={value!r} must be a number > 0 (seconds).")
+    check_finite_seconds(name, value)
+
+
+def check_finite_seconds(name: str, value: int | float) -> None:
+    """A number of seconds a wait can be given: finite, and within what a thread's wait
+    accepts (``threading.TIMEOUT_MAX``); an int too large for a float is not."""
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not seconds <= threading.TIMEOUT_MAX:
+        raise ConfigError(f"{name}={value!r} must be a finite number of seconds, at most "
+                          f"{threading.TIMEOUT_MAX:.0f}.")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src import migration
-from cairn._src.config.checks import check_int, check_positive_float
+from cairn._src.config.checks import check_finite_seconds, check_int, check_positive_float
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 
@@ -72,6 +72,7 @@ class FailureConfig:
                 0 <= grace < float("inf")):
             raise ConfigError(f"FailureConfig.preemption_grace_s={grace!r} must be a number "
                               ">= 0 (seconds past the reclaim deadline).")
+        check_finite_seconds("FailureConfig.preemption_grace_s", grace)
         check_positive_float("FailureConfig.preemption_deadline_s", self.preemption_deadline_s)
         if not isinstance(self.relax_collectives_on_preemption, bool):
             raise ConfigError(

@@ -544,11 +544,13 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
     fs = _as_pyarrow(made, what=what)
     if source[0] == "fs":
         source = ("fs", fs)
-    if scheme_of(text) is not None:
+    scheme = scheme_of(text)
+    root = local_root(fs)
+    if scheme is not None:
         inner = fsspec_filesystem(fs)
+        _check_scheme_fits(text, scheme, fs, inner, local=root is not None)
         text = (inner._strip_protocol(text) if inner is not None
                 else strip_uri(without_userinfo(text)))
-    root = local_root(fs)
     if root is not None:
         if root == "" and not isinstance(fs, pafs.SubTreeFileSystem):
             # The disk itself: a relative path is relative to the working directory. Paths
@@ -560,3 +562,25 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         return _remember_store(StorageLocation(fs, path, os_path, source, store_id))
     path = text.strip("/") if is_object_store(made) else normalize_path(text)
     return _remember_store(StorageLocation(fs, path, None, source, store_id))
+
+
+# The URI schemes each kind of file system serves; one given with a URI of another scheme
+# would take the rest of the URI for a path of its own ("s3://bucket/x" on the local disk:
+# ./bucket/x), so it is refused, as pyarrow refuses a URI for a local file system.
+_SCHEMES_OF = {"local": {"file", "local"}, "s3": {"s3", "s3a"}, "gcs": {"gs", "gcs"},
+               "hdfs": {"hdfs", "viewfs"}}
+
+
+def _check_scheme_fits(text: str, scheme: str, fs: pafs.FileSystem, inner: Any, *,
+                       local: bool) -> None:
+    if inner is not None:
+        protocols = inner.protocol if isinstance(inner.protocol, tuple) else (inner.protocol,)
+        served = {str(p).lower() for p in protocols}
+    else:
+        served = _SCHEMES_OF.get("local" if local else fs.type_name, set())
+    if served and scheme not in served:
+        raise ConfigError(
+            f"location={redact(text)!r} is a {scheme}:// URI, but the file system given "
+            f"with it ({type(inner or fs).__name__}) serves {'/'.join(sorted(served))}:// "
+            "only. Pass a path on that file system, or the URI without a file system."
+        )
