@@ -27,6 +27,8 @@ from cairn._src.storage.retry import (
         OSError("When uploading part: AWS Error SERVICE_UNAVAILABLE"),
         OSError("HTTP 503 Service Unavailable"),
         OSError("got status 429 from server"),
+        OSError(errno.EHOSTUNREACH, "No route to host"),
+        OSError("Timeout was reached reading 's3://bucket/runs/x/model.pt'"),
     ],
 )
 def test_transient_errors(exc: BaseException) -> None:
@@ -40,6 +42,9 @@ def test_transient_errors(exc: BaseException) -> None:
         PermissionError("denied"),
         OSError("Path does not exist 'bucket/run/checkpoint_000500/model.pt'"),
         OSError("AWS Error ACCESS_DENIED during HeadObject operation"),
+        # The words of a path are the user's: a permanent error on them is not transient.
+        OSError("AWS Error ACCESS_DENIED for key 'runs/timeout_ablation/model.pt'"),
+        OSError("Path does not exist: gs://bucket/throttling-study/lr-500/ckpt"),
         StorageError("already converted, never retried again"),
         ValueError("bad input"),
     ],

@@ -37,6 +37,7 @@ _TRANSIENT_ERRNOS = frozenset(
         errno.ENETDOWN,
         errno.ENETRESET,
         errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
         errno.EPIPE,
         errno.ETIMEDOUT,
     }
@@ -73,6 +74,9 @@ _TRANSIENT_WORDS = (
 # HTTP statuses that pass, as whole numbers: a path such as 'checkpoint_000500' must not
 # make a permanent error look transient.
 _TRANSIENT_STATUS_RE = re.compile(r"(?<![\w.])(500|502|503|504|429)(?![\w.])")
+# Paths and URIs in a message (any word holding a "/"): their names are the user's
+# ('runs/timeout_ablation/...'), never a word about the error.
+_PATH_RE = re.compile(r"\S*/\S*")
 
 
 class TransientStorageError(OSError):
@@ -93,7 +97,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         if exc.errno is not None:
             return exc.errno in _TRANSIENT_ERRNOS
-        text = str(exc).lower()
+        text = _PATH_RE.sub(" ", str(exc).lower())
         return any(word in text for word in _TRANSIENT_WORDS) or bool(
             _TRANSIENT_STATUS_RE.search(text)
         )
