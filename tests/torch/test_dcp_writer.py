@@ -182,6 +182,27 @@ def test_the_save_fsyncs_its_directories_after_the_metadata_rename(
         < after.index(str(tmp_path))
 
 
+def test_every_file_is_fsynced_with_all_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DCP fsyncs .metadata.tmp right after pickling into it, without a flush: the metadata
+    # sat in the stream's buffer, and the fsync covered an empty file.
+    sizes: dict[str, int] = {}
+    original = os.fsync
+
+    def recording(descriptor: int) -> None:
+        sizes[os.readlink(f"/proc/self/fd/{descriptor}")] = os.fstat(descriptor).st_size
+        original(descriptor)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("reads /proc/self/fd")
+    monkeypatch.setattr(os, "fsync", recording)
+    path = tmp_path / "s"
+    dcp.save(state(), storage_writer=FileSystemWriter(str(path)))
+    assert sizes[str(path / ".metadata.tmp")] == (path / ".metadata").stat().st_size > 0
+    data = list(path.glob("*.distcp"))
+    assert data and all(sizes[str(f)] == f.stat().st_size for f in data)
+
+
 def test_without_sync_files_the_save_fsyncs_nothing(tmp_path: Path, fsyncs: list[str]) -> None:
     dcp.save(state(), storage_writer=FileSystemWriter(str(tmp_path / "s"), sync_files=False))
     assert fsyncs == []

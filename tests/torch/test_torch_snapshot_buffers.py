@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 
 import pytest
 import torch
@@ -82,3 +82,28 @@ def test_serialize_writes_what_torch_load_reads_with_or_without_torchs_zip_parts
         loaded = torch.load(io.BytesIO(sink.getvalue()))
         assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
         assert torch.equal(loaded["nested"][0], torch.ones(2, 3)) and loaded["nested"][1] == 7
+
+
+def test_a_conjugate_or_negative_view_is_not_taken_for_the_tensor_it_views() -> None:
+    # z.conj() shares z's storage, offset and strides: as a tied weight it was stored as z.
+    z, x = torch.randn(3, dtype=torch.complex64), torch.randn(3)
+    state = {"z": z, "zc": z.conj(), "x": x, "xn": torch._neg_view(x), "tied": z}
+    copied = copy_state(state, SnapshotBuffers().acquire())
+    assert torch.equal(copied["z"], z) and torch.equal(copied["x"], x)
+    assert torch.equal(copied["zc"].resolve_conj(), z.conj().resolve_conj())
+    assert torch.equal(copied["xn"].resolve_neg(), -x)
+    assert copied["tied"].data_ptr() == copied["z"].data_ptr()  # tied weights still share
+
+
+def test_a_nested_tensor_is_copied() -> None:
+    nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    copied = copy_state({"nt": nested}, SnapshotBuffers().acquire())["nt"]
+    assert copied.is_nested
+    assert all(torch.equal(a, b) for a, b in zip(copied.unbind(), nested.unbind(), strict=True))
+
+
+def test_a_defaultdict_keeps_its_type_and_factory() -> None:
+    history = defaultdict(list, {"a": [torch.ones(1)]})
+    copied = copy_state({"history": history}, SnapshotBuffers().acquire())["history"]
+    assert type(copied) is defaultdict and copied.default_factory is list
+    copied["b"].append(1)  # as the live one would

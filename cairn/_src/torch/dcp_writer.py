@@ -68,6 +68,9 @@ class _HashingStream:
         self._raw.flush()
 
     def fileno(self) -> int:
+        # DCP fsyncs the descriptor right after pickle.dump(metadata, stream), without a
+        # flush: what the buffer holds must reach the file before that fsync.
+        self._raw.flush()
         return int(self._raw.fileno())
 
     def seek(self, *args: Any) -> int:

@@ -172,14 +172,18 @@ class _Copier:
         source = value.detach()
         if (
             source.layout is not torch.strided
+            or source.is_nested
             or source.is_quantized
             or type(source) is not torch.Tensor
             or source.device.type not in ("cpu", "cuda")
         ):
             # Sparse, quantized, tensor subclasses (DTensor ...): a plain copy, no reuse.
             return source if self.planning else source.to("cpu", copy=True)
+        # A conjugate or negative view (z.conj()) shares z's storage, offset and strides:
+        # only its bits say it is another value.
         key = (source.untyped_storage().data_ptr(), source.storage_offset(),
-               tuple(source.shape), source.stride(), source.dtype, source.device)
+               tuple(source.shape), source.stride(), source.dtype, source.device,
+               source.is_conj(), source.is_neg())
         shared = self.seen.get(key)
         if shared is not None:
             return shared

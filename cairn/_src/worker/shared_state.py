@@ -27,6 +27,7 @@ another user), the copy is served as before (:mod:`.peer_shared`, or the socket)
 
 from __future__ import annotations
 
+import collections
 import copy
 import fcntl
 import inspect
@@ -217,7 +218,10 @@ def mapping_like(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
     """``items`` in a mapping of ``value``'s type (a dict when that type cannot be made
     from one), with a copy of a state dict's ``_metadata``."""
     try:
-        result: Any = type(value)(items)  # type: ignore[call-arg]
+        if isinstance(value, collections.defaultdict):  # its factory comes first
+            result: Any = type(value)(value.default_factory, items)
+        else:
+            result = type(value)(items)  # type: ignore[call-arg]
     except TypeError:
         result = dict(items)
     metadata = getattr(value, "_metadata", None)
