@@ -170,3 +170,23 @@ def test_loaders_a_sampler_cannot_replace_are_refused() -> None:
         prepare_data_loader(make_loader(), seed=-1)
     with pytest.raises(cairn.ConfigError, match="load_state_dict"):
         prepare_data_loader(make_loader()).load_state_dict({"epoch": 1})
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_persistent_workers_are_named_as_the_limit_of_an_exact_resume(
+        caplog: pytest.LogCaptureFixture, persistent: bool) -> None:
+    # The same worker processes serve every epoch: their random draws go on from the epoch
+    # before, which a restart cannot replay.
+    loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=2, num_workers=1,
+                        persistent_workers=persistent)
+    with caplog.at_level("WARNING", logger="cairn"):
+        prepare_data_loader(loader, move_to_device=False)
+    warned = [r.getMessage() for r in caplog.records if "persistent_workers" in r.getMessage()]
+    if persistent:
+        assert warned == [
+            "prepare_data_loader: persistent_workers=True keeps the same 1 worker processes "
+            "for every epoch, so random draws in them (augmentation) continue from the epoch "
+            "before and are not reproduced after a restart; pass persistent_workers=False "
+            "for an exact resume"]
+    else:
+        assert warned == []

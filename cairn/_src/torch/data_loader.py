@@ -311,6 +311,12 @@ def prepare_data_loader(
         shuffle=_shuffle_of(source),
         seed=seed,
     )
+    if data_loader.persistent_workers and data_loader.num_workers > 0:
+        logger.warning(
+            "prepare_data_loader: persistent_workers=True keeps the same %d worker processes "
+            "for every epoch, so random draws in them (augmentation) continue from the "
+            "epoch before and are not reproduced after a restart; pass "
+            "persistent_workers=False for an exact resume", data_loader.num_workers)
     generator = torch.Generator()
     rebuilt: DataLoader[Any] = DataLoader(
         data_loader.dataset,
