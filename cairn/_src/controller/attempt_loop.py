@@ -33,6 +33,11 @@ from cairn._src.controller.failure_policy import AttemptFailure
 from cairn._src.controller.inbox import CommitResult, Inbox, NewConnection
 from cairn._src.controller.preemption import AttemptPreemption
 from cairn._src.controller.progress import check_progress
+from cairn._src.controller.report_outcomes import (
+    driver_failure,
+    not_handed_to_commit,
+    upload_failed,
+)
 from cairn._src.controller.reports import Verdict, describe_ranks
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.validations import ValidationRunner
@@ -43,14 +48,8 @@ from cairn._src.controller.worker_failures import (
     group_failures,
     ordered_ranks,
 )
-from cairn._src.errors import ReportError
-from cairn._src.observe.driver_events import (
-    CheckpointSkipped,
-    Notice,
-    Reported,
-    Uploaded,
-    UploadFailed,
-)
+from cairn._src.errors import ReportError, StorageError
+from cairn._src.observe.driver_events import Notice, Reported, Uploaded
 from cairn._src.observe.live_view import LiveView
 from cairn._src.observe.observer import EventStream
 from cairn._src.run.events import (
@@ -64,7 +63,6 @@ from cairn._src.run.events import (
 )
 from cairn._src.run.segment_log import SegmentLog
 from cairn._src.wire.messages import (
-    CommittedMessage,
     DoneMessage,
     ErrorMessage,
     MemoryCopyInfo,
@@ -400,6 +398,12 @@ class AttemptLoop:
                 rank, None, PREEMPTED_SOURCE))
 
     def _handle(self, message: object) -> None:
+        try:
+            self._dispatch(message)
+        except (StorageError, OSError) as exc:  # the driver's own: the rank's connection is fine
+            driver_failure(self.attempt, message, exc)
+
+    def _dispatch(self, message: object) -> None:
         attempt, parts = self.attempt, self._parts
         if isinstance(message, ReportMessage):
             self._on_report(message)
@@ -565,34 +569,13 @@ class AttemptLoop:
                 self._handle(vanished.fatal)
             self._on_upload_failed(vanished.failed)
         for ready in ready_list:
-            self._parts.validations.before_commit(ready)
+            try:
+                self._parts.validations.before_commit(ready)
+            except StorageError as exc:
+                not_handed_to_commit(attempt, ready, exc)
+                continue
             self._parts.commits.submit(attempt, ready)
 
     def _on_upload_failed(self, message: UploadFailedMessage) -> None:
-        attempt, parts = self.attempt, self._parts
-        parts.events.emit(UploadFailed(message))
-        if parts.run_config.checkpoint_config.upload_failure_policy != "skip":
-            # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
-            # next report(), while training goes on past a lost checkpoint.
-            if not attempt.has_failure(message.rank):
-                attempt.failures.append(WorkerFailure(
-                    rank=message.rank, traceback="",
-                    summary=f"The upload of report {message.index}'s checkpoint failed "
-                    f"after retries: {message.error}"))
-            return
-        reason = (f"The checkpoint of report {message.index} was skipped: rank "
-                  f"{message.rank}: {message.error}")
-        pending, refusals = attempt.tracker.skip(message.index, reason)
-        logger.warning("Skipping the checkpoint of report %d: rank %d could not upload it (%s)",
-                       message.index, message.rank, message.error)
-        if pending is not None and pending.dir_name is not None:
-            self._delete_uncommitted(pending.dir_name)
-            attempt.skipped_dirs[message.index] = pending.dir_name
-        elif message.index in attempt.skipped_dirs:
-            # A second rank's upload of a report already skipped failed too: what it wrote
-            # after the first deletion goes as well.
-            self._delete_uncommitted(attempt.skipped_dirs[message.index])
-        self._send_verdicts(refusals)  # ranks held for a shared directory: not uploaded
-        parts.channels.broadcast(attempt, CommittedMessage(message.index, None, skipped=True,
-                                                           error=reason))
-        parts.events.emit(CheckpointSkipped(message.index))
+        upload_failed(self.attempt, self._parts, message, send_verdicts=self._send_verdicts,
+                      delete=self._delete_uncommitted)

@@ -183,24 +183,36 @@ class WorkerChannels:
              everything: bool = False) -> None:
         """Hand the rank's waiting messages to ``handle``; a broken connection is the
         rank's failure (its exit, when not seen yet, awaited from ``now``: see
-        :data:`LOST_EXIT_GRACE_S`)."""
-        try:
-            # Bounded, so one chatty rank cannot hold up the others' exits and commits;
-            # after the worker exited, everything it sent is read.
-            read = 0
-            while (everything or read < _MESSAGES_PER_WAKE) and connection.poll():
-                handle(connection.recv())
-                read += 1
-        except (EOFError, OSError):
-            # OSError includes BlockingIOError: a message stalled RECEIVE_TIMEOUT_S midway.
-            attempt.connections.pop(rank, None)
-            connection.close()
-            if attempt.went_unexplained(rank):
-                worker = next(w for w in attempt.workers if w.rank == rank)
-                exited = worker.wait_exit(0)
-                attempt.failures.append(describe_lost(worker, exited))
-                if not exited:
-                    attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
+        :data:`LOST_EXIT_GRACE_S`). Only receiving can break the connection: an error
+        ``handle`` raises (a storage error of the driver's own) propagates, the connection
+        kept."""
+        # Bounded, so one chatty rank cannot hold up the others' exits and commits; after
+        # the worker exited, everything it sent is read.
+        read = 0
+        while everything or read < _MESSAGES_PER_WAKE:
+            try:
+                if not connection.poll():
+                    return
+                message = connection.recv()
+            except (EOFError, OSError):
+                # OSError includes BlockingIOError: a message stalled RECEIVE_TIMEOUT_S
+                # midway.
+                self._lost(attempt, rank, connection, now)
+                return
+            handle(message)
+            read += 1
+
+    @staticmethod
+    def _lost(attempt: Attempt, rank: int, connection: Connection, now: float) -> None:
+        """The rank's connection broke: it went, unless already explained."""
+        attempt.connections.pop(rank, None)
+        connection.close()
+        if attempt.went_unexplained(rank):
+            worker = next(w for w in attempt.workers if w.rank == rank)
+            exited = worker.wait_exit(0)
+            attempt.failures.append(describe_lost(worker, exited))
+            if not exited:
+                attempt.exits_awaited[rank] = now + LOST_EXIT_GRACE_S
 
     def read_last_messages(self, attempt: Attempt, gone: list[WorkerHandle], clock: Clock,
                            handle: Callable[[object], None]) -> None:

@@ -275,7 +275,8 @@ class Controller:
         attempt = Attempt(
             number=number,
             tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used,
-                                  score_attribute=self._score_attribute),
+                                  score_attribute=self._score_attribute,
+                                  first_index=next_report_index),
             resume=resume,
             first_report_index=next_report_index,
             started_at=clock.time(),
@@ -318,7 +319,8 @@ class Controller:
         # (ScalingConfig.min_workers .. max_workers) may get fewer than it asked for.
         world_size = len(attempt.workers)
         attempt.tracker = ReportTracker(world_size, used_dir_names=used,
-                                        score_attribute=self._score_attribute)
+                                        score_attribute=self._score_attribute,
+                                        first_index=next_report_index)
         services = AttemptServices(world_size, manager, parts.validations,
                                    parts.run_config.checkpoint_config)
         parts.events.emit(WorkerGroupStarted(number, world_size))

@@ -78,6 +78,13 @@ class PendingReport:
     def has_checkpoint(self) -> bool:
         return bool(self.intents)
 
+    @property
+    def own_upload(self) -> bool:
+        """Whether Cairn's own uploads write its directory: not a checkpoint registered
+        where it is (NO_UPLOAD, or what a ``checkpoint_upload_fn`` put there), whose
+        directory names the user's data, never a partial upload Cairn may delete."""
+        return any(i.mode != "NO_UPLOAD" and not i.upload_fn for i in self.intents.values())
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -112,8 +119,11 @@ class ReportTracker:
     """Follows the reports of one attempt. Not thread-safe: the controller loop owns it."""
 
     def __init__(self, world_size: int, *, used_dir_names: set[str],
-                 score_attribute: str | None = None) -> None:
+                 score_attribute: str | None = None, first_index: int = 1) -> None:
         self.world_size = world_size
+        # The attempt's first report index: a rank that has not reported yet in this
+        # attempt has reached the report before it (resumed there), not report 0.
+        self.first_index = first_index
         # CheckpointConfig.checkpoint_score_attribute: rank 0's metrics, those a checkpoint
         # keeps, must hold it (_score_missing).
         self._score_attribute = score_attribute
@@ -123,8 +133,11 @@ class ReportTracker:
         self._skipped: dict[int, BaseException] = {}
         self._refused: list[Verdict] = []
         self._vanished: list[VanishedFiles] = []
-        # Handed to the commit, not yet committed (or failed): see on_committed().
-        self._committing: set[int] = set()
+        # Handed to the commit, not yet committed (or failed): see on_committed(); each
+        # with its directory when Cairn's own uploads wrote it (for abandon()).
+        self._committing: dict[int, str | None] = {}
+        # Directories of reports taken for the commit and never handed to it (abandon()).
+        self._abandoned: list[str] = []
         self.last_index: dict[int, int] = {}
         # Reports that changed since take_ready() last looked: only a rank's report or
         # upload can make one ready, so take_ready() costs O(changed), not O(pending), when
@@ -349,7 +362,7 @@ class ReportTracker:
                 continue
             ready.append(self._merge(pending))
             del self._pending[index]
-            self._committing.add(index)
+            self._committing[index] = pending.dir_name if pending.own_upload else None
         return ready
 
     @staticmethod
@@ -370,7 +383,15 @@ class ReportTracker:
 
     def on_committed(self, index: int) -> None:
         """The commit of report ``index`` finished (committed or failed)."""
-        self._committing.discard(index)
+        self._committing.pop(index, None)
+
+    def abandon(self, index: int) -> None:
+        """Report ``index``, taken by :meth:`take_ready`, will not be committed (the
+        driver failed before handing it to the commit): it is resolved, and its directory,
+        when Cairn's own uploads wrote it, is among :meth:`pending_dir_names` for cleanup."""
+        dir_name = self._committing.pop(index, None)
+        if dir_name is not None:
+            self._abandoned.append(dir_name)
 
     def take_refused(self) -> list[Verdict]:
         """Refusals decided by :meth:`take_ready` (differing copies), to send; forgets them."""
@@ -496,14 +517,14 @@ class ReportTracker:
 
     def missing_ranks(self, index: int) -> list[int]:
         """Ranks that have not reached report ``index`` (from their report indices)."""
-        return sorted(r for r in range(self.world_size) if self.last_index.get(r, 0) < index)
+        return sorted(r for r in range(self.world_size)
+                      if self.last_index.get(r, self.first_index - 1) < index)
 
     def pending_dir_names(self) -> list[str]:
-        """Directories of reports not committed that Cairn's own uploads may have written:
-        a report whose checkpoint is registered where it is (NO_UPLOAD, or what a
-        ``checkpoint_upload_fn`` put there) names the user's data, never a partial upload."""
-        return [p.dir_name for p in self._pending.values() if p.dir_name is not None and any(
-            i.mode != "NO_UPLOAD" and not i.upload_fn for i in p.intents.values())]
+        """Directories of reports not committed that Cairn's own uploads may have written
+        (:attr:`PendingReport.own_upload`), abandoned ones included."""
+        return [*(p.dir_name for p in self._pending.values()
+                  if p.dir_name is not None and p.own_upload), *self._abandoned]
 
 
 def collision_error(index: int, path: str, first: int, second: int,

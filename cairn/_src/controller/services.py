@@ -9,6 +9,7 @@ its progress checks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 
 from cairn._src.checkpoint.manager import CheckpointManager
@@ -19,11 +20,14 @@ from cairn._src.controller.collective_service import CollectiveProblem, Collecti
 from cairn._src.controller.reported_service import ReportedCheckpointsService
 from cairn._src.controller.reports import ReportTracker
 from cairn._src.controller.validations import ValidationRunner
+from cairn._src.errors import CairnError
 from cairn._src.wire.messages import (
     CollectiveMessage,
     ReportedCheckpointsReply,
     ReportedCheckpointsRequest,
 )
+
+logger = logging.getLogger(__name__)
 
 Send = Callable[[int, object], None]
 
@@ -65,8 +69,18 @@ class AttemptServices:
         config = self._checkpoint_config
         records = ray_order(list(self._manager.index.checkpoints),
                             config.checkpoint_score_attribute, config.checkpoint_score_order)
-        return tuple((self._manager.view(r), self._validations.status(r.dir_name).value)
-                     for r in records)
+        listed: list[tuple[CheckpointView, str]] = []
+        for record in records:
+            try:
+                view = self._manager.view(record)
+            except CairnError as exc:
+                # As choose_resume does: a record the driver cannot open (a scheme it
+                # cannot resolve, a damaged reference) is left out, not the rank's fault.
+                logger.warning("Not listing %s in get_all_reported_checkpoints(): %s",
+                               record.dir_name, exc)
+                continue
+            listed.append((view, self._validations.status(record.dir_name).value))
+        return tuple(listed)
 
     def check(self, tracker: ReportTracker, done: Collection[int],
               timeout_s: float) -> CollectiveProblem | None:

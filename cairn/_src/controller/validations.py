@@ -95,11 +95,15 @@ class PendingValidations:
         self.jobs: dict[str, _Job] = {}
         # Pending, but no longer protected: their result is being applied (and re-ranked).
         self.applying: set[str] = set()
+        # Validated, but the result could not be recorded (the manifest, the index or the
+        # event log refused): no longer pending (fit() does not wait for them), but kept
+        # for the rest of the run, so that the next fit() validates them again.
+        self.unrecorded: set[str] = set()
 
     def protected(self) -> set[str]:
         """The checkpoints retention must keep."""
         with self.lock:
-            return set(self.jobs) - self.applying
+            return (set(self.jobs) - self.applying) | self.unrecorded
 
 
 _STOP = object()
@@ -335,8 +339,10 @@ class ValidationRunner:
                 self._status[job.dir_name] = status
             logger.info("Validation of %s: %s %s", job.dir_name, status.value, metrics)
         except Exception:
-            logger.exception("Could not record the validation of %s; it runs again on the "
-                             "next fit()", job.dir_name)
+            logger.exception("Could not record the validation of %s; it is kept, and runs "
+                             "again on the next fit()", job.dir_name)
+            with self._pending.lock:
+                self._pending.unrecorded.add(job.dir_name)
         finally:
             with self._pending.idle:
                 self._pending.jobs.pop(job.dir_name, None)
