@@ -3,6 +3,7 @@ pure state and formatting, no threads, no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 from cairn._src.goodput.summary import GoodputSummary, summarize
 from cairn._src.run.events import (
     AttemptStart,
-    Blocked,
     Commit,
     Event,
     Failure,
@@ -138,7 +138,12 @@ class LiveState:
         # This session's events, in the form summary.py reads; blocked time and bytes are
         # kept as running totals so the list stays short however long the run.
         self._events: list[Event] = [SessionStart(t=started_at)]
+        # Seconds each rank was blocked in report(): up to the last commit (kept), and
+        # since (lost work, not a stall, if the attempt fails before the next commit; as
+        # summary.py counts it).
         self._blocked: dict[int, float] = {}
+        self._blocked_since_commit: dict[int, float] = {}
+        self._last_commit_at = started_at
         self._uploaded = 0
 
     # --- hooks ---------------------------------------------------------------------------
@@ -159,8 +164,12 @@ class LiveState:
         self._events.append(TrainStart(t=at))
         return []
 
-    def on_blocked(self, rank: int, seconds: float) -> list[str]:
-        self._blocked[rank] = self._blocked.get(rank, 0.0) + seconds
+    def on_blocked(self, rank: int, seconds: float, at: float) -> list[str]:
+        start = at - max(0.0, seconds)
+        kept = max(0.0, min(at, self._last_commit_at) - start)
+        self._blocked[rank] = self._blocked.get(rank, 0.0) + kept
+        self._blocked_since_commit[rank] = (self._blocked_since_commit.get(rank, 0.0)
+                                            + (at - start) - kept)
         return []
 
     def on_report(self, rank: int, index: int, metrics: dict[str, Any],
@@ -204,6 +213,10 @@ class LiveState:
                    and pending.uploaded_seconds > 0 else commit_seconds)
         self.last_commit = LastCommit(dir_name, index, bytes_uploaded, seconds, at)
         self.commits += 1
+        for rank, blocked in self._blocked_since_commit.items():
+            self._blocked[rank] = self._blocked.get(rank, 0.0) + blocked
+        self._blocked_since_commit.clear()
+        self._last_commit_at = max(self._last_commit_at, at)
         self._uploaded += bytes_uploaded
         if validation:
             self._validations[dir_name] = index
@@ -218,6 +231,8 @@ class LiveState:
                    counted: bool) -> list[str]:
         self._failure_reason = _first_line(reason)
         self.pending.clear()
+        # The attempt's stalls since its last commit are in the work it lost.
+        self._blocked_since_commit = dict.fromkeys(self._blocked_since_commit, 0.0)
         self._events.append(Failure(t=at, attempt=attempt, last_commit_t=last_commit_t))
         return [f"attempt {attempt} failed{'' if counted else ' (not counted)'}: "
                 f"{self._failure_reason}"]
@@ -243,11 +258,14 @@ class LiveState:
             ongoing.append(AttemptStart(t=now))
         if isinstance(last, (Failure, AttemptStart)):
             ongoing.append(TrainStart(t=now))
-        events = [*self._events, *ongoing, Commit(t=now, bytes=self._uploaded),
-                  *(Blocked(t=now, rank=rank, seconds=seconds)
-                    for rank, seconds in self._blocked.items()),
-                  SessionEnd(t=now)]
-        return summarize(events)
+        summary = summarize([*self._events, *ongoing, Commit(t=now, bytes=self._uploaded),
+                             SessionEnd(t=now)])
+        ranks = set(self._blocked) | set(self._blocked_since_commit)
+        if not ranks:
+            return summary
+        blocked = sum(self._blocked.get(rank, 0.0) + self._blocked_since_commit.get(rank, 0.0)
+                      for rank in ranks)
+        return dataclasses.replace(summary, checkpoint_blocked_s=blocked / len(ranks))
 
     def goodput_share(self, now: float) -> float | None:
         """Productive fraction of wall time so far, earlier sessions of the run included."""

@@ -305,7 +305,7 @@ class LiveView:
         elif isinstance(event, TrainStart):
             self._apply("on_train_start", event.t)
         elif isinstance(event, Blocked):
-            self._apply("on_blocked", event.rank, event.seconds)
+            self._apply("on_blocked", event.rank, event.seconds, event.t)
         elif isinstance(event, AttemptStart):
             self._apply("on_attempt_start", event.attempt, event.t, event.resume)
         elif isinstance(event, CheckpointCommitted):
