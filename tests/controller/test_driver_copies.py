@@ -44,6 +44,8 @@ def test_the_files_of_the_latest_committed_checkpoint_are_kept_per_rank() -> Non
     assert copies.files(3, 1) == {"rank_1/rank_state.pt": b"d"} and copies.files(1, 1) == {}
     copies.notify(committed(2))
     assert copies.files(2, 1) == {}  # its files were dropped at the later commit
+    # ...and the latest committed checkpoint is still report 3, whose files stay.
+    assert copies.files(3, 1) == {"rank_1/rank_state.pt": b"d"}
 
 
 @pytest.mark.parametrize("end", ["failed", "skipped"])

@@ -50,6 +50,10 @@ class DriverCopies:
             self._uploaded(event.message)
         elif isinstance(event, CheckpointCommitted):
             index = event.ready.index
+            if self._committed_index is not None and index < self._committed_index:
+                # Committed after a later report (its upload finished later): the later
+                # one is the latest committed checkpoint, whose files are kept.
+                return
             self._committed_index = index
             self._committed = self._pending.pop(index, {})
             for older in [i for i in self._pending if i < index]:
