@@ -109,9 +109,11 @@ def test_gpu_resources_need_use_gpu() -> None:
         ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"GPU": 1})
     with pytest.raises(ConfigError, match=r"`use_gpu` is True but `GPU` is set to 0"):
         ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0})
-    with pytest.raises(ConfigError, match=r"ScalingConfig.resources_per_worker=\{'CPU': -1\} "
-                       r"must be a dict of resource names to numbers >= 0"):
-        ScalingConfig(resources_per_worker={"CPU": -1})
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"ScalingConfig.resources_per_worker=\{'CPU': "
+                           rf"{bad!r}\}} must be a dict of resource names to finite numbers "
+                           r">= 0"):
+            ScalingConfig(resources_per_worker={"CPU": bad})
 
 
 def test_run_config_takes_none_for_defaults_as_ray_does() -> None:

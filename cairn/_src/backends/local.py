@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Collection
+from multiprocessing.connection import wait
 from typing import IO, TYPE_CHECKING, Any
 
 from cairn._src.storage.scratch import SHARED_MEMORY, sweep_stale
@@ -46,13 +46,16 @@ class _ExitWatcher:
             except OSError:
                 self._fd = None
         if self._fd is None:
-            # No pidfd (old kernel, not Linux): a thread blocks in wait() and writes to a
-            # pipe when the process exits.
+            # No pidfd (old kernel, a seccomp profile that refuses it, not Linux): a thread
+            # waits for the exit, leaving the process unreaped, and writes to a pipe.
             self._read_fd, write_fd = os.pipe()
 
             def wait_then_signal() -> None:
-                process.wait()
-                os.write(write_fd, b"x")
+                _wait_unreaped(process)
+                try:
+                    os.write(write_fd, b"x")
+                except OSError:  # the watcher was closed first (end_group): nobody reads
+                    pass
                 os.close(write_fd)
 
             threading.Thread(target=wait_then_signal, name=f"cairn-exit-{process.pid}",
@@ -146,7 +149,9 @@ class WorkerProcess:
                 return False
             return True
         if timeout > 0:
-            select.select([fd], [], [], timeout)
+            # Not select(): it refuses a descriptor numbered past 1023 (a driver with many
+            # files open), which left the workers running and failed fit() at its end.
+            wait([fd], timeout)
         return _exit_status(self.process) is not None
 
     def end_group(self, sig: int = signal.SIGKILL) -> None:
@@ -272,10 +277,13 @@ class LocalBackend:
         # Workers import what the driver can import: the train function may be pickled by
         # reference to a module that is only on the driver's sys.path (a script's folder,
         # a test directory).
-        path = os.pathsep.join(p for p in sys.path if p)
+        # A PYTHONPATH of worker_env comes first, as its own entries come before the
+        # installed packages in a process started with it.
+        path = [p for p in sys.path if p]
+        given = {**self._env, **(env or {})}.get("PYTHONPATH")
         inherited = os.environ.get("PYTHONPATH")
         merged = {**os.environ, **self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
-                  "PYTHONPATH": path + (os.pathsep + inherited if inherited else "")}
+                  "PYTHONPATH": os.pathsep.join(p for p in [given, *path, inherited] if p)}
         merged.setdefault("CAIRN_WORKER", "1")
         return merged
 
@@ -457,11 +465,25 @@ def _exit_status(process: subprocess.Popen[Any]) -> int | None:
         return process.poll()
     try:
         info = waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # reaped already (the exit watcher's thread, without pidfd)
+    except ChildProcessError:  # reaped already (end_group)
         return process.poll()
     if info is None:
         return None
     return int(info.si_status) if info.si_code == os.CLD_EXITED else -int(info.si_status)
+
+
+def _wait_unreaped(process: subprocess.Popen[Any]) -> None:
+    """Wait for ``process`` to exit without reaping it where the platform can (see
+    :func:`_exit_status`): a reaped worker's pid, its group's id, could be reused before the
+    backend signals that group for the last time."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        process.wait()
+        return
+    try:
+        waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:  # reaped already, by end_group
+        pass
 
 
 def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:

@@ -287,9 +287,10 @@ class RayBackend:
         process Ray prestarted (Ray starts a fresh one through its runtime environment
         agent, seconds on a loaded node, at Ray's low worker priority), and the attempt's
         own variables (MASTER_PORT) would make each attempt's environment a new one."""
+        given = {**self._env, **(env or {})}.get("PYTHONPATH")
         return {**self._env, **(env or {}), "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join(path), "CAIRN_WORKER": "1",
-                "CAIRN_WORLD_SIZE": str(num_workers)}
+                "PYTHONPATH": os.pathsep.join(p for p in [given, *path] if p),
+                "CAIRN_WORKER": "1", "CAIRN_WORLD_SIZE": str(num_workers)}
 
     def _new_actor(self, group: PlacementGroup, bundle: dict[str, float], index: int) -> Any:
         """A fresh worker actor in bundle ``index`` of ``group``."""

@@ -107,9 +107,9 @@ def worker_bundle(scaling: ScalingConfig) -> dict[str, float]:
         if scaling.use_gpu:
             bundle.setdefault("GPU", 1.0)
     else:
-        bundle = {"CPU": 1.0}
-        if scaling.use_gpu:
-            bundle["GPU"] = 1.0
+        # A GPU worker asks for no CPU, as Ray Train's: a GPU node started with
+        # --num-cpus=0 (or all its CPUs taken by data loading) still places it.
+        bundle = {"GPU": 1.0} if scaling.use_gpu else {"CPU": 1.0}
     # accelerator_type travels as Ray Train's custom resource, so the placement group
     # only lands on nodes that have that accelerator.
     bundle.update(scaling.additional_resources_per_worker)

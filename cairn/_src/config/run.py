@@ -8,6 +8,7 @@ the value received and what is accepted, at the line where the config is built.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,11 +147,12 @@ class ScalingConfig:
         if self.resources_per_worker is not None:
             if not isinstance(self.resources_per_worker, dict) or not all(
                 isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float))
-                and v >= 0 for k, v in self.resources_per_worker.items()
+                and 0 <= v < math.inf for k, v in self.resources_per_worker.items()
             ):
                 raise ConfigError(
                     f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must "
-                    "be a dict of resource names to numbers >= 0 (for example {'CPU': 2})."
+                    "be a dict of resource names to finite numbers >= 0 (for example "
+                    "{'CPU': 2})."
                 )
             gpus = self.resources_per_worker.get("GPU", 0)
             if not self.use_gpu and gpus > 0:

@@ -13,7 +13,8 @@ from cairn._src.backends.ray import RayBackend
 def test_accelerator_type_becomes_ray_trains_custom_resource() -> None:
     backend = RayBackend(ScalingConfig(num_workers=2, backend="ray", use_gpu=True,
                                        accelerator_type="A100"))
-    assert backend._bundle() == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:A100": 0.001}
+    # No CPU, as Ray Train's ScalingConfig(use_gpu=True)._resources_per_worker_not_none.
+    assert backend._bundle() == {"GPU": 1.0, "accelerator_type:A100": 0.001}
 
 
 def test_resources_per_worker_are_kept_and_the_accelerator_added() -> None:
