@@ -78,13 +78,19 @@ def is_stored_dir_name(name: str) -> bool:
     """Whether ``name``, read back from an index or a log, can name a checkpoint directory.
 
     Looser than :func:`is_safe_dir_name` (older versions accepted more), but never a path
-    that leaves the run directory or one of Cairn's own entries.
+    that leaves the run directory or one of Cairn's own entries, nor one no storage can
+    name: JSON may spell a lone surrogate (``"\\udc80"``), which has no UTF-8 form, and a
+    backend given it raises ``UnicodeEncodeError`` instead of a storage error.
     """
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
     return (
         bool(name)
         and name not in (".", "..")
         and not any(ch in name for ch in "/\\\x00")
-        and len(name.encode("utf-8", "surrogatepass")) <= _MAX_STORED_NAME_BYTES
+        and size <= _MAX_STORED_NAME_BYTES
         and name not in RESERVED_NAMES
         and TEMPORARY_MARK not in name
     )

@@ -33,6 +33,7 @@ import errno
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -62,6 +63,11 @@ _PID_NAMESPACE_PATH = "/proc/self/ns/pid"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 # A pid_namespace read back longer than this is not one Cairn wrote: judged as none.
 _MAX_NAMESPACE_CHARS = 200
+# Characters a host name read back from a lease never shows raw in a message: C0 and C1
+# controls and DEL (a newline would forge a log line, an escape sequence drive the
+# terminal) and lone surrogates (no encoding writes them).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_MAX_HOST_SHOWN = 100
 BREAK_HINT = ("`cairn lease break {run}` clears it by hand once no driver runs it (with --force "
               "while its heartbeat is fresh)")
 
@@ -92,6 +98,13 @@ class LeaseInfo:
         return cls(host=body["host"], pid=int(body["pid"]), token=body["token"],
                    heartbeat_at=float(body["heartbeat_at"]), ttl_s=float(body["ttl_s"]),
                    generation=int(body.get("generation", 0)), pid_namespace=namespace)
+
+
+def shown_host(host: str) -> str:
+    """``host``, read back from a lease (untrusted), as a message shows it: unprintable
+    characters escaped as Python writes them (``\\n``, ``\\x1b``), cut to 100 characters."""
+    text = _UNPRINTABLE.sub(lambda found: ascii(found.group())[1:-1], host)
+    return text if len(text) <= _MAX_HOST_SHOWN else text[:_MAX_HOST_SHOWN - 3] + "..."
 
 
 def pid_namespace() -> str | None:
@@ -239,7 +252,7 @@ class LeaseChangedError(RunLeaseError):
         self.current = current
         super().__init__(
             f"The lease of the run at {run.display()} changed while `cairn lease break` "
-            f"judged it (now held by host {current.host}, pid {current.pid}); nothing "
+            f"judged it (now held by host {shown_host(current.host)}, pid {current.pid}); nothing "
             "removed. Run it again to judge the lease there now.")
 
 
@@ -315,18 +328,18 @@ class RunLease:
             problem = lease_problem(current)
             if problem is not None:
                 logger.warning("Taking over an invalid lease of %s (host %s, pid %d): %s",
-                               self._run_text(), current.host, current.pid, problem)
+                               self._run_text(), shown_host(current.host), current.pid, problem)
             elif is_live(current):
                 raise RunLeaseError(
                     f"The run at {self._run_text()} is held by another live driver (host "
-                    f"{current.host}, pid {current.pid}). Wait for it to finish, stop it, "
-                    f"or give this run another RunConfig.name; "
+                    f"{shown_host(current.host)}, pid {current.pid}). Wait for it to finish, "
+                    f"stop it, or give this run another RunConfig.name; "
                     f"{BREAK_HINT.format(run=self._run_text())}."
                 )
             else:
                 logger.warning("Taking over the lease of a driver that is gone (host %s, "
-                               "pid %d, heartbeat %.0fs old)", current.host, current.pid,
-                               time.time() - current.heartbeat_at)
+                               "pid %d, heartbeat %.0fs old)", shown_host(current.host),
+                               current.pid, time.time() - current.heartbeat_at)
         claims = claim_names(self._run, self._retry)
         last = max([current.generation if current else 0, *claims])
         if last >= MAX_LEASE_GENERATION:
@@ -351,7 +364,7 @@ class RunLease:
         time.sleep(_SETTLE_S)
         check = self._read_settled()
         if check is None or check.token != self._token:
-            holder = f"host {check.host}, pid {check.pid}" if check else "unknown"
+            holder = f"host {shown_host(check.host)}, pid {check.pid}" if check else "unknown"
             raise RunLeaseError(
                 f"Another driver ({holder}) took the lease of this run at the same time. "
                 "Only one driver may run it."
@@ -389,7 +402,7 @@ class RunLease:
             )
         return RunLeaseError(
             f"This driver lost the lease of the run at {self._run_text()} (now held by "
-            f"driver host {current.host}, pid {current.pid}), so it stopped committing "
+            f"driver host {shown_host(current.host)}, pid {current.pid}), so it stopped committing "
             "checkpoints. That driver took the run over because this one's heartbeat was not "
             "renewed in time (a paused process or slow storage) or its lease was broken by "
             "hand; the run continues under that driver."

@@ -3,18 +3,21 @@
 Object stores cannot append, so the log is a sequence of segment objects
 (``<dir>/segment_000000.jsonl``, ...). Records are buffered in memory and
 :meth:`SegmentLog.flush` rewrites only the open segment, which holds at most
-``records_per_segment`` records: the cost of a flush is bounded however long the run,
-and a crash loses at most the records not yet flushed. Used for the metrics history and
-the goodput event log.
+``records_per_segment`` records and :data:`MAX_SEGMENT_BYTES` bytes (a larger record
+alone): the cost of a flush is bounded however long the run, every segment stays within
+what readers take, and a crash loses at most the records not yet flushed. Used for the
+metrics history and the goodput event log.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from cairn._src.errors import CheckpointDamagedError, ManifestError
@@ -36,6 +39,11 @@ _SEGMENT = re.compile(r"segment_([0-9]{6,12})\.jsonl")
 # older Cairn could mean as segments, not the temporary files of an atomic write.
 _SEGMENT_LIKE = re.compile(r"segment_.*\.jsonl", re.DOTALL)
 _SHOWN = 3
+# The most bytes a segment holds unless one record alone is larger: far below what a
+# reader takes (MAX_SMALL_FILE_BYTES, which skips a larger segment whole, every record in
+# it), so that large metrics (a histogram per report) never make a segment unreadable,
+# and a bound on what one flush rewrites.
+MAX_SEGMENT_BYTES = 16 << 20
 
 
 def _segment_name(number: int) -> str:
@@ -121,10 +129,31 @@ _ANY_RECORD = schema.Document("log record", schema.Object({}, noun="a JSON objec
 _RECORD_SCHEMAS = {METRICS_DIR: METRICS_RECORD, EVENTS_DIR: EVENT_RECORD}
 
 
+@dataclass
+class _Skipped:
+    """How many records a read skipped, and why the first was: a segment of millions of
+    bad lines costs no memory per line."""
+
+    count: int = 0
+    first: str = ""
+
+    def add(self, why: str) -> None:
+        if not self.count:
+            self.first = why
+        self.count += 1
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of ``data`` as ``bytes.splitlines`` gives them, one at a time (a list of
+    every line of a large segment would cost tens of bytes per line)."""
+    for chunk in io.BytesIO(data):
+        yield from chunk.splitlines()
+
+
 def _parse_segment(
-    data: bytes, where: str, document: schema.Document, skipped: list[str]
+    data: bytes, where: str, document: schema.Document, skipped: _Skipped
 ) -> Iterator[dict[str, Any]]:
-    for line_number, line in enumerate(data.splitlines(), start=1):
+    for line_number, line in enumerate(_lines(data), start=1):
         if not line.strip():
             continue
         at = f"{where} line {line_number}"
@@ -135,7 +164,7 @@ def _parse_segment(
         except ManifestError as exc:
             # A torn last line from a crash mid-write on a backend without atomic writes,
             # or a record someone else wrote: everything else is still usable.
-            skipped.append(str(exc))
+            skipped.add(str(exc))
             continue
         yield record
 
@@ -158,7 +187,7 @@ def read_log(
         document = _RECORD_SCHEMAS.get(directory.path.rstrip("/").rpartition("/")[2],
                                        _ANY_RECORD)
     records: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    skipped = _Skipped()
     for number in _segment_numbers(directory, retry):
         location = directory.join(_segment_name(number))
         try:
@@ -166,12 +195,12 @@ def read_log(
         except FileNotFoundError:
             continue
         except CheckpointDamagedError as exc:
-            skipped.append(str(exc))
+            skipped.add(str(exc))
             continue
         records.extend(_parse_segment(data, location.display(), document, skipped))
-    if skipped:
+    if skipped.count:
         logger.warning("Skipped %d unreadable or invalid records of %s; the first: %s",
-                       len(skipped), directory.display(), skipped[0])
+                       skipped.count, directory.display(), skipped.first)
     return records
 
 
@@ -201,6 +230,7 @@ class SegmentLog:
         self._flush_lock = threading.Lock()
         self._pending: list[bytes] = []
         self._open_lines: list[bytes] = []
+        self._open_bytes = 0
         numbers = _segment_numbers(directory, retry)
         # Resuming a run starts a new segment: the old ones are never rewritten.
         self._segment = numbers[-1] + 1 if numbers else 0
@@ -230,23 +260,31 @@ class SegmentLog:
                 pending, self._pending = self._pending, []
             while pending:
                 room = self._records_per_segment - len(self._open_lines)
-                lines = self._open_lines + pending[:room]
-                data = b"\n".join(lines) + b"\n"
-                try:
-                    write_bytes_atomic(
-                        self._directory.join(_segment_name(self._segment)), data, self._retry,
-                        durable=self._durable,
-                    )
-                except BaseException:
-                    # Nothing is lost: the records go back in front of newer ones.
-                    with self._lock:
-                        self._pending = pending + self._pending
-                    raise
-                self._open_lines = lines
-                pending = pending[room:]
-                if len(self._open_lines) >= self._records_per_segment:
+                lines, size = list(self._open_lines), self._open_bytes
+                for line in pending[:room]:
+                    if lines and size + len(line) + 1 > MAX_SEGMENT_BYTES:
+                        break
+                    lines.append(line)
+                    size += len(line) + 1
+                taken = len(lines) - len(self._open_lines)
+                if taken:
+                    data = b"\n".join(lines) + b"\n"
+                    try:
+                        write_bytes_atomic(
+                            self._directory.join(_segment_name(self._segment)), data,
+                            self._retry, durable=self._durable,
+                        )
+                    except BaseException:
+                        # Nothing is lost: the records go back in front of newer ones.
+                        with self._lock:
+                            self._pending = pending + self._pending
+                        raise
+                    self._open_lines, self._open_bytes = lines, size
+                    pending = pending[taken:]
+                # Records left over: the open segment is full (by count or by bytes).
+                if pending or len(self._open_lines) >= self._records_per_segment:
                     self._segment += 1
-                    self._open_lines = []
+                    self._open_lines, self._open_bytes = [], 0
 
 
 def _json_default(value: Any) -> Any:

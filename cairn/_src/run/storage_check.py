@@ -91,7 +91,9 @@ def _marker_problem(location: StorageLocation, token: str, retry: RetryPolicy) -
         return f"it cannot be read ({exc})"
     try:
         body = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # RecursionError: JSON nested deeper than the parser goes (the path names another
+        # directory on this node, holding a file of that name the driver never wrote).
         return "it is not the JSON the driver wrote"
     if not isinstance(body, dict) or body.get("version") != MARKER_VERSION:
         return "it is not the marker the driver wrote"
