@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING
+
+from cairn._src.errors import ReportError
 
 if TYPE_CHECKING:
     from cairn._src.checkpoint.checkpoint import Checkpoint
@@ -22,7 +25,8 @@ class ReportHandle:
     ``done()`` is True once the report's checkpoint is committed (or failed); a metric-only
     report is done at once. ``wait(timeout)`` blocks until then and returns the committed
     :class:`Checkpoint` (None for a metric-only report), raising the upload's error if it
-    failed or :class:`TimeoutError` when ``timeout`` passes first. Thread-safe.
+    failed or :class:`TimeoutError` when ``timeout`` passes first (None or ``math.inf``:
+    no deadline; 0: look without waiting). Thread-safe.
     """
 
     def __init__(self, index: int, *, has_checkpoint: bool) -> None:
@@ -41,7 +45,7 @@ class ReportHandle:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> Checkpoint | None:
-        if not self._event.wait(timeout):
+        if not self._event.wait(_check_timeout(timeout)):
             raise TimeoutError(
                 f"The checkpoint of report {self.index} was not committed within {timeout}s."
             )
@@ -61,3 +65,17 @@ class ReportHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"ReportHandle(index={self.index}, {state})"
+
+
+def _check_timeout(timeout: object) -> float | None:
+    """``timeout`` as :meth:`ReportHandle.wait` takes it: None for no deadline (also
+    ``math.inf``, which ``threading`` cannot wait for), or seconds >= 0."""
+    if timeout is None:
+        return None
+    if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+            or math.isnan(timeout) or timeout < 0):
+        raise ReportError(
+            f"ReportHandle.wait(timeout={timeout!r}) must be None (wait until the report "
+            "is resolved) or a number of seconds >= 0."
+        )
+    return None if math.isinf(timeout) else float(timeout)

@@ -174,10 +174,9 @@ class WorkerSession:
             self.send(ReportMessage(self.rank, index, clean, None, time.time(),
                                     dir_name=checkpoint_dir_name))
             return ReportHandle(index, has_checkpoint=False)
-        return self._report_checkpoint(
-            clean, checkpoint, checkpoint_dir_name, mode,
-            delete_local_checkpoint_after_upload, checkpoint_upload_fn, task,
-        )
+        return self._report_checkpoint(clean, checkpoint, checkpoint_dir_name, mode,
+                                       delete_local_checkpoint_after_upload,
+                                       checkpoint_upload_fn, task)
 
     def get_all_reported_checkpoints(
         self, consistency_mode: object = CheckpointConsistencyMode.VALIDATED,
@@ -305,14 +304,15 @@ class WorkerSession:
             write=write)
         return self._enqueue(job, clean)
 
-    def _register_reference(
-        self, metrics: dict[str, Any], checkpoint: Checkpoint, dir_name: str | None,
-        validation: dict[str, Any] | None = None,
-    ) -> ReportHandle:
+    def _register_reference(self, metrics: dict[str, Any], checkpoint: Checkpoint,
+                            dir_name: str | None,
+                            validation: dict[str, Any] | None = None) -> ReportHandle:
         location = reference_location(checkpoint, self._setup.run, self.retry)
         index = self._take_index()
         handle = ReportHandle(index, has_checkpoint=True)
         with self._state_lock:
+            if self._stop is not None:  # else nothing would ever resolve its handle
+                raise self._stop
             self._handles[index] = handle
         intent = reference_intent(checkpoint, location,
                                   dir_name or default_checkpoint_dir_name(index), dir_name,
@@ -465,13 +465,13 @@ class WorkerSession:
             try:
                 message = self._connection.recv()
             except (EOFError, OSError):
-                if self._setup.keep_survivors and self._rejoining.is_set():
-                    self._rejoin_event.set()  # let go: the whole group restarts
-                    return
-                if not self._stopping:
+                if not (self._stopping or self._rejoining.is_set()):
                     # The controller is gone (driver killed): nobody will commit or answer;
                     # leave now rather than train on unobserved (local mode: stop the function).
                     (self._on_controller_lost or (lambda: os._exit(70)))()
+                # No answer comes now: every wait ends; a kept rank lets go (the group restarts).
+                self._on_stop(StopMessage(self._setup.attempt, "the controller connection ended"))
+                self._rejoin_event.set()
                 return
             if isinstance(message, ProceedMessage | RejectMessage):
                 with self._state_lock:
