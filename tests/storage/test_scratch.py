@@ -102,3 +102,24 @@ def test_a_run_on_the_local_backend_removes_what_killed_workers_left_in_ram(
 
 def _nothing() -> None:
     pass
+
+
+def test_a_deferred_reports_directory_left_by_a_killed_process_is_swept(
+        tmp_path: Path) -> None:
+    # A worker killed (kill -9) while it writes a snapshot into its deferred directory can
+    # never remove it: it is named after its process, and swept once that process is gone.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = ("import os, signal\n"
+            "from cairn._src.worker.upload_job import deferred_directory\n"
+            "path = deferred_directory()\n"
+            "os.mkdir(path, 0o700)\n"
+            "open(os.path.join(path, 'model.pt'), 'wb').write(b'x' * 100)\n"
+            "print(path, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    process = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=False)
+    assert process.returncode == -9, process.stderr
+    left = Path(process.stdout.strip())
+    assert left.parent == tmp_path and (left / "model.pt").exists()
+    assert scratch.sweep_stale(str(tmp_path)) == [left.name]
+    assert not left.exists()

@@ -6,7 +6,9 @@ A kept or replaced rank restores its checkpoint into ``/dev/shm`` when it has ro
 taken until the machine restarts. So each one is named after its process,
 ``cairn-checkpoint-<pid namespace>-<pid>-<random>``, and :func:`sweep_stale` (run when a
 process first restores there, and by the local backend once a run's workers are gone)
-removes those of processes that no longer run.
+removes those of processes that no longer run. A deferred report's private directory (a
+snapshot written to local files before its upload: ``worker/upload_job.py``) in the
+temporary directory is named the same way, and swept there.
 
 What may be removed, and nothing else: a directory (never a link, a file or anything else
 under that name) directly in the RAM file system, owned by this user, whose name carries
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -44,6 +47,13 @@ def make_directory(base: str | None) -> str:
     """A new private directory under ``base`` (None: the temporary directory) named after
     this process (see the module docstring)."""
     return tempfile.mkdtemp(prefix=f"{PREFIX}{_namespace()}-{os.getpid()}-", dir=base)
+
+
+def new_path() -> str:
+    """A path in the temporary directory named after this process, as
+    :func:`make_directory` names one, not created yet (its creator makes it private)."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"{PREFIX}{_namespace()}-{os.getpid()}-{secrets.token_hex(16)}")
 
 
 def sweep_stale(base: str) -> list[str]:

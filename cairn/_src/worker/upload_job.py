@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME, Checkpoint
 from cairn._src.config.validation import task_for_report
 from cairn._src.errors import CairnError, ReportError
 from cairn._src.run.layout import MANIFEST_NAME
+from cairn._src.storage import scratch
 from cairn._src.storage.durability import sync_uploaded
 from cairn._src.storage.fileio import delete_dir, delete_file, exists, is_dir, list_files
 from cairn._src.storage.location import StorageLocation, resolve
@@ -181,7 +180,9 @@ def deferred_directory() -> str:
     """The path of a deferred report's private temporary directory, not created yet: only
     :func:`write_deferred` creates it, so that a snapshot serialized straight into storage
     (:mod:`.direct_write`) leaves no empty directory behind."""
-    return os.path.join(tempfile.gettempdir(), f"cairn-deferred-{secrets.token_hex(16)}")
+    # Named after this process: a worker killed (kill -9) while writing it cannot remove
+    # it; the local backend sweeps those of processes that are gone (storage/scratch.py).
+    return scratch.new_path()
 
 
 def write_deferred(job: UploadJob) -> None:
