@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Bootstrap:
     address: tuple[str, int]
-    authkey: bytes
+    # The run's secret: never in a repr (a log line, a traceback that shows locals).
+    authkey: bytes = field(repr=False)
     attempt: int
     # The run's TLS certificate (PEM) when the control channel is encrypted.
     tls_certificate: str | None = None

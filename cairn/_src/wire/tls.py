@@ -373,8 +373,11 @@ class _Pump:
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return False
             except ssl.SSLError as exc:
-                logger.warning("Closing a control-channel connection: a TLS record could not "
-                               "be read (%s)", exc)
+                # Debug only: a peer that sends a bad record before it authenticated is
+                # logged once per address by the controller's refusal log; one that had
+                # authenticated is reported as that rank's lost connection.
+                logger.debug("Closing a control-channel connection: a TLS record could not "
+                             "be read (%s)", exc)
                 return False
             if not chunk:
                 return False
