@@ -37,6 +37,10 @@ from cairn._src.wire.tls import RunCertificate, make_run_certificate, open_serve
 logger = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT_S = 10.0
+# Handshakes under way at once: more connections wait in the listener's backlog for a slot,
+# so that a flood of connections (a port scan on a cluster node) takes a bounded number of
+# threads and buffers, each for at most the handshake's deadline.
+_HANDSHAKES = 64
 _MESSAGES_PER_WAKE = 1000
 # How long a rank's last messages may trail the news of its exit. A Ray actor task that
 # returned closed its connection after sending Done or its error, and its return travels
@@ -92,6 +96,7 @@ class WorkerChannels:
         self._owns_inbox = inbox is None
         self.inbox = inbox if inbox is not None else Inbox()
         self._closing = False
+        self._handshakes = threading.BoundedSemaphore(_HANDSHAKES)
         self._acceptor = threading.Thread(target=self._accept_loop, name="cairn-acceptor",
                                           daemon=True)
 
@@ -124,13 +129,25 @@ class WorkerChannels:
                 if self._closing:
                     return
                 continue
+            self._handshakes.acquire()  # a slot frees within a handshake's deadline
             if self._closing:
+                self._handshakes.release()
                 sock.close()
                 return
-            threading.Thread(target=self._handshake, args=(sock, str(address[0])),
-                             name="cairn-handshake", daemon=True).start()
+            try:
+                threading.Thread(target=self._handshake, args=(sock, str(address[0])),
+                                 name="cairn-handshake", daemon=True).start()
+            except RuntimeError:  # no thread to be had: this peer is not served
+                self._handshakes.release()
+                sock.close()
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
+        try:
+            self._authenticate(sock, peer)
+        finally:
+            self._handshakes.release()
+
+    def _authenticate(self, sock: socket.socket, peer: str) -> None:
         _enable_keepalive(sock)
         if self._certificate is not None:
             try:
@@ -148,16 +165,19 @@ class WorkerChannels:
             answer_challenge(connection, self.authkey)
             disable_nagle(connection)
             _, rank, pid, attempt = connection.recv()  # the worker's hello
+            hello = NewConnection(connection, int(rank), int(pid), int(attempt))
             _set_receive_timeout(connection, RECEIVE_TIMEOUT_S)
         except Exception as exc:
             connection.close()
             if not self._closing:
-                # A peer without the run's secret, or one that stalled or hung up.
-                self.refusals.refused(peer, exc)
+                # A peer without the run's secret, or one that stalled or hung up (an
+                # EOFError says nothing of its own), or a hello that is not a worker's.
+                self.refusals.refused(peer, str(exc) or f"{type(exc).__name__}: it hung up "
+                                      "or stalled before the handshake ended")
             return
         finally:
             deadline.cancel()
-        self.inbox.post(NewConnection(connection, int(rank), int(pid), int(attempt)))
+        self.inbox.post(hello)
 
     def _wrap(self, sock: socket.socket, peer: str) -> Connection:
         if self._certificate is not None or self._same_host(peer, self.bind_host):
