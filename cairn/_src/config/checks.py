@@ -7,7 +7,16 @@ import math
 import threading
 from collections.abc import Sequence
 
+from cairn._src import migration
 from cairn._src.errors import ConfigError
+
+
+def left_out(value: object) -> bool:
+    """Whether an argument Ray Train v2 removed holds its default, compared by value as
+    Ray compares it: a config that was pickled (sent to a subprocess or a Ray task) holds
+    an equal string, not the same object, and must not read as that argument given."""
+    return value is migration.DEPRECATED or (
+        type(value) is str and value == migration.DEPRECATED)
 
 
 def check_int(name: str, value: object, *, minimum: int, allow: Sequence[int] = ()) -> None:

@@ -6,7 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn._src import migration
-from cairn._src.config.checks import check_finite_seconds, check_int, check_positive_float
+from cairn._src.config.checks import (
+    check_finite_seconds,
+    check_int,
+    check_positive_float,
+    left_out,
+)
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 
@@ -61,7 +66,7 @@ class FailureConfig:
     fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.fail_fast is not migration.DEPRECATED:
+        if not left_out(self.fail_fast):
             raise ConfigDeprecationError(migration.FAIL_FAST)
         check_int("FailureConfig.max_failures", self.max_failures, minimum=0, allow=(-1,))
         check_positive_float("FailureConfig.collective_timeout_s", self.collective_timeout_s)

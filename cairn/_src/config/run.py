@@ -11,17 +11,18 @@ import enum
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from cairn._src import migration
-from cairn._src.config.checks import check_int
+from cairn._src.config.checks import check_int, left_out
 from cairn._src.config.failure import FailureConfig
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
+from cairn._src.storage.uris import public_uri
 
 # The hooks of cairn.Callback and cairn.UserCallback; a RunConfig callback must have one.
 HOOK_NAMES = ("on_report", "on_checkpoint", "on_failure", "on_run_end", "after_report",
@@ -127,7 +128,7 @@ class ScalingConfig:
     trainer_resources: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.trainer_resources is not migration.DEPRECATED:
+        if not left_out(self.trainer_resources):
             raise ConfigDeprecationError(migration.TRAINER_RESOURCES)
         _check_num_workers(self.num_workers)
         if self.tls is not None and not isinstance(self.tls, bool):
@@ -291,7 +292,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         for removed in ("checkpoint_frequency", "checkpoint_at_end"):
-            if getattr(self, removed) is not migration.DEPRECATED:
+            if not left_out(getattr(self, removed)):
                 raise ConfigDeprecationError(migration.checkpoint_config_message(removed))
         if self.num_to_keep is not None:
             try:
@@ -396,7 +397,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for removed in migration.RUN_CONFIG_REMOVED:
-            if getattr(self, removed) is not migration.DEPRECATED:
+            if not left_out(getattr(self, removed)):
                 raise ConfigDeprecationError(migration.run_config_message(removed))
         # Ray Train's RunConfig takes None for these and fills in the defaults.
         defaults = {"checkpoint_config": CheckpointConfig, "failure_config": FailureConfig,
@@ -424,8 +425,8 @@ class RunConfig:
                 f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string."
             )
         if self.storage_path is not None and "\0" in os.fsdecode(self.storage_path):
-            raise ConfigError(f"RunConfig.storage_path={self.storage_path!r} must be a path or "
-                              "URI without NUL characters.")
+            raise ConfigError(f"RunConfig.storage_path={_public(self.storage_path)!r} must be "
+                              "a path or URI without NUL characters.")
         if self.storage_path is not None and not os.fspath(self.storage_path):
             raise ConfigError(
                 f"RunConfig.storage_path={self.storage_path!r} is empty; pass a directory or "
@@ -493,6 +494,13 @@ class RunConfig:
                                checked_env(self.worker_env, "RunConfig.worker_env"))
         self._merge_worker_runtime_env()
 
+    def __repr__(self) -> str:
+        # No secret from a URI in a repr (a user info with a password, a secret_key=
+        # parameter): storage_path shows as every message shows it.
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        values["storage_path"] = _public(self.storage_path)
+        return "RunConfig(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
+
     def storage_options(self) -> StorageOptions:
         """This run's transfer settings and retry budget, as the one object the driver
         passes to what transfers (each worker builds the same from its ``SetupMessage``)."""
@@ -534,6 +542,12 @@ class RunConfig:
                 )
             merged[name] = value
         object.__setattr__(self, "worker_env", merged)
+
+
+def _public(path: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
+    """``RunConfig.storage_path`` as a repr or a message may show it: a URI without its
+    credentials."""
+    return public_uri(path) if isinstance(path, str) else path
 
 
 def checked_env(env: object, where: str) -> dict[str, str]:
