@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from cairn._src.cli import plots, runs, show
-from cairn._src.cli.common import printable
+from cairn._src.cli.common import printable, printable_lines
 from cairn._src.errors import CairnError
 from cairn._src.storage.uris import redact_text
 
@@ -83,8 +83,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = _parse(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        handlers=[handler])
     try:
         code: int = args.func(args)
     except BrokenPipeError:
@@ -102,6 +104,15 @@ def _main(argv: Sequence[str] | None) -> int:
                             f"files Cairn wrote ({type(exc).__name__}: {exc})")
     sys.stdout.flush()
     return code
+
+
+class SafeFormatter(logging.Formatter):
+    """Log lines as every other line the command prints: a URI's credentials masked and
+    control characters escaped (a warning quotes names and URIs read from the run, which
+    may be forged or written by an older version); line breaks stay (a traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable_lines(redact_text(super().format(record)))
 
 
 def _error(args: argparse.Namespace, message: str) -> int:

@@ -63,6 +63,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                          f"{sorted(r.dir_name for r in index.checkpoints)}")
     records.sort(key=lambda r: r.report_index)
     results: list[dict[str, Any]] = []
+    gone: set[str] = set()
 
     def say(line: str) -> None:
         if not args.json:
@@ -76,21 +77,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                      "status": "ok", "files": None, "size_bytes": None,
                                      "error": None}
             results.append(entry)
-            view = checkpoint_view(run, record)
             try:
+                # In the try: a reference this process cannot resolve (a scheme the training
+                # script registered in code) fails its checkpoint, not the whole command.
+                view = checkpoint_view(run, record)
                 manifest = read_manifest(view.manifest_at, RETRY)
                 if manifest is None:
                     raise CairnError("no manifest")
                 verify_files(view, manifest.files, progress)
             except (CairnError, OSError) as exc:
-                entry.update(status="failed", error=str(exc))
-                say(f"FAILED  {record.dir_name}: {exc}")
+                if no_longer_indexed(run, record):
+                    # A live driver's retention dropped it meanwhile (the index stops
+                    # naming a checkpoint before its files go): gone, not damaged.
+                    results.remove(entry)
+                    gone.add(record.dir_name)
+                    say(f"gone    {record.dir_name}: dropped from the run's index while "
+                        "it was verified")
+                    continue
+                # A storage library's text may quote a URI with its credentials.
+                error = redact_text(str(exc))
+                entry.update(status="failed", error=error)
+                say(f"FAILED  {record.dir_name}: {error}")
                 continue
             entry.update(files=len(manifest.files), size_bytes=int(manifest.total_bytes))
             say(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
                 f"{manifest.total_bytes / 2**20:.2f} MiB)")
     # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
-    indexed = {r.dir_name for r in index.checkpoints}
+    indexed = {r.dir_name for r in index.checkpoints} - gone
     for event in read_events(run.join(EVENTS_DIR), RETRY):
         if not isinstance(event, CheckpointDropped):
             continue
@@ -114,6 +127,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{counts['ok']} verified, {counts['failed']} failed"
               + (f", {counts['dropped']} dropped as damaged" if counts["dropped"] else ""))
     return 1 if counts["failed"] or counts["dropped"] else 0
+
+
+def no_longer_indexed(run: StorageLocation, record: CheckpointRecord) -> bool:
+    """Whether the run's index, read again now, no longer names ``record``."""
+    try:
+        index = read_index(run, RETRY)
+    except (CairnError, OSError):
+        return False
+    return index is not None and not any(
+        r.dir_name == record.dir_name and r.report_index == record.report_index
+        for r in index.checkpoints)
 
 
 class VerifyProgress:
@@ -442,8 +466,9 @@ def _ls_entry(storage: StorageLocation, name: str) -> dict[str, Any] | None:
         history = run_history(read_events(run.join(EVENTS_DIR), RETRY),
                               driver_live=live_lease(run) is not None)
     except (CairnError, OSError, ValueError, TypeError, KeyError) as exc:
+        # A storage library's text may quote a URI with its credentials.
         return {"name": name, "status": "unreadable",
-                "reason": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
+                "reason": redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0])[:200]}
     last = max(index.checkpoints, key=lambda r: r.report_index, default=None)
     activity = max([t for t in (history.last_event_at,
                                 last.committed_at if last else None) if t], default=None)
