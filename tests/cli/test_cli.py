@@ -81,7 +81,10 @@ def test_bad_input_errors(run: str, tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_sparkline() -> None:
-    assert sparkline([0.0, 1.0]) == " █"
+    assert sparkline([0.0, 1.0]) == "▁█"
+    # The lowest value is drawn, not a blank as a gap is: a constant metric shows a line.
+    assert sparkline([0.5, 0.5, 0.5]) == "▁▁▁"
+    assert sparkline([0.0, float("nan"), 1.0]) == "▁ █"
     assert len(sparkline(list(map(float, range(1000))), width=10)) == 10
 
 

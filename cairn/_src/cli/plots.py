@@ -48,7 +48,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     return 0
 
 
-_BLOCKS = " ▁▂▃▄▅▆▇█"
+# The levels a finite value is drawn with, lowest first; a gap (NaN, inf) is a blank, so
+# the lowest value (all of a constant metric) is never drawn as one.
+_BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: Sequence[float], width: int = 72) -> str:
