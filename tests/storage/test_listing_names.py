@@ -60,3 +60,32 @@ def test_a_run_listing_dot_dot_still_starts(planted_run: StorageLocation) -> Non
     manager.reconcile()
     assert rebuild_index(planted_run, RETRY).checkpoints == ()
     assert read_log(planted_run.join("events"), RETRY) == []
+
+
+def _report(config: dict[str, Any]) -> None:
+    import cairn
+
+    cairn.report({"resumed": cairn.get_checkpoint() is not None})
+
+
+def test_a_name_that_is_not_utf8_beside_a_run_is_skipped(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # A file another tool wrote into the run directory (a Latin-1 name), and a folder of
+    # that kind beside the run: no name Cairn writes; fit() and listings go on without it.
+    import os
+
+    import cairn
+
+    storage = tmp_path / "storage"
+    config = cairn.RunConfig(name="run", storage_path=str(storage))
+    local = cairn.ScalingConfig(num_workers=0)
+    cairn.Trainer(_report, scaling_config=local, run_config=config).fit()
+    with open(os.path.join(os.fsencode(storage / "run"), b"notes\xe9.txt"), "wb") as f:
+        f.write(b"the user's")
+    os.mkdir(os.path.join(os.fsencode(storage), b"\xff"))
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        assert list_dir_names(resolve(str(storage)), RETRY) == ["run"]
+    assert "Skipped 1 names" in caplog.text and "<a name that is not UTF-8>" in caplog.text
+    result = cairn.Trainer(_report, scaling_config=local, run_config=config).fit()
+    assert result.error is None
+    assert os.path.exists(os.path.join(os.fsencode(storage / "run"), b"notes\xe9.txt"))

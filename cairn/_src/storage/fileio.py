@@ -310,12 +310,18 @@ def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> 
     """Sorted names of the immediate children (files and directories) of ``loc``.
 
     Names that are not safe single path components (:func:`is_listed_name_safe`) are
-    left out, with one warning per call that counts them.
+    left out, with one warning per call that counts them; so are names that are not UTF-8
+    (a file another tool put beside a run: no name Cairn writes, and pyarrow cannot give
+    it as text).
     """
     names: list[str] = []
     skipped: list[str] = []
     for info in _select(loc, False, retry):
-        name = info.base_name
+        try:
+            name = info.base_name
+        except UnicodeDecodeError:
+            skipped.append("<a name that is not UTF-8>")
+            continue
         (names if is_listed_name_safe(name) else skipped).append(name)
     _warn_skipped(skipped, loc)
     return sorted(names)
