@@ -41,6 +41,21 @@ from cairn.collective import barrier, broadcast_from_rank_zero
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 LOCAL = ScalingConfig(num_workers=0)
+# Threads that ran before the test (a peer server an earlier unit test in this process
+# started runs until the process ends): the run's own must be gone when fit() returns.
+_EARLIER: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before() -> None:
+    _EARLIER.clear()
+    _EARLIER.update(threading.enumerate())
+
+
+def cairn_threads() -> list[str]:
+    """The names of Cairn's threads still running that the test's runs started."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("cairn") and t not in _EARLIER]
 
 
 def save_step(step: int, **metrics: Any) -> None:
@@ -102,7 +117,7 @@ def test_the_train_function_runs_on_the_calling_thread_and_commits_like_any_run(
         assert manifest.report_index == index and "step" in manifest.files
     assert list(result.metrics_dataframe["step"]) == [0, 1, 2]
     # Nothing of the run is left behind in the driver: report() is a worker's call again.
-    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
+    assert cairn_threads() == []
     with pytest.raises(cairn.ReportError, match=r"called outside a Cairn worker"):
         cairn.report({"after": 1})
 
@@ -159,7 +174,7 @@ def test_a_failure_restarts_in_the_driver_and_resumes_from_the_committed_checkpo
                      run_config=run_config(failure_config=FailureConfig(max_failures=1))).fit()
     assert attempts == [(0, 0), (1, 2)]
     assert result.metrics == {"step": 3}
-    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
+    assert cairn_threads() == []
 
 
 def test_a_failure_beyond_the_budget_raises_the_train_functions_error(
@@ -194,7 +209,7 @@ def test_ctrl_c_in_the_train_function_ends_the_run_without_a_restart(
     history = run_history(events)
     # Ended as Ctrl-C ends a run with workers: interrupted, and no failure counted.
     assert (history.status, history.attempts, history.failures) == ("interrupted", 1, ())
-    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
+    assert cairn_threads() == []
     # The run continues from its committed checkpoint, as after Ctrl-C with workers.
     assert Trainer(counting, train_loop_config={"steps": 1}, scaling_config=LOCAL,
                    run_config=config).fit().return_value["first"] == 1
@@ -302,7 +317,7 @@ def test_a_controller_that_ends_the_run_stops_a_train_function_waiting_on_it(
     with pytest.raises(RunLeaseError, match=r"lease of the run at .* was removed"):
         Trainer(train, scaling_config=LOCAL, run_config=config).fit()
     assert [type(e) for e in seen] == [TrainFunctionStopped]
-    assert [t.name for t in threading.enumerate() if t.name.startswith("cairn")] == []
+    assert cairn_threads() == []
 
 
 def test_a_stop_interrupts_a_wait_of_the_main_thread() -> None:
