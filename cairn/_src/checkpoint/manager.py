@@ -26,11 +26,7 @@ from dataclasses import dataclass
 
 from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.checkpoint.deletion_log import DeletionLog, EventSink
-from cairn._src.checkpoint.index import (
-    CheckpointRecord,
-    RunIndex,
-    write_index,
-)
+from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, write_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from cairn._src.checkpoint.own_files import forget_checkpoint_dir
 from cairn._src.checkpoint.ownership import (
@@ -53,6 +49,7 @@ from cairn._src.checkpoint.reconcile import (
     committed_in_event_log,
     holds,
     holds_its_reference,
+    manifest_holds_its_data,
     names_holding_references,
     once,
     reconcile,
@@ -356,10 +353,13 @@ class CheckpointManager:
                 logger.warning("Leaving data of %s in place: %s", record.dir_name, refusal)
             if not plan.checkpoint_dir:
                 return False
+            if manifest is not None and manifest_holds_its_data(self.run, manifest_dir,
+                                                                manifest):
+                plan = dataclasses.replace(plan, keep_contents=True)
             self._approved[record.dir_name] = plan
         try:
             data = reference_data(self.run, record)
-            inside = data is not None and holds(manifest_dir, data)
+            inside = plan.keep_contents or (data is not None and holds(manifest_dir, data))
         except CairnError as exc:
             # Where its data is cannot be told: only Cairn's own files go (below).
             logger.warning("Leaving data of %s in place: %s", record.dir_name, exc)

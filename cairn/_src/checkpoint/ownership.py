@@ -91,6 +91,9 @@ class DeletionPlan:
     checkpoint_dir: bool
     reference: bool
     refusals: tuple[str, ...] = ()
+    # The manifest names a reference inside the checkpoint directory (whatever the index
+    # record says): only Cairn's own files there may go, never the user's data.
+    keep_contents: bool = False
 
 
 def plan_deletion(

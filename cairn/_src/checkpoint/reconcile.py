@@ -20,7 +20,7 @@ from cairn._src.checkpoint.index import (
     within_reports_made,
     write_index,
 )
-from cairn._src.checkpoint.manifest import read_manifest
+from cairn._src.checkpoint.manifest import Manifest, read_manifest
 from cairn._src.checkpoint.own_files import (
     LOG_SEGMENTS,
     RUN_FILES,
@@ -29,6 +29,7 @@ from cairn._src.checkpoint.own_files import (
 )
 from cairn._src.checkpoint.ownership import (
     Target,
+    manifest_target,
     may_delete_partial,
     record_target,
     registered_references,
@@ -116,6 +117,21 @@ def holds_its_reference(run: StorageLocation, name: str,
         return holds(run.join(name), target_location(run, target))
     except CairnError:
         return False  # a URI no store resolves: not inside the run
+
+
+def manifest_holds_its_data(run: StorageLocation, directory: StorageLocation,
+                            manifest: Manifest) -> bool:
+    """Whether ``manifest`` (the one in ``directory``) names a reference whose data lies
+    in ``directory``; a reference whose place cannot be told counts as inside. The
+    manifest decides, not the index record: an index edited to call such a checkpoint
+    managed must not make the user's data deletable with its directory."""
+    target = manifest_target(manifest)
+    if target is None:
+        return False
+    try:
+        return holds(directory, target_location(run, target))
+    except CairnError:
+        return True
 
 
 def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
