@@ -33,6 +33,17 @@ def test_keep_best_ranks_missing_scores_last_in_both_orders() -> None:
     assert KeepBest(1, "loss", "max").should_keep(records) == [False, True]
 
 
+def test_an_infinite_score_is_a_score_in_both_orders() -> None:
+    # -inf is the best loss there is (and the worst accuracy); it never ranks as missing.
+    inf = float("inf")
+    records = [record(1, loss=-inf), record(2, loss=3.0), record(3)]
+    assert KeepBest(1, "loss", "min").should_keep(records) == [True, False, False]
+    assert KeepBest(2, "loss", "max").should_keep(records) == [True, True, False]
+    records = [record(1, acc=inf), record(2, acc=0.9), record(3)]
+    assert KeepBest(1, "acc", "max").should_keep(records) == [True, False, False]
+    assert KeepBest(2, "acc", "min").should_keep(records) == [True, True, False]
+
+
 def test_a_score_no_double_holds_ranks_last_instead_of_raising() -> None:
     # Read back from an index: report() refuses it, a planted one must not stop retention.
     records = [record(1, loss=10**400), record(2, loss=3.0), record(3, loss=5.0)]

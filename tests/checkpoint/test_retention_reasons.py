@@ -98,7 +98,7 @@ def test_nested_and_untrusted_scores() -> None:
     assert score_of(record(1, loss="0.25"), "loss") is None
     assert score_of(record(1, loss=True), "loss") is None
     assert score_of(record(1, loss=float("nan")), "loss") is None
-    assert score_of(record(1, loss=-math.inf), "loss") is None
+    assert score_of(record(1, loss=-math.inf), "loss") == -math.inf  # a score: the best loss
     assert score_of(record(1), "loss") is None
 
 

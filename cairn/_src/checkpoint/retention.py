@@ -10,7 +10,6 @@ the attempt resumed from is protected only until a newer checkpoint of that atte
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -42,11 +41,12 @@ class KeepLatest:
         return [i in kept for i in range(len(records))]
 
 
-def _score(record: CheckpointRecord, attribute: str) -> float:
-    # As report() checked it and Result reads it: the flat key ("val/loss") first, then
-    # "/" reaching into nested metrics.
-    number = rankable(score_value(record.metrics, attribute))
-    return -math.inf if number is None else number
+def score_of(record: CheckpointRecord, attribute: str) -> float | None:
+    """The record's ``attribute`` (a flat key, else ``/`` reaching into nested metrics, as
+    report() checked it and Result reads it) as a number, or None when it has no usable
+    one (missing, not a number, NaN): what ranks it last. An infinite score is a score:
+    ``-inf`` is the best loss there is."""
+    return rankable(score_value(record.metrics, attribute))
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,15 @@ class KeepBest:
     attribute: str
     order: Literal["max", "min"] = "max"
 
-    def scores(self, records: Sequence[CheckpointRecord]) -> list[float]:
-        sign = 1.0 if self.order == "max" else -1.0
-        raw = [_score(r, self.attribute) for r in records]
-        # A record without a usable score ranks last whatever the order.
-        return [s if s == -math.inf else sign * s for s in raw]
-
     def ranking(self, records: Sequence[CheckpointRecord]) -> list[int]:
-        """Indices of ``records`` from best to worst."""
-        scores = self.scores(records)
+        """Indices of ``records`` from best to worst; a record without a usable score
+        ranks last whatever the order."""
+        sign = 1.0 if self.order == "max" else -1.0
+        scores = [score_of(r, self.attribute) for r in records]
         return sorted(
             range(len(records)),
-            key=lambda i: (scores[i], records[i].report_index),
+            key=lambda i: (scores[i] is not None, sign * (scores[i] or 0.0),
+                           records[i].report_index),
             reverse=True,
         )
 
@@ -147,14 +144,6 @@ def best_first(
         return sorted(records, key=lambda r: r.report_index, reverse=True)
     policy = KeepBest(len(records), score_attribute, score_order)
     return [records[i] for i in policy.ranking(records)]
-
-
-def score_of(record: CheckpointRecord, attribute: str) -> float | None:
-    """The record's ``attribute`` (a flat key, else ``/`` reaching into nested metrics) as
-    a number, or None when it has no usable one (missing, not a number, NaN): what ranks
-    it last."""
-    score = _score(record, attribute)
-    return None if score == -math.inf else score
 
 
 @dataclass(frozen=True)
