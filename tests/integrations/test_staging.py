@@ -139,8 +139,11 @@ def test_hf_leftovers_of_an_earlier_attempt_go_at_train_begin(
     token = module.staging_token()
     current = tmp_path / f"_cairn-staging-{token}-r1-xyz"
     current.mkdir()
+    # Another run sharing output_dir may be uploading from its folder now: it stays.
+    other_run = tmp_path / "_cairn-staging-0123456789ab-a0-r0-xyz"
+    other_run.mkdir()
     fresh.on_train_begin(args, None, None)
-    assert _staging(tmp_path) == [current.name]
+    assert _staging(tmp_path) == sorted([current.name, other_run.name])
     assert (tmp_path / "checkpoint-2" / "model.safetensors").exists()
 
 

@@ -34,6 +34,7 @@ from cairn._src.integrations.reporting import (
     StagingFolders,
     remove_stale,
     report_staged,
+    run_token,
     staging_directory,
     staging_token,
 )
@@ -126,9 +127,10 @@ class CairnReportCallback(transformers.TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Every rank, before any save (each save starts with a barrier): what a killed
-        # attempt left, its own rank's and any other's, but no folder of this attempt.
+        # attempt of this run left, its own rank's and any other's, but no folder of this
+        # attempt, nor another run's (one sharing output_dir may upload from it now).
         current = f"{STAGING_PREFIX}{staging_token()}-"
-        remove_stale(args.output_dir, STAGING_PREFIX, current)
+        remove_stale(args.output_dir, f"{STAGING_PREFIX}{run_token()}-", current)
         remove_stale(args.output_dir, _OLD_STAGING_PREFIX, current)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
