@@ -19,6 +19,7 @@ import pytest
 import cairn
 from cairn import FailureConfig, ScalingConfig, Trainer
 from cairn._src.backends.local import LocalBackend, WorkerProcess
+from tests.backends.test_lifecycle_review import _is_unreaped_child
 
 RunConfigFactory = Callable[..., cairn.RunConfig]
 
@@ -48,14 +49,6 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     process.wait()
     if process.stdout is not None:
         process.stdout.close()
-
-
-def _is_unreaped_child(pid: int) -> bool:
-    try:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
 
 
 @pytest.fixture

@@ -102,13 +102,19 @@ def foreign_record(report_index: int) -> CheckpointRecord:
                             report_index=report_index, target_uri="foo://b/x", managed=False)
 
 
+def with_foreign_record() -> RunIndex:
+    """An index of checkpoint_000001 and a record of a scheme this process has not
+    registered."""
+    return RunIndex(checkpoints=(CheckpointRecord(dir_name="checkpoint_000001",
+                                                  report_index=1), foreign_record(2)),
+                    next_report_index=3)
+
+
 def test_reconcile_over_a_record_with_an_unregistered_scheme_returns_the_index(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     run = make_run(tmp_path)
     committed(tmp_path, "checkpoint_000001", 1)
-    index = RunIndex(checkpoints=(CheckpointRecord(dir_name="checkpoint_000001",
-                                                   report_index=1), foreign_record(2)),
-                     next_report_index=3)
+    index = with_foreign_record()
     write_index(run, index, RETRY)
     manager = manager_at(run, index)
     with caplog.at_level(logging.WARNING):
@@ -122,9 +128,7 @@ def test_choose_resume_skips_a_record_whose_view_fails_and_keeps_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     run = make_run(tmp_path)
     committed(tmp_path, "checkpoint_000001", 1)
-    index = RunIndex(checkpoints=(CheckpointRecord(dir_name="checkpoint_000001",
-                                                   report_index=1), foreign_record(2)),
-                     next_report_index=3)
+    index = with_foreign_record()
     manager = manager_at(run, index)
     with caplog.at_level(logging.WARNING):
         chosen = manager.choose_resume()

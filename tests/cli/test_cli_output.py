@@ -18,9 +18,9 @@ import cli_workloads
 import pytest
 
 import cairn
-from cairn._src.cli.common import printable
 from cairn._src.cli.main import main
 from cairn._src.run.layout import INDEX_NAME, LEASE_NAME
+from cairn._src.text import printable
 
 # A name that, printed raw, would erase the line above and move the cursor up.
 WIPE = "\x1b[2K\x1b[1A"

@@ -323,20 +323,26 @@ def test_a_file_every_listing_lacks_still_drops_its_checkpoint(
 # --- an index write whose answer is lost --------------------------------------------------
 
 
+def _fit_losing_index_answers(storage: str, control: str) -> cairn.Result:
+    """Two validated reports of one rank; the store keeps the first commit's index write
+    but answers each of its three tries with an error (one attempt fails)."""
+    config = cairn.RunConfig(name="run", storage_path=storage,
+                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+                             failure_config=cairn.FailureConfig(max_failures=1))
+    return Trainer(fault_workloads.index_answer_lost,
+                   train_loop_config={"steps": 2, "control": control, "lost": 3},
+                   scaling_config=ScalingConfig(num_workers=1), run_config=config,
+                   validation_config=cairn.ValidationConfig(fault_workloads.step_score),
+                   ).fit()
+
+
 def test_a_commit_whose_index_write_answer_was_lost_is_adopted_and_validated(
         root: str, control: str, scratch: str) -> None:
     # Every try of the first commit's index write is kept by the store but answered with
     # an error: the attempt fails, the next one adopts the checkpoint (its manifest
     # landed) and resumes from it, and its validation runs in this same fit().
     storage = lying_store.lying_uri(root, control)
-    config = cairn.RunConfig(name="run", storage_path=storage,
-                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
-                             failure_config=cairn.FailureConfig(max_failures=1))
-    result = Trainer(fault_workloads.index_answer_lost,
-                     train_loop_config={"steps": 2, "control": control, "lost": 3},
-                     scaling_config=ScalingConfig(num_workers=1), run_config=config,
-                     validation_config=cairn.ValidationConfig(fault_workloads.step_score),
-                     ).fit()
+    result = _fit_losing_index_answers(storage, control)
     assert lying_store.lies_told(control) == {"lost_answer": 3}
     run = resolve(storage).join("run")
     finished = {e["dir_name"]: e["status"] for e in read_log(run.join("events"), RETRY)
@@ -355,14 +361,7 @@ def test_a_lost_index_answer_and_one_lie_about_its_manifest_still_resume_from_it
     # stored index keeps naming it (never dropped on one answer).
     storage = lying_store.lying_uri(root, control)
     lying_store.add_rule(control, "not_found", f"checkpoint_000001/{MANIFEST_NAME}", times=1)
-    config = cairn.RunConfig(name="run", storage_path=storage,
-                             storage_retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
-                             failure_config=cairn.FailureConfig(max_failures=1))
-    result = Trainer(fault_workloads.index_answer_lost,
-                     train_loop_config={"steps": 2, "control": control, "lost": 3},
-                     scaling_config=ScalingConfig(num_workers=1), run_config=config,
-                     validation_config=cairn.ValidationConfig(fault_workloads.step_score),
-                     ).fit()
+    result = _fit_losing_index_answers(storage, control)
     assert lying_store.lies_told(control) == {"lost_answer": 3, "not_found": 1}
     run_dir = os.path.join(root, "store", "run")
     with open(os.path.join(run_dir, "cairn_run.json")) as f:

@@ -1,6 +1,8 @@
 """A worker session's answers from the controller, with the controller's end of the
 connection played by the test (no processes): a report skipped before this rank's
-go-ahead came, and a refusal that comes after this rank's upload."""
+go-ahead came, a refusal that comes after this rank's upload, and a connection that ends
+(or a stop that comes in the middle of a NO_UPLOAD report) while the session waits: every
+wait ends, so that nothing blocks for good."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from cairn import Checkpoint
-from cairn._src.errors import CheckpointCollisionError, CheckpointSkippedError
+from cairn._src.errors import AttemptStopped, CheckpointCollisionError, CheckpointSkippedError
 from cairn._src.storage.fileio import exists, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import resolve
 from cairn._src.storage.retry import RetryPolicy
@@ -29,6 +31,7 @@ from cairn._src.wire.messages import (
     StoppedMessage,
     UploadedMessage,
 )
+from cairn._src.worker import session as session_module
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.session import WorkerSession
 
@@ -287,3 +290,69 @@ def test_a_kept_rank_whose_driver_dies_while_it_stops_leaves(
             assert outcome == [None]
     finally:
         worker.close()
+
+
+# --- the connection ends, or a stop comes, while the session waits -----------------
+
+
+@pytest.mark.parametrize("answered", ["nothing", "go-ahead"])
+def test_an_async_upload_waiting_for_an_answer_ends_with_the_connection(
+    session: tuple[WorkerSession, Connection], tmp_path: Path, answered: str
+) -> None:
+    # The attempt ends (the train function failed) while the upload waits for its
+    # go-ahead, or, uploaded, for its commit; then the connection closes.
+    worker, controller = session
+    handle = worker.report({"step": 1}, checkpoint=_checkpoint(tmp_path),
+                           checkpoint_upload_mode="ASYNC")
+    _received(controller, until=_is_report)
+    if answered == "go-ahead":
+        controller.send(ProceedMessage(INDEX))
+        _received(controller, until=lambda m: isinstance(m, UploadedMessage))
+    worker.close()
+    controller.close()
+    joining, _ = _in_thread(worker.join)
+    joining.join(30)
+    assert not joining.is_alive(), "joining the session waits for an answer that never comes"
+    with pytest.raises(AttemptStopped, match="controller connection ended"):
+        handle.wait(timeout=0)
+    # Not committed: the user's directory stays.
+    assert (tmp_path / "local" / "shard_0").read_bytes() == b"shard 0"
+
+
+def test_a_sync_report_waiting_for_its_commit_ends_with_the_connection(
+    session: tuple[WorkerSession, Connection], tmp_path: Path
+) -> None:
+    worker, controller = session
+    reporting, outcome = _in_thread(lambda: worker.report(
+        {"step": 1}, checkpoint=_checkpoint(tmp_path)))
+    _received(controller, until=_is_report)
+    controller.send(ProceedMessage(INDEX))
+    _received(controller, until=lambda m: isinstance(m, UploadedMessage))
+    controller.close()
+    reporting.join(30)
+    assert not reporting.is_alive(), "a SYNC report() waits for a commit that never comes"
+    assert isinstance(outcome[0], AttemptStopped)
+
+
+def test_a_reference_report_the_attempt_stops_during_raises_the_stop(
+    session: tuple[WorkerSession, Connection], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # keep_survivors: the stop comes while a NO_UPLOAD report checks its reference on
+    # storage. Its handle, registered after the stop released every waiting one, would
+    # never resolve: the report raises the stop, as SYNC and ASYNC reports do.
+    worker, controller = session
+    checkpoint = _checkpoint(tmp_path)
+    checked = session_module.reference_location
+
+    def stop_while_checking(*args: Any) -> Any:
+        location = checked(*args)
+        controller.send(StopMessage(0, "rank 1 failed"))
+        assert worker._stop_event.wait(30)
+        return location
+
+    monkeypatch.setattr(session_module, "reference_location", stop_while_checking)
+    with pytest.raises(AttemptStopped, match="rank 1 failed"):
+        worker.report({"step": 1}, checkpoint=checkpoint,
+                      checkpoint_upload_mode="NO_UPLOAD")
+    assert not any(_is_report(m) for m in _received(controller, timeout=0.1))

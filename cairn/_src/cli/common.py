@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.lease import LeaseInfo, RunLease, is_live, read_lease_settled
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.text import printable
 
 RETRY = RetryPolicy()
 
@@ -104,27 +104,6 @@ def hold_run(run: StorageLocation, advice: str) -> Iterator[Callable[[str], None
         yield fence
     finally:
         lease.release()
-
-
-# C0 and C1 control characters and DEL: names and values read from storage can carry ESC or
-# BEL, which a terminal would obey (erase a line, move the cursor) instead of print.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    return ascii(match.group())[1:-1]
-
-
-def printable(text: object) -> str:
-    """``str(text)`` with every control character escaped as Python writes it (``\\x1b``,
-    ``\\n``), for human-readable output of anything read from storage. ``--json`` output
-    needs no such step: JSON escapes control characters itself."""
-    return _CONTROL.sub(_escape, str(text))
-
-
-def printable_lines(text: object) -> str:
-    """:func:`printable` line by line: the line breaks of ``text`` stay line breaks."""
-    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def format_metrics(metrics: dict[str, Any], limit: int = 60) -> str:

@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 
 from cairn._src.cli import plots, runs, show
-from cairn._src.cli.common import printable, printable_lines
 from cairn._src.errors import CairnError
 from cairn._src.storage.uris import redact_text
+from cairn._src.text import printable, printable_lines
 
 
 def build_parser() -> argparse.ArgumentParser:

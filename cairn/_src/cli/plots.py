@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from cairn._src.cli.common import RETRY, open_run, print_json, printable, printable_lines
+from cairn._src.cli.common import RETRY, open_run, print_json
 from cairn._src.errors import ConfigError
 from cairn._src.goodput.summary import summarize
 from cairn._src.goodput.timeline import build_timeline
@@ -20,6 +20,7 @@ from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.segment_log import read_log
 from cairn._src.storage.location import StorageLocation
+from cairn._src.text import printable, printable_lines
 
 
 def _run_name(run: StorageLocation) -> str:

@@ -33,7 +33,6 @@ from cairn._src.cli.common import (
     live_run_error,
     open_run,
     print_json,
-    printable,
     read_lease,
     refuse_live_run,
 )
@@ -51,7 +50,7 @@ from cairn._src.storage.fileio import exists, is_dir, list_dir_names
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.transfer import verify_directory
 from cairn._src.storage.uris import redact_text
-from cairn._src.text import plural
+from cairn._src.text import plural, printable
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

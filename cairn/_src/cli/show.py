@@ -24,7 +24,6 @@ from cairn._src.cli.common import (
     live_lease,
     open_run,
     print_json,
-    printable,
 )
 from cairn._src.run.events import (
     CheckpointDropped,
@@ -40,7 +39,7 @@ from cairn._src.run.lease import LeaseInfo
 from cairn._src.run.status import FailureInfo, run_history
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.uris import redact, redact_text
-from cairn._src.text import plural
+from cairn._src.text import plural, printable
 from cairn._src.wire.code_locations import describe_frame, read_frame
 
 # Ray Train's ReportedCheckpointStatus names, as the validation events record them.

@@ -33,7 +33,6 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import socket
 import threading
@@ -48,6 +47,7 @@ from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, w
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import local_os_join, local_root
+from cairn._src.text import printable
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,6 @@ _PID_NAMESPACE_PATH = "/proc/self/ns/pid"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 # A pid_namespace read back longer than this is not one Cairn wrote: judged as none.
 _MAX_NAMESPACE_CHARS = 200
-# Characters a host name read back from a lease never shows raw in a message: C0 and C1
-# controls and DEL (a newline would forge a log line, an escape sequence drive the
-# terminal) and lone surrogates (no encoding writes them).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _MAX_HOST_SHOWN = 100
 BREAK_HINT = ("`cairn lease break {run}` clears it by hand once no driver runs it (with --force "
               "while its heartbeat is fresh)")
@@ -103,7 +99,7 @@ class LeaseInfo:
 def shown_host(host: str) -> str:
     """``host``, read back from a lease (untrusted), as a message shows it: unprintable
     characters escaped as Python writes them (``\\n``, ``\\x1b``), cut to 100 characters."""
-    text = _UNPRINTABLE.sub(lambda found: ascii(found.group())[1:-1], host)
+    text = printable(host)  # a newline would forge a log line, ESC drive the terminal
     return text if len(text) <= _MAX_HOST_SHOWN else text[:_MAX_HOST_SHOWN - 3] + "..."
 
 
