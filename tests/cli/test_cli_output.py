@@ -112,6 +112,11 @@ def test_printable_escapes_control_characters_only() -> None:
     assert printable(f"a{WIPE}b\x07\x9b\x7fé ▁") == f"a{ESCAPED_WIPE}b\\x07\\x9b\\x7fé ▁"
 
 
+def test_printable_escapes_a_lone_surrogate_no_terminal_could_print() -> None:
+    # JSON read from storage may spell one ("\udc80"); print() of it would raise.
+    assert printable("checkpoint_\udc80") == "checkpoint_\\udc80"
+
+
 # --- listings that hold names which are not single safe components ------------------------
 
 def _copy_into(store: object, run: Path, prefix: str) -> None:
