@@ -5,12 +5,16 @@ URI: ``faultfs:///abs/root?fail_ratio=0.2&seed=1&slow=cairn_run.json&slow_s=2``
 * ``fail_ratio``: share of operations that raise a transient error (retried by Cairn);
 * ``enospc``: keys containing this text fail to write with ``ENOSPC`` (permanent);
 * ``slow`` / ``slow_s``: writes of keys containing ``slow`` sleep first (to kill the driver
-  in the middle of a commit).
+  in the middle of a commit);
+* ``outage`` / ``outage_key``: while the file ``outage`` holds a count above 0, each
+  operation on a key containing ``outage_key`` takes one off it and raises a transient
+  error (an outage any process can start by writing the count).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import random
@@ -26,12 +30,15 @@ from cairn.storage import ObjectInfo, TransientStorageError, register_scheme
 
 class FaultStore:
     def __init__(self, root: str, *, fail_ratio: float = 0.0, seed: int | None = None,
-                 enospc: str = "", slow: str = "", slow_s: float = 0.0) -> None:
+                 enospc: str = "", slow: str = "", slow_s: float = 0.0,
+                 outage: str = "", outage_key: str = "") -> None:
         self.root = root
         self.fail_ratio = fail_ratio
         self.enospc = enospc
         self.slow = slow
         self.slow_s = slow_s
+        self.outage = outage
+        self.outage_key = outage_key
         self._random = random.Random(None if seed is None else seed + os.getpid())
         self._lock = threading.Lock()
         self.failures = 0
@@ -42,6 +49,8 @@ class FaultStore:
             self.failures += fail
         if fail:
             raise TransientStorageError(f"injected transient failure in {what} {key!r}")
+        if self.outage and self.outage_key in key and _take_one(self.outage):
+            raise TransientStorageError(f"injected outage in {what} {key!r}")
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key)
@@ -88,6 +97,22 @@ class FaultStore:
         return ObjectInfo(key, os.path.getsize(path)) if os.path.isfile(path) else None
 
 
+def _take_one(counter: str) -> bool:
+    """Take one off the count in the file ``counter``; False when it is 0 or missing."""
+    try:
+        with open(counter, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            left = int(f.read().strip() or 0)
+            if left <= 0:
+                return False
+            f.seek(0)
+            f.truncate()
+            f.write(str(left - 1))
+            return True
+    except FileNotFoundError:
+        return False
+
+
 def faultfs_factory(uri: str) -> FaultStore:
     parsed = urllib.parse.urlsplit(uri)
     options = dict(urllib.parse.parse_qsl(parsed.query))
@@ -98,6 +123,8 @@ def faultfs_factory(uri: str) -> FaultStore:
         enospc=options.get("enospc", ""),
         slow=options.get("slow", ""),
         slow_s=float(options.get("slow_s", 0.0)),
+        outage=options.get("outage", ""),
+        outage_key=options.get("outage_key", ""),
     )
 
 

@@ -68,6 +68,12 @@ def resumable(config: dict[str, Any]) -> None:
                               checkpoint_upload_mode=mode)
         if mode is CheckpointUploadMode.SYNC and rank == 0 and handle.error is None:
             _note(config, f"sync_returned_{step}", handle.index)
+        if fault.startswith("outage="):
+            # After the commit: the store fails the next N operations on the run index
+            # (fault_store's outage), and the attempt fails.
+            with open(config["outage"], "w") as f:
+                f.write(fault.split("=")[1])
+            raise RuntimeError(f"injected failure at step {step}, storage out")
         if fault == "exit_after":
             _note(config, "crash_time", time.time())
             os._exit(1)

@@ -35,12 +35,20 @@ import cloudpickle
 
 from cairn._src.backends.protocol import RankReplacer
 from cairn._src.checkpoint.index import RunIndex
+from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.config.run import ScalingConfig
 from cairn._src.controller.attempt import Attempt
 from cairn._src.controller.attempt_loop import FINISHED, AttemptLoop, LoopParts, RunProgress
 from cairn._src.controller.datasets import DataIngest
-from cairn._src.controller.failure_errors import error_summary, failure_records, worker_group_error
+from cairn._src.controller.failure_errors import (
+    DAMAGE,
+    damaged_resume,
+    error_summary,
+    failure_records,
+    run_error,
+    worker_group_error,
+)
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.payload import SetupFactory, TrainSpec, WorkerPayload
 from cairn._src.controller.preemption import preemption_error
@@ -55,7 +63,7 @@ from cairn._src.controller.survivors import (
     planned_source,
 )
 from cairn._src.controller.worker_failures import group_failures
-from cairn._src.errors import CheckpointDamagedError, WorkerGroupError
+from cairn._src.errors import StorageError
 from cairn._src.observe.driver_events import AttemptFailed, Notice, WorkerGroupStarted
 from cairn._src.observe.live_state import give_up_notice, start_notice
 from cairn._src.run.events import (
@@ -186,7 +194,10 @@ class Controller:
                 self._storage_token = write_storage_marker(manager.run, manager.retry)
             change = self._machine.transition(ControllerState.STARTING,
                                               "starting a worker group")
-            self._loop = self._start_attempt()
+            try:
+                self._loop = self._start_attempt()
+            except _NotStarted as exc:
+                return self._not_started(exc.error)
             return change
         loop = self._loop
         if state is ControllerState.STARTING and loop is not None:
@@ -223,18 +234,24 @@ class Controller:
                 failure.reason.splitlines()[0])
             return self._machine.transition(ControllerState.RESTARTING,
                                             "the resume checkpoint is damaged")
+        return self._decide(failure, error, index, attempt.number)
+
+    def _decide(self, failure: AttemptFailure, error: BaseException, index: RunIndex,
+                number: int) -> Transition:
+        """Restart, or end the run once the failure budget is spent (``index``: the counts
+        with this failure, written or not)."""
         preempted = failure.preemption is not None
         failures = index.preemptions if preempted else index.failures
         budget = self._policy.budget(failure)
         decision = self._policy.decide(failure, failures - 1)
-        logger.warning("Attempt %d failed (%s); %s %d of %s allowed: %s", attempt.number,
+        logger.warning("Attempt %d failed (%s); %s %d of %s allowed: %s", number,
                        failure.reason.splitlines()[0],
                        "preemption" if preempted else "failure", failures,
                        "unlimited" if budget == -1 else budget, decision.value)
         if decision is FailureDecision.RAISE:
             latest = index.latest
             self._parts.events.emit(Notice(give_up_notice(
-                self._experiment_name, attempt=attempt.number,
+                self._experiment_name, attempt=number,
                 max_failures=budget, fatal=failure.fatal,
                 latest=latest.dir_name if latest is not None else None,
                 argument="max_preemption_failures" if preempted else "max_failures")))
@@ -244,6 +261,22 @@ class Controller:
                                             if not failure.fatal else "fatal error")
         return self._machine.transition(ControllerState.RESTARTING,
                                         failure.reason.splitlines()[0])
+
+    def _not_started(self, error: StorageError | OSError) -> Transition:
+        """The driver's storage failed (after its retries) before any worker of the attempt
+        started, while it chose where to resume: a failure of the attempt, counted against
+        ``max_failures`` as a failed commit is, so a storage outage is retried."""
+        manager = self._parts.manager
+
+        def count() -> tuple[int, RunIndex]:
+            _save_counts(manager, failures=manager.index.failures + 1)
+            return manager.index.attempts, manager.index
+
+        number, index = self._parts.commits.call_on_commit_thread(count)
+        self._last_error = error_summary(error, ranks=())
+        reason = (f"the driver could not read the run from storage to start the workers: "
+                  f"{type(error).__name__}: {error}")
+        return self._decide(AttemptFailure(ranks=(), reason=reason), error, index, number)
 
     # --- start of an attempt -------------------------------------------------------------
 
@@ -271,7 +304,10 @@ class Controller:
             used |= manager.names_holding_references()
             return number, resume, used, manager.index
 
-        number, resume, used, index = parts.commits.call_on_commit_thread(prepare)
+        try:
+            number, resume, used, index = parts.commits.call_on_commit_thread(prepare)
+        except (StorageError, OSError) as exc:  # the driver's own; no worker started yet
+            raise _NotStarted(exc) from exc
         attempt = Attempt(
             number=number,
             tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used,
@@ -370,12 +406,17 @@ class Controller:
         # Each rank's own exception, as Ray Train's worker_failures; the text says where
         # the committed checkpoints stay.
         error = worker_group_error(attempt.failures, failure.reason, manager.run.display())
-        suspect = _damaged_resume(attempt, failure, error)
+        suspect = damaged_resume(attempt, failure, error)
         preempted = failure.preemption is not None
         next_report_index = self._progress.next_report_index
 
         def record() -> tuple[bool, RunIndex]:
-            manager.delete_uncommitted(pending)
+            try:
+                manager.delete_uncommitted(pending)
+            except (StorageError, OSError) as exc:
+                # The next attempt's start sweeps what never committed.
+                logger.warning("The uncommitted reports %s are deleted later: %s",
+                               sorted(pending), exc)
             # Once the resume checkpoint was verified in full, a failure on damage counts
             # like any other; before, it is verified in full first (choose_resume drops
             # it if damaged) and the failure is not counted.
@@ -383,17 +424,17 @@ class Controller:
             if damaged and suspect is not None:
                 manager.suspects.add(suspect)
             if preempted:
-                manager.save_index(preemptions=manager.index.preemptions + 1,
-                                   next_report_index=next_report_index)
+                _save_counts(manager, preemptions=manager.index.preemptions + 1,
+                             next_report_index=next_report_index)
                 return False, manager.index
-            manager.save_index(failures=manager.index.failures + (0 if damaged else 1),
-                               next_report_index=next_report_index)
+            _save_counts(manager, failures=manager.index.failures + (0 if damaged else 1),
+                         next_report_index=next_report_index)
             return damaged, manager.index
 
         attempt.resume_damaged, index = parts.commits.call_on_commit_thread(record)
         now = parts.clock.time()
         errors = failure_records(attempt.failures, error)
-        self._last_error = _run_error(errors) or error_summary(error, ranks=failure.ranks)
+        self._last_error = run_error(errors) or error_summary(error, ranks=failure.ranks)
         raised: BaseException = error
         if preempted:
             raised = preemption_error(failure, error, manager.run.display())
@@ -417,7 +458,7 @@ class Controller:
         # nothing of how the rank ended): how each lost rank's process ended.
         attempt.settle_exits()
         plan = self._plan_survivors(loop, fatal=failure.fatal)
-        damaged = any(name in f.summary for f in attempt.failures for name in _DAMAGE)
+        damaged = any(name in f.summary for f in attempt.failures for name in DAMAGE)
         if plan.keep and not damaged and isinstance(backend, RankReplacer):
             timeout_s = self._parts.run_config.failure_config.stop_timeout_s
             # The failed ranks go first: their sockets close, so a kept rank blocked in a
@@ -534,33 +575,20 @@ class Controller:
             parts.channels.close()
 
 
-def _kinds_of(error: type[Exception]) -> frozenset[str]:
-    return frozenset({error.__name__}).union(*(_kinds_of(s) for s in error.__subclasses__()))
+class _NotStarted(Exception):
+    """The attempt's start failed on the driver's storage before any worker started."""
+
+    def __init__(self, error: StorageError | OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
-# What a rank's failure names when it is damage (CheckpointDamagedError, each subclass).
-_DAMAGE = _kinds_of(CheckpointDamagedError)
-
-
-def _damaged_resume(attempt: Attempt, failure: AttemptFailure,
-                    error: WorkerGroupError) -> str | None:
-    """The resume checkpoint, when a rank failed on damage while resuming from it (and
-    the failure is not fatal): it is a suspect unless it was verified in full."""
-    resume = attempt.resume
-    if resume is None or failure.fatal or not any(
-            isinstance(exc, CheckpointDamagedError)
-            for exc in error.worker_failures.values()):
-        return None
-    return resume.dir_name
-
-
-def _run_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The error a failed run reads back with (``Result.from_path``, ``cairn show``): the
-    first cause's own exception (``errors`` come causes first), as the user's train
-    function raised it, with every rank that failed the same way."""
-    if not errors:
-        return None
-    first = errors[0]
-    ranks = [rank for error in errors if (error["type"], error["message"]) == (
-        first["type"], first["message"]) for rank in error["ranks"]]
-    return {"type": first["type"], "ranks": sorted(ranks), "message": first["message"]}
+def _save_counts(manager: CheckpointManager, **counts: int) -> None:
+    """Write the failure counts to the run index; on a storage error they stay counted in
+    the manager's index (:meth:`~CheckpointManager.save_index` applies them first) and the
+    next index write that succeeds, the next attempt's start, records them."""
+    try:
+        manager.save_index(**counts)
+    except (StorageError, OSError) as exc:
+        logger.warning("The run index could not be written (%s); the failure is counted "
+                       "and recorded by the next index write", exc)

@@ -1,17 +1,22 @@
 """The error ``fit()`` raises when workers fail: a :class:`WorkerGroupError` carrying each
-failed rank's own exception, as Ray Train's ``worker_failures``."""
+failed rank's own exception, as Ray Train's ``worker_failures``; the error a failed run
+reads back with; and whether a failure was damage of the resume checkpoint."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from cairn._src.controller.worker_failures import WorkerFailure, ordered_ranks
-from cairn._src.errors import WorkerGroupError, WorkerProcessError
+from cairn._src.errors import CheckpointDamagedError, WorkerGroupError, WorkerProcessError
 from cairn._src.storage.uris import redact_text
+
+if TYPE_CHECKING:
+    from cairn._src.controller.attempt import Attempt
+    from cairn._src.controller.failure_policy import AttemptFailure
 
 logger = logging.getLogger(__name__)
 
@@ -83,3 +88,35 @@ def failure_records(failures: Sequence[WorkerFailure],
     ranks += [r for r in exceptions if r not in ranks]
     return [{**error_summary(exceptions[rank], ranks=(rank,)), "frame": frames.get(rank)}
             for rank in ranks]
+
+
+def _kinds_of(error: type[Exception]) -> frozenset[str]:
+    return frozenset({error.__name__}).union(*(_kinds_of(s) for s in error.__subclasses__()))
+
+
+# What a rank's failure names when it is damage (CheckpointDamagedError, each subclass).
+DAMAGE = _kinds_of(CheckpointDamagedError)
+
+
+def damaged_resume(attempt: Attempt, failure: AttemptFailure,
+                    error: WorkerGroupError) -> str | None:
+    """The resume checkpoint, when a rank failed on damage while resuming from it (and
+    the failure is not fatal): it is a suspect unless it was verified in full."""
+    resume = attempt.resume
+    if resume is None or failure.fatal or not any(
+            isinstance(exc, CheckpointDamagedError)
+            for exc in error.worker_failures.values()):
+        return None
+    return resume.dir_name
+
+
+def run_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The error a failed run reads back with (``Result.from_path``, ``cairn show``): the
+    first cause's own exception (``errors`` come causes first), as the user's train
+    function raised it, with every rank that failed the same way."""
+    if not errors:
+        return None
+    first = errors[0]
+    ranks = [rank for error in errors if (error["type"], error["message"]) == (
+        first["type"], first["message"]) for rank in error["ranks"]]
+    return {"type": first["type"], "ranks": sorted(ranks), "message": first["message"]}
