@@ -13,6 +13,11 @@ Durability and ordering:
 * the request is in the run's event log (``validation_requested``, flushed) before the
   checkpoint is committed, so a driver killed while it is pending runs it again on the
   next ``fit()`` (``validation_finished`` ends it);
+* a request whose flush failed is withdrawn from the log: its report is never committed
+  (``report_outcomes.not_handed_to_commit``), and a later report may commit a checkpoint
+  of the same name. A request the log holds all the same (a crash before the flush that
+  rewrites it away, or a log an older Cairn wrote) is ignored unless the checkpoint of
+  that name was committed by the report that requested it;
 * while pending, retention never deletes the checkpoint (:class:`ProtectPending` wraps
   the manager's policy);
 * the result is applied on the commit thread (the checkpoint manager's only writer): the
@@ -81,6 +86,16 @@ class _Job:
     dir_name: str
     index: int
     task: dict[str, Any]
+
+
+def _committed_by_request(job: _Job, committed: Mapping[str, int]) -> bool:
+    """Whether the checkpoint ``job`` names is in the index (``committed``: name -> report
+    index) as the checkpoint of the report that requested it. A request whose report
+    never committed may name a checkpoint a later report committed (report indices only
+    grow, so the later one's differs); a request logged without its report index (index
+    0) is taken at its name."""
+    index = committed.get(job.dir_name)
+    return index is not None and job.index in (0, index)
 
 
 class PendingValidations:
@@ -171,8 +186,8 @@ class ValidationRunner:
                 if status is not None and status in ReportedCheckpointStatus.__members__:
                     with self._pending.lock:
                         self._status[name] = ReportedCheckpointStatus[status]
-        kept = {r.dir_name for r in self._manager.index.checkpoints}
-        jobs = sorted((j for j in requested.values() if j.dir_name in kept),
+        committed = {r.dir_name: r.report_index for r in self._manager.index.checkpoints}
+        jobs = sorted((j for j in requested.values() if _committed_by_request(j, committed)),
                       key=lambda j: j.index)
         if not jobs:
             return
@@ -193,9 +208,20 @@ class ValidationRunner:
         if ready.validation is None:
             return
         job = _Job(ready.dir_name, ready.index, dict(ready.validation))
-        self._events.emit(ValidationRequested(t=time.time(), dir_name=job.dir_name,
-                                              index=job.index, task=job.task))
-        self._events.flush()
+        request = ValidationRequested(t=time.time(), dir_name=job.dir_name, index=job.index,
+                                      task=job.task)
+        self._events.emit(request)
+        try:
+            self._events.flush()
+        except BaseException:
+            # The caller does not commit this checkpoint: a later flush must not log the
+            # request, or a later driver would take it as pending (for a checkpoint that
+            # a retried report may commit under the same name).
+            if not self._events.withdraw(request):
+                logger.warning("The validation request of %s (report %d) was already "
+                               "written to the event log; later drivers ignore it, as "
+                               "that report is not committed", job.dir_name, job.index)
+            raise
         with self._pending.lock:
             self._pending.jobs[job.dir_name] = job
 

@@ -103,3 +103,13 @@ class EventStream:
         """Write the event log's buffered records to storage (storage errors propagate)."""
         if self._log is not None:
             self._log.flush()
+
+    def withdraw(self, event: ObservedEvent) -> bool:
+        """Take the record of ``event``, emitted earlier, back from the event log, so that
+        no later flush writes it: for an event whose flush failed when its emitter gives up
+        what it announced (the observers saw it; only the log forgets it). False when it is
+        already in the log for good (:meth:`SegmentLog.withdraw`)."""
+        record = event.logged if isinstance(event, DriverEvent) else event
+        if self._log is None or record is None:
+            return True
+        return self._log.withdraw(record.to_record())

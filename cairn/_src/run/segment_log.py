@@ -5,8 +5,10 @@ Object stores cannot append, so the log is a sequence of segment objects
 :meth:`SegmentLog.flush` rewrites only the open segment, which holds at most
 ``records_per_segment`` records and :data:`MAX_SEGMENT_BYTES` bytes (a larger record
 alone): the cost of a flush is bounded however long the run, every segment stays within
-what readers take, and a crash loses at most the records not yet flushed. Used for the
-metrics history and the goodput event log.
+what readers take, and a crash loses at most the records not yet flushed. A record not
+yet in a closed segment can be withdrawn (:meth:`SegmentLog.withdraw`): the event that a
+failed flush could not make durable, when its emitter gives up what it announced. Used
+for the metrics history and the goodput event log.
 """
 
 from __future__ import annotations
@@ -208,7 +210,7 @@ class SegmentLog:
     """Buffers records and persists them in bounded segments.
 
     Thread-safe: :meth:`append` may be called from any thread; :meth:`flush` writes what
-    was appended so far and is serialized by a lock.
+    was appended so far and is serialized by a lock, as is :meth:`withdraw`.
     """
 
     def __init__(
@@ -231,6 +233,10 @@ class SegmentLog:
         self._pending: list[bytes] = []
         self._open_lines: list[bytes] = []
         self._open_bytes = 0
+        # The open segment must be written again even with nothing pending: a failed write
+        # may have left records there (a write kept whose answer was lost) that were
+        # withdrawn since, or a record was withdrawn from it.
+        self._rewrite_open = False
         numbers = _segment_numbers(directory, retry)
         # Resuming a run starts a new segment: the old ones are never rewritten.
         self._segment = numbers[-1] + 1 if numbers else 0
@@ -245,20 +251,42 @@ class SegmentLog:
             )
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=_json_default).encode()
+        line = _encode(record)
         with self._lock:
             self._pending.append(line)
 
     @property
     def dirty(self) -> bool:
+        """Whether :meth:`flush` has something to write."""
         with self._lock:
-            return bool(self._pending)
+            return bool(self._pending) or self._rewrite_open
+
+    def withdraw(self, record: dict[str, Any]) -> bool:
+        """Take back ``record``, appended earlier, so that no flush writes it from now on.
+
+        True when it is withdrawn: it was not written yet (a flush that failed may have
+        written it all the same, as a store that loses a write's answer does), or only to
+        the open segment. Either way the next :meth:`flush` rewrites the open segment
+        without it, and :attr:`dirty` is true until then; a crash before that flush can
+        leave it in the log. False when a flush already wrote it to a closed segment,
+        which is never rewritten: it stays in the log. Waits for a flush in progress.
+        """
+        line = _encode(record)
+        with self._flush_lock:
+            with self._lock:
+                if _remove_last(self._pending, line):
+                    return True
+                if _remove_last(self._open_lines, line):
+                    self._open_bytes -= len(line) + 1
+                    self._rewrite_open = True
+                    return True
+            return False
 
     def flush(self) -> None:
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, []
-            while pending:
+            while pending or self._rewrite_open:
                 room = self._records_per_segment - len(self._open_lines)
                 lines, size = list(self._open_lines), self._open_bytes
                 for line in pending[:room]:
@@ -267,7 +295,7 @@ class SegmentLog:
                     lines.append(line)
                     size += len(line) + 1
                 taken = len(lines) - len(self._open_lines)
-                if taken:
+                if taken or self._rewrite_open:
                     data = b"\n".join(lines) + b"\n"
                     try:
                         write_bytes_atomic(
@@ -275,16 +303,34 @@ class SegmentLog:
                             self._retry, durable=self._durable,
                         )
                     except BaseException:
-                        # Nothing is lost: the records go back in front of newer ones.
+                        # Nothing is lost: the records go back in front of newer ones. The
+                        # write may have been kept all the same: until the open segment is
+                        # written again, it may hold records withdrawn since.
                         with self._lock:
                             self._pending = pending + self._pending
+                            self._rewrite_open = True
                         raise
+                    with self._lock:
+                        self._rewrite_open = False
                     self._open_lines, self._open_bytes = lines, size
                     pending = pending[taken:]
                 # Records left over: the open segment is full (by count or by bytes).
                 if pending or len(self._open_lines) >= self._records_per_segment:
                     self._segment += 1
                     self._open_lines, self._open_bytes = [], 0
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), default=_json_default).encode()
+
+
+def _remove_last(lines: list[bytes], line: bytes) -> bool:
+    """Remove the last ``line`` of ``lines``; False when there is none."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i] == line:
+            del lines[i]
+            return True
+    return False
 
 
 def _json_default(value: Any) -> Any:
