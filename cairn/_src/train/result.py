@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.checkpoint.index import RunIndex, read_index
+from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
 from cairn._src.checkpoint.manager import checkpoint_view
 from cairn._src.checkpoint.retention import ray_order
 from cairn._src.checkpoint.views import checkpoint_from_view
@@ -16,6 +17,7 @@ from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
     ConfigDeprecationError,
     ConfigError,
+    ManifestError,
     ResultLookupError,
     RunFailedError,
     RunNotFoundError,
@@ -33,6 +35,8 @@ from cairn._src.storage.uris import public_uri
 
 if TYPE_CHECKING:
     import pandas
+
+logger = logging.getLogger(__name__)
 
 _INDEX_FILE = "cairn_run.json"
 
@@ -201,6 +205,14 @@ class Result:
         :attr:`best_checkpoints` by its score attribute (report order without one).
         Raises :class:`RunNotFoundError` (a ``RuntimeError`` and a ``FileNotFoundError``)
         when the directory does not exist or is not a Cairn run.
+
+        Only reads: nothing under the run is written and no lease is taken, so it is safe
+        while a driver runs the run. A damaged run index (not JSON, a field of the wrong
+        type, a record that contradicts itself) does not stop it: as ``fit()`` does, it
+        rebuilds the index from the checkpoint manifests, here in memory only, and logs a
+        warning that names the file and what is wrong with it. The run's retention
+        settings were in that index, so :attr:`best_checkpoints` are then in report order
+        unless ``checkpoint_config`` is given.
         """
         text = os.fspath(path)
         stripped = text.rstrip("/") or text
@@ -208,7 +220,7 @@ class Result:
         retry = RetryPolicy()
         if not _exists(run, retry):
             raise RunNotFoundError(f"Experiment folder {run.display()} doesn't exist!")
-        index = read_index(run, retry)
+        index = _read_or_rebuild_index(run, retry, ranked=checkpoint_config is not None)
         if index is None:
             raise RunNotFoundError(
                 f"Failed to restore the Result object: {_INDEX_FILE} doesn't exist in the "
@@ -230,6 +242,21 @@ class Result:
         error = RunFailedError.from_info(past.error, run.display()) if past.error else None
         return build_result(run, index, checkpoint_config, metrics=metrics, error=error,
                             retry=retry, report_index=report_index)
+
+
+def _read_or_rebuild_index(run: StorageLocation, retry: RetryPolicy, *,
+                           ranked: bool) -> RunIndex | None:
+    """The run's index (None when it has none), or, when it is damaged, the index rebuilt
+    from the checkpoint manifests as ``fit()`` rebuilds it (``open_run``), never written
+    back: another driver may be running the run, and a reader must not change it."""
+    try:
+        return read_index(run, retry)
+    except ManifestError as exc:
+        order = ("" if ranked else " The run's retention settings were in that index, so "
+                 "best_checkpoints are in report order (pass checkpoint_config to rank them).")
+        logger.warning("%s Reading the run from its checkpoint manifests instead, in memory "
+                       "(Result.from_path writes nothing).%s", exc, order)
+        return rebuild_index(run, retry)
 
 
 def _exists(run: StorageLocation, retry: RetryPolicy) -> bool:
