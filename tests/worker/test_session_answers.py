@@ -2,11 +2,16 @@
 connection played by the test (no processes): a report skipped before this rank's
 go-ahead came, a refusal that comes after this rank's upload, and a connection that ends
 (or a stop that comes in the middle of a NO_UPLOAD report) while the session waits: every
-wait ends, so that nothing blocks for good."""
+wait ends, so that nothing blocks for good. A connection this process closes while the
+receiver thread reads (local mode closes it from the thread that ran the train function)
+ends the receiver quietly, as the end of the connection does; an error that is not a close
+still reaches the thread's exception hook."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing import Pipe
@@ -356,3 +361,91 @@ def test_a_reference_report_the_attempt_stops_during_raises_the_stop(
         worker.report({"step": 1}, checkpoint=checkpoint,
                       checkpoint_upload_mode="NO_UPLOAD")
     assert not any(_is_report(m) for m in _received(controller, timeout=0.1))
+
+
+# --- a connection closed by this process while the receiver reads -----------------------
+
+# Bounds each wait below; never reached when the code works.
+EVENT_TIMEOUT_S = 60.0
+
+
+class _FailsToUnpickle:
+    """A message whose unpickling raises TypeError, on a connection still open."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (int, (None,))
+
+
+@pytest.fixture
+def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[threading.ExceptHookArgs]:
+    """What would be printed as "Exception in thread ...": recorded instead."""
+    errors: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    return errors
+
+
+@pytest.fixture
+def watched_session(tmp_path: Path) -> Iterator[tuple[WorkerSession, Connection, list[str]]]:
+    """A session, the controller's end of its connection, and a record of each time the
+    session took the controller for lost."""
+    ours, theirs = Pipe()
+    lost: list[str] = []
+    worker = WorkerSession(theirs, _setup(str(tmp_path / "run")), RetryPolicy(),
+                           on_controller_lost=lambda: lost.append("lost"))
+    yield worker, ours, lost
+    worker.close()
+    theirs.close()
+    ours.close()
+
+
+def _wait_until_reading(thread: threading.Thread) -> None:
+    """Until ``thread`` waits inside a read of its connection (not before the read,
+    where a closed connection is refused at once)."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None:
+            if frame.f_code.co_name == "_recv" and "multiprocessing" in frame.f_code.co_filename:
+                return
+            frame = frame.f_back
+        time.sleep(0.01)
+    raise AssertionError(f"{thread.name} never started reading")
+
+
+def test_a_close_in_this_process_ends_the_receiver_quietly(
+    watched_session: tuple[WorkerSession, Connection, list[str]],
+    thread_errors: list[threading.ExceptHookArgs],
+) -> None:
+    worker, controller, lost = watched_session
+    receiver = worker._receiver
+    _wait_until_reading(receiver)
+    worker.close()  # the train function ended, as run_worker does before the close
+    worker._connection.close()
+    # The read that started before the close gets its message's header, then finds the
+    # connection closed.
+    controller.send(StopMessage(0, "a message in flight as the worker closes"))
+    receiver.join(EVENT_TIMEOUT_S)
+    assert not receiver.is_alive()
+    assert [(e.exc_type, str(e.exc_value)) for e in thread_errors] == []
+    assert lost == []  # the session closed first: nothing was lost
+
+
+def test_a_type_error_on_an_open_connection_still_reaches_the_exception_hook(
+    watched_session: tuple[WorkerSession, Connection, list[str]],
+    thread_errors: list[threading.ExceptHookArgs],
+) -> None:
+    worker, controller, _ = watched_session
+    controller.send(_FailsToUnpickle())
+    worker._receiver.join(EVENT_TIMEOUT_S)
+    assert [e.exc_type for e in thread_errors] == [TypeError]
+
+
+def test_the_controllers_end_of_the_connection_still_means_the_controller_is_lost(
+    watched_session: tuple[WorkerSession, Connection, list[str]],
+    thread_errors: list[threading.ExceptHookArgs],
+) -> None:
+    worker, controller, lost = watched_session
+    controller.close()
+    worker._receiver.join(EVENT_TIMEOUT_S)
+    assert lost == ["lost"]  # mid-run, the end of the connection is the controller lost
+    assert thread_errors == []

@@ -1,10 +1,12 @@
-"""Socket settings both ends of the control channel apply."""
+"""Socket settings both ends of the control channel apply, and a read that a close in
+this process ends cleanly."""
 
 from __future__ import annotations
 
 import os
 import socket
 import struct
+from multiprocessing.connection import Connection
 from typing import Any
 
 
@@ -51,3 +53,19 @@ def set_io_timeout(connection: Any, seconds: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
     finally:
         sock.close()
+
+
+def receive(connection: Connection) -> Any:
+    """``connection.recv()``, where a close of ``connection`` by another thread of this
+    process, racing the read, raises ``EOFError``, as the end of the stream does.
+
+    ``Connection.close()`` sets the handle to None, so a read that started before the
+    close fails with ``TypeError`` (``OSError`` once the read starts after it). A
+    ``TypeError`` while the connection is open (a message that does not unpickle) is
+    raised as it is."""
+    try:
+        return connection.recv()
+    except TypeError as exc:
+        if not connection.closed:
+            raise
+        raise EOFError("the connection was closed in this process") from exc

@@ -7,6 +7,7 @@ uploads to commit, and reports the return value or the error.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -18,9 +19,9 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 import cloudpickle
@@ -37,7 +38,7 @@ from cairn._src.wire.messages import (
     SetupMessage,
     TimingMessage,
 )
-from cairn._src.wire.sockets import abort_connection, disable_nagle
+from cairn._src.wire.sockets import abort_connection, disable_nagle, set_io_timeout
 from cairn._src.wire.tls import ClientTunnel, client_context, open_client_tunnel
 from cairn._src.worker.memory_copy import MemoryCopies
 from cairn._src.worker.peer_fetch import local_host_toward
@@ -244,20 +245,56 @@ def connect(boot: dict[str, Any]) -> Connection:
 
 
 def _connect(boot: dict[str, Any]) -> tuple[Connection, ClientTunnel | None]:
-    """:func:`connect`, and the TLS tunnel under the connection when there is one."""
+    """:func:`connect`, and the TLS tunnel under the connection when there is one.
+
+    Bounded: the TCP connection, the TLS handshake and each wait of the challenge
+    exchange take at most ``_CONNECT_TIMEOUT_S``, so that an address that never answers
+    (a black hole, a listener that is not a live controller) raises ``TimeoutError``
+    naming it, instead of blocking the worker for good. The connection handed back
+    blocks without a limit: the session waits for the controller as long as it lives."""
     address = (boot["address"][0], int(boot["address"][1]))
     authkey = bytes.fromhex(boot["authkey"])
     certificate = boot.get("tls_certificate")
+    tunnel: ClientTunnel | None = None
+    with _answered_in_time(address, "connection"):
+        sock = socket.create_connection(address, _CONNECT_TIMEOUT_S)
     if certificate is None:
-        connection = Client(address, authkey=authkey)
+        # Connection reads and writes the descriptor itself, which a socket timeout
+        # would leave non-blocking.
+        sock.settimeout(None)
+        connection = Connection(sock.detach())
         disable_nagle(connection)
-        return connection, None
-    sock = socket.create_connection(address, _CONNECT_TIMEOUT_S)
-    tunnel = open_client_tunnel(sock, client_context(certificate), _CONNECT_TIMEOUT_S)
-    connection = Connection(tunnel.socket.detach())
-    answer_challenge(connection, authkey)
-    deliver_challenge(connection, authkey)
+    else:
+        with _answered_in_time(address, "TLS handshake"):
+            tunnel = open_client_tunnel(sock, client_context(certificate), _CONNECT_TIMEOUT_S)
+        connection = Connection(tunnel.socket.detach())
+    try:
+        with _answered_in_time(address, "authentication handshake"):
+            set_io_timeout(connection, _CONNECT_TIMEOUT_S)
+            answer_challenge(connection, authkey)
+            deliver_challenge(connection, authkey)
+        set_io_timeout(connection, 0)
+    except BaseException:
+        connection.close()  # a tunnel's pump ends with its plain end
+        raise
     return connection, tunnel
+
+
+@contextlib.contextmanager
+def _answered_in_time(address: tuple[str, int], stage: str) -> Iterator[None]:
+    """Raise a wait of ``stage`` that ran out (a socket timeout, or ``BlockingIOError``
+    from a read or write past ``set_io_timeout``) as a ``TimeoutError`` naming the
+    controller's address."""
+    try:
+        yield
+    except (TimeoutError, BlockingIOError) as exc:
+        host, port = address
+        raise TimeoutError(
+            f"The worker could not reach the controller at {host}:{port}: its {stage} got "
+            f"no answer within {_CONNECT_TIMEOUT_S:g} s. Check that the driver is still "
+            "running and that this address reaches it from the worker's node (a firewall "
+            "that drops packets, or another service on that port, never answers)."
+        ) from exc
 
 
 def run_from_bootstrap(boot: dict[str, Any], in_driver: InDriver | None = None,

@@ -52,6 +52,7 @@ from cairn._src.wire.messages import (
     driver_copy_limit,
 )
 from cairn._src.wire.preemption import PreemptionMessage
+from cairn._src.wire.sockets import receive
 from cairn._src.worker.collectives import WorkerCollectives
 from cairn._src.worker.context import TrainContext
 from cairn._src.worker.direct_write import direct_writer, write_direct
@@ -314,9 +315,8 @@ class WorkerSession:
             if self._stop is not None:  # else nothing would ever resolve its handle
                 raise self._stop
             self._handles[index] = handle
-        intent = reference_intent(checkpoint, location,
-                                  dir_name or default_checkpoint_dir_name(index), dir_name,
-                                  validation)
+        name = dir_name or default_checkpoint_dir_name(index)
+        intent = reference_intent(checkpoint, location, name, dir_name, validation)
         self.send(ReportMessage(self.rank, index, metrics, intent, time.time()))
         return handle
 
@@ -463,7 +463,7 @@ class WorkerSession:
     def _receive(self) -> None:
         while True:
             try:
-                message = self._connection.recv()
+                message = receive(self._connection)
             except (EOFError, OSError):
                 if not (self._stopping or self._rejoining.is_set()):
                     # The controller is gone (driver killed): nobody will commit or answer;
