@@ -172,3 +172,17 @@ def test_each_failed_rank_names_where_it_failed() -> None:
     assert "\x1b" not in text and "\x07" not in text
     assert "[rank 1] ValueError: boom\\x1b[2J (and 1 more)" in text
     assert "rank 0: RuntimeError: lost\\x07 peer" in text
+
+
+def test_a_request_counts_only_for_the_checkpoint_its_own_report_committed() -> None:
+    # Report 3's commit failed after its request was logged; report 5 committed a
+    # checkpoint of the same name, without a validation.
+    epoch = CheckpointRecord(dir_name="epoch_1", report_index=5, size_bytes=1)
+    stray = {"type": "validation_requested", "t": 1.0, "dir_name": "epoch_1", "index": 3}
+    assert checkpoint_statuses([stray], [epoch]) == {}
+    shown = show_document(resolve("/runs/r"), RunIndex(checkpoints=(epoch,)), [stray], None)
+    assert [c["status"] for c in shown["checkpoints"]] == ["COMMITTED"]
+    # Its own report's request, or one logged without a report index, counts.
+    for index in (5, None):
+        own = {**stray, "index": index}
+        assert checkpoint_statuses([own], [epoch]) == {"epoch_1": "PENDING_VALIDATION"}

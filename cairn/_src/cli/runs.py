@@ -337,7 +337,7 @@ def _prune(args: argparse.Namespace, run: StorageLocation, index: RunIndex,
     events = read_log(run.join(EVENTS_DIR), RETRY)
     # A validation that had not finished when the driver stopped runs again when the run
     # continues: its checkpoint stays, as the driver's own retention keeps it.
-    pending = {name for name, status in checkpoint_statuses(events).items()
+    pending = {name for name, status in checkpoint_statuses(events, records).items()
                if status == "PENDING_VALIDATION"}
     reasons = retention_reasons(records, Retention(args.keep, score, order),
                                 resumed_from=resume_protection(records, index), pending=pending)

@@ -50,13 +50,23 @@ MESSAGE_LINES = 8
 LINE_LIMIT = 200
 
 
-def checkpoint_statuses(events: Iterable[object]) -> dict[str, str]:
+def checkpoint_statuses(events: Iterable[object],
+                        records: Iterable[CheckpointRecord] = ()) -> dict[str, str]:
     """Each checkpoint's validation status from the event log (``COMMITTED`` for one that
-    never had a validation: absent here)."""
+    never had a validation: absent here).
+
+    With the index's ``records``, a request counts only for the checkpoint its own report
+    committed, as the driver reads it: a report whose commit failed leaves its request
+    behind, and a later report may commit a checkpoint of the same name. A request logged
+    without its report index is taken at its name."""
+    committed = {r.dir_name: r.report_index for r in records}
     statuses: dict[str, str] = {}
     for event in as_events(events):
         if isinstance(event, ValidationRequested) and event.dir_name is not None:
-            statuses[event.dir_name] = "PENDING_VALIDATION"
+            name, index = event.dir_name, event.index
+            if name in committed and index and index != committed[name]:
+                continue
+            statuses[name] = "PENDING_VALIDATION"
         elif (isinstance(event, ValidationFinished) and event.dir_name is not None
               and event.status in CHECKPOINT_STATUSES):
             statuses[event.dir_name] = str(event.status)
@@ -139,7 +149,7 @@ def show_document(run: StorageLocation, index: RunIndex, events: Iterable[object
     history = run_history(typed, driver_live=lease is not None)
     retention = index.retention or Retention()
     records = sorted(index.checkpoints, key=lambda r: r.report_index)
-    statuses = checkpoint_statuses(typed)
+    statuses = checkpoint_statuses(typed, records)
     pending = {name for name, status in statuses.items() if status == "PENDING_VALIDATION"}
     reasons = retention_reasons(records, retention, resumed_from=resume_protection(records, index),
                                 pending=pending)
