@@ -6,7 +6,7 @@ it names them:
 * the run directory: beside the index, the lease and the checkpoints, the user's own
   entries (logs, a reference's data) and, after a crash, the temporary file of an atomic
   write (:func:`is_torn_write`); so do the logs' directories (``events/``, ``metrics/``),
-  whose segments are written the same way (:data:`LOG_SEGMENTS`);
+  whose segments are written the same way (:func:`is_log_entry`);
 * the directory of a checkpoint committed by reference whose data lies inside it (a
   ``checkpoint_upload_fn`` that wrote ``build_checkpoint_path_from_name(name) + "/dcp"``
   and returned that): when retention forgets it, only the manifest and Cairn's own files
@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 
 from cairn._src.errors import CairnError
 from cairn._src.run.layout import INDEX_NAME, LEASE_NAME, MANIFEST_NAME
-from cairn._src.run.segment_log import is_segment_name
+from cairn._src.run.segment_log import is_claim_name, is_segment_name
 from cairn._src.run.storage_check import MARKER_NAME
 from cairn._src.storage.fileio import (
     TEMPORARY_MARK,
@@ -48,9 +48,15 @@ _TORN_WRITE = re.compile(rf"(?P<final>.+){re.escape(TEMPORARY_MARK)}[0-9a-f]{{32
 # the storage check's marker (manifests go into checkpoint directories, log segments
 # into metrics/ and events/).
 RUN_FILES = frozenset({INDEX_NAME, LEASE_NAME, MARKER_NAME})
-# What Cairn writes atomically into a log's directory (events/, metrics/): its segments,
-# segment_NNNNNN.jsonl (run/segment_log.py).
-LOG_SEGMENTS: Callable[[str], bool] = is_segment_name
+
+
+def is_log_entry(name: str) -> bool:
+    """Whether Cairn writes ``name`` atomically into a log's directory (events/, metrics/):
+    a segment, segment_NNNNNN.jsonl, or a writer's claim of a segment number
+    (run/segment_log.py)."""
+    return is_segment_name(name) or is_claim_name(name)
+
+
 # The finals a torn write may be of: a set of names, or a test of a name.
 Finals = Collection[str] | Callable[[str], bool]
 # How many names one warning lists.

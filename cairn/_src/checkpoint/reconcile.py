@@ -22,9 +22,9 @@ from cairn._src.checkpoint.index import (
 )
 from cairn._src.checkpoint.manifest import Manifest, read_manifest
 from cairn._src.checkpoint.own_files import (
-    LOG_SEGMENTS,
     RUN_FILES,
     delete_torn_writes,
+    is_log_entry,
     warn_left,
 )
 from cairn._src.checkpoint.ownership import (
@@ -177,7 +177,7 @@ def delete_torn_log_writes(run: StorageLocation, retry: RetryPolicy) -> None:
         if is_local_link(directory):
             continue  # not a directory this run wrote: nothing in it is Cairn's to delete
         marked = [name for name in list_dir_names(directory, retry) if TEMPORARY_MARK in name]
-        warn_left(directory, delete_torn_writes(directory, marked, LOG_SEGMENTS, retry),
+        warn_left(directory, delete_torn_writes(directory, marked, is_log_entry, retry),
                   "segment_NNNNNN.jsonl")
 
 

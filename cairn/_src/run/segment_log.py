@@ -9,6 +9,22 @@ what readers take, and a crash loses at most the records not yet flushed. A reco
 yet in a closed segment can be withdrawn (:meth:`SegmentLog.withdraw`): the event that a
 failed flush could not make durable, when its emitter gives up what it announced. Used
 for the metrics history and the goodput event log.
+
+Two writers of one log never write the same segment: a driver that lost the run's lease
+(paused past its ttl, judged dead, taken over) may flush until it next checks the fence,
+and on object stores a write replaces a whole object. A new driver starts above every
+segment it lists, which covers what the old one had written by then, but not a segment the
+old one starts later, nor one whose write was under way (retried through an outage, the
+process paused mid-flush). So a writer starts each segment by claiming its number: it
+writes ``_cairn_claim.segment_NNNNNN.jsonl.<its 32 hex digits>`` (a name no other writer
+uses), then lists, and takes the number only when no segment and no other writer's claim
+holds it or a later one; otherwise it tries the number after the highest it saw. Of two
+writers claiming one number, the one that lists last sees the other's claim, so at most one
+takes it, with no exclusive create (which object stores lack), only a listing that shows
+what was written before it (as the start of a log already needs). The claim is deleted once
+the segment is written, which holds the number from then on. A claim left by a writer
+killed in between is ignored by readers and skipped by writers. Starting a segment (once
+per ``records_per_segment`` records) costs the claim's write and deletion and one listing.
 """
 
 from __future__ import annotations
@@ -17,15 +33,21 @@ import io
 import json
 import logging
 import re
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cairn._src.errors import CheckpointDamagedError, ManifestError
+from cairn._src.errors import CheckpointDamagedError, ManifestError, StorageError
 from cairn._src.run import schema
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
-from cairn._src.storage.fileio import list_dir_names, read_bytes, write_bytes_atomic
+from cairn._src.storage.fileio import (
+    delete_file,
+    list_dir_names,
+    read_bytes,
+    write_bytes_atomic,
+)
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 
@@ -46,10 +68,37 @@ _SHOWN = 3
 # it), so that large metrics (a histogram per report) never make a segment unreadable,
 # and a bound on what one flush rewrites.
 MAX_SEGMENT_BYTES = 16 << 20
+# A writer's claim of the segment it starts: the segment's name and the writer's session
+# (32 lowercase hex digits). Reserved by its prefix (``_cairn``), never a segment's name.
+_CLAIM = re.compile(r"_cairn_claim\.(segment_[0-9]{6,12}\.jsonl)\.([0-9a-f]{32})")
+# How many numbers a writer tries in one flush when other writers claim the same ones each
+# time (two writers that list in lockstep both step aside); the records wait for the next.
+_CLAIM_ATTEMPTS = 8
 
 
 def _segment_name(number: int) -> str:
     return f"segment_{number:06d}.jsonl"
+
+
+def _claim_name(number: int, session: str) -> str:
+    return f"_cairn_claim.{_segment_name(number)}.{session}"
+
+
+def _number_held(name: str, session: str) -> int | None:
+    """The segment number ``name`` holds against the writer ``session``: a segment's, or
+    another writer's claim's (as Cairn names them); None for any other name."""
+    if is_segment_name(name):
+        return int(name[len("segment_"):-len(".jsonl")])
+    match = _CLAIM.fullmatch(name)
+    if match is None or match.group(2) == session or not is_segment_name(match.group(1)):
+        return None
+    return int(match.group(1)[len("segment_"):-len(".jsonl")])
+
+
+def is_claim_name(name: str) -> bool:
+    """Whether ``name`` is a writer's claim of a segment number, as Cairn writes it."""
+    match = _CLAIM.fullmatch(name)
+    return match is not None and is_segment_name(match.group(1))
 
 
 def is_segment_name(name: str) -> bool:
@@ -211,6 +260,10 @@ class SegmentLog:
 
     Thread-safe: :meth:`append` may be called from any thread; :meth:`flush` writes what
     was appended so far and is serialized by a lock, as is :meth:`withdraw`.
+
+    Each segment it writes is one no other writer of the log writes, before or after (see
+    the module's docstring): a driver that lost the run's lease never replaces a segment
+    of the driver that took the run over, nor the other way round.
     """
 
     def __init__(
@@ -237,6 +290,11 @@ class SegmentLog:
         # may have left records there (a write kept whose answer was lost) that were
         # withdrawn since, or a record was withdrawn from it.
         self._rewrite_open = False
+        # This writer's name in its claims; whether the open segment's number is claimed,
+        # and its claim until the segment is written.
+        self._session = secrets.token_hex(16)
+        self._claimed = False
+        self._claim: StorageLocation | None = None
         numbers = _segment_numbers(directory, retry)
         # Resuming a run starts a new segment: the old ones are never rewritten.
         self._segment = numbers[-1] + 1 if numbers else 0
@@ -298,6 +356,8 @@ class SegmentLog:
                 if taken or self._rewrite_open:
                     data = b"\n".join(lines) + b"\n"
                     try:
+                        if not self._claimed:
+                            self._claim_segment()
                         write_bytes_atomic(
                             self._directory.join(_segment_name(self._segment)), data,
                             self._retry, durable=self._durable,
@@ -305,19 +365,75 @@ class SegmentLog:
                     except BaseException:
                         # Nothing is lost: the records go back in front of newer ones. The
                         # write may have been kept all the same: until the open segment is
-                        # written again, it may hold records withdrawn since.
+                        # written again, it may hold records withdrawn since (a number
+                        # not claimed yet was never written).
                         with self._lock:
                             self._pending = pending + self._pending
-                            self._rewrite_open = True
+                            self._rewrite_open = self._claimed
                         raise
                     with self._lock:
                         self._rewrite_open = False
+                    if self._claim is not None:
+                        # The segment holds its number now; a claim left by a failed
+                        # deletion is ignored by readers and skipped by writers.
+                        self._delete_claim(self._claim)
+                        self._claim = None
                     self._open_lines, self._open_bytes = lines, size
                     pending = pending[taken:]
                 # Records left over: the open segment is full (by count or by bytes).
                 if pending or len(self._open_lines) >= self._records_per_segment:
                     self._segment += 1
+                    self._claimed = False
                     self._open_lines, self._open_bytes = [], 0
+
+    def _claim_segment(self) -> None:
+        """Make the open segment's number this writer's: its own number, or the first one
+        after every number other writers hold (see the module's docstring).
+
+        A number once claimed stays this writer's, even when its first write fails: that
+        write may land later, and the claim, kept until a write succeeds, keeps every other
+        writer off the number meanwhile.
+        """
+        number, holder = self._segment, _segment_name(self._segment - 1)
+        for _ in range(_CLAIM_ATTEMPTS):
+            if number > MAX_SEGMENT_NUMBER:
+                raise ManifestError(
+                    f"The log {self._directory.display()} holds {holder}, "
+                    f"the last segment number Cairn counts to ({MAX_SEGMENT_NUMBER}): it is "
+                    "not a file Cairn wrote. Remove it (and any other planted segment_*.jsonl "
+                    "or _cairn_claim.* there); the log's new records go after its last "
+                    "segment."
+                )
+            claim = self._directory.join(_claim_name(number, self._session))
+            write_bytes_atomic(claim, b"", self._retry)
+            highest = -1
+            for name in list_dir_names(self._directory, self._retry):
+                held = _number_held(name, self._session)
+                if held is not None and held > highest:
+                    highest, holder = held, name
+            if highest < number:
+                self._segment, self._claimed, self._claim = number, True, claim
+                return
+            logger.warning(
+                "Not starting %s in %s: %s holds that number or a later one (another writer "
+                "of this log: a driver that lost the run's lease, or one killed as it started "
+                "a segment); trying %s", _segment_name(number), self._directory.display(),
+                holder, _segment_name(highest + 1))
+            self._delete_claim(claim)  # nothing was written under this number
+            number = highest + 1
+        raise StorageError(
+            f"Could not start a segment of the log {self._directory.display()}: another "
+            f"writer claimed the same segment numbers {_CLAIM_ATTEMPTS} times in a row (a "
+            "driver that lost the run's lease may still be running). The records stay "
+            "buffered for the next flush."
+        )
+
+    def _delete_claim(self, claim: StorageLocation) -> None:
+        try:
+            delete_file(claim, self._retry)
+        except Exception:
+            logger.debug("Could not delete the segment claim %s", claim.display(),
+                         exc_info=True)
 
 
 def _encode(record: dict[str, Any]) -> bytes:
