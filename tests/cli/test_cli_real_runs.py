@@ -379,6 +379,19 @@ def test_rebuild_index_and_lease_break_of_the_killed_run(
     assert not [n for n in os.listdir(run) if n.startswith(("lease", "_cairn_lease"))]
 
 
+def test_rebuild_index_of_a_torn_index_keeps_the_failure_budget(
+        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = copy_of(runs, "failed", tmp_path)
+    with open(os.path.join(run, INDEX_NAME), "w") as f:
+        f.write('{"torn')
+    code, _, err = cli(capsys, "rebuild-index", run)
+    assert code == 0, err
+    with open(os.path.join(run, INDEX_NAME)) as f:
+        index = json.load(f)
+    # Counted again from the event log, as fit() counts them: not a fresh budget.
+    assert (index["attempts"], index["failures"]) == (2, 2)
+
+
 @pytest.mark.parametrize("command", [["show"], ["inspect"], ["verify"], ["prune", "--keep", "1"],
                                      ["rebuild-index"]])
 def test_json_errors_are_json_and_exit_2(command: list[str], tmp_path: Path,

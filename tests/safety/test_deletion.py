@@ -22,7 +22,7 @@ import cairn
 from cairn import CheckpointConfig, RunConfig, ScalingConfig, Trainer
 from cairn._src.checkpoint import index as index_module
 from cairn._src.checkpoint import manager as manager_module
-from cairn._src.checkpoint.index import read_index
+from cairn._src.checkpoint.index import read_index, rebuild_index
 from cairn._src.cli.main import main as cli_main
 from cairn._src.run.layout import INDEX_NAME
 from cairn._src.storage.fileio import read_bytes, write_bytes_atomic
@@ -175,6 +175,13 @@ def test_a_checkpoint_dropped_as_damaged_stays_dropped(
     out = capsys.readouterr().out
     assert "DROPPED checkpoint_000003: damaged, dropped from the index at resume" in out
     assert "verified, 0 failed, 1 dropped as damaged" in out
+    # Its manifest still reads: an index rebuilt from the manifests leaves it out too.
+    (run_dir / "cairn_run.json").write_text("not json")
+    indexed = [r.dir_name for r in index.checkpoints]
+    rebuilt = rebuild_index(resolve(str(run_dir)), RETRY)
+    assert [r.dir_name for r in rebuilt.checkpoints] == indexed
+    assert [c.path.rsplit("/", 1)[-1] for c, _ in
+            cairn.Result.from_path(str(run_dir)).best_checkpoints] == indexed
 
 
 def test_resuming_over_many_bogus_records_writes_the_index_once(

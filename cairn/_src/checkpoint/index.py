@@ -17,7 +17,15 @@ from typing import Any
 from cairn._src.checkpoint.manifest import Manifest, read_manifest
 from cairn._src.errors import ConfigError, ManifestError, UnsafePathError
 from cairn._src.run import schema
-from cairn._src.run.events import UnknownEvent, read_events
+from cairn._src.run.events import (
+    AttemptStart,
+    CheckpointDeleting,
+    CheckpointDropped,
+    Event,
+    Failure,
+    UnknownEvent,
+    read_events,
+)
 from cairn._src.run.layout import (
     EVENTS_DIR,
     INDEX_NAME,
@@ -310,13 +318,16 @@ def adopt_records(index: RunIndex, adopted: list[CheckpointRecord]) -> RunIndex:
         index.next_report_index, records[-1].report_index + 1))
 
 
-def reports_made(run: StorageLocation, retry: RetryPolicy, index: RunIndex) -> int:
+def reports_made(run: StorageLocation, retry: RetryPolicy, index: RunIndex,
+                 events: list[Event] | None = None) -> int:
     """How many reports the run has made, as far as its index, its metrics history and
-    its event log know (0 when none of them knows of any)."""
+    its event log (``events`` when already read) know (0 when none of them knows of any)."""
     made = index.next_report_index - 1
     for record in read_log(run.join(METRICS_DIR), retry):
         made = max(made, record.get("report_index", 0))
-    for event in read_events(run.join(EVENTS_DIR), retry):
+    if events is None:
+        events = read_events(run.join(EVENTS_DIR), retry)
+    for event in events:
         index_value = (event.record.get("index") if isinstance(event, UnknownEvent)
                        else getattr(event, "index", None))
         if type(index_value) is int:
@@ -346,13 +357,22 @@ def within_reports_made(run: StorageLocation, retry: RetryPolicy, index: RunInde
 def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
     """Rebuild the index from the manifests found under the run directory.
 
-    Directories without a valid manifest are not checkpoints and are left out. Attempt and
-    failure counts come from the previous index when one can still be read.
+    Directories without a valid manifest are not checkpoints and are left out, and so are
+    the checkpoints a resume found damaged and dropped, or retention dropped for deletion
+    (the event log says so; their manifests may still read). Attempt, failure and
+    preemption counts are the previous index's when it can still be read, and never fewer
+    than the event log counts, so a rebuild (by ``fit()`` or ``cairn rebuild-index``)
+    keeps the run's failure budget and attempt numbering.
     """
     try:
         previous = read_index(run, retry)
     except ManifestError:
         previous = None
+    events = read_events(run.join(EVENTS_DIR), retry)
+    # The report each was dropped at (a name reused by a later report is that report's).
+    dropped = {e.dir_name: e.report_index if type(e.report_index) is int else 2**63
+               for e in events if isinstance(e, (CheckpointDropped, CheckpointDeleting))
+               and isinstance(e.dir_name, str)}
     records = []
     for name in list_dir_names(run, retry):
         if name in RESERVED_NAMES or not is_stored_dir_name(name):
@@ -368,10 +388,20 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
             continue
         if manifest is None or manifest.report_index is None:
             continue
+        if dropped.get(name, -1) >= manifest.report_index:
+            logger.warning("Skipping %s while rebuilding the index: the run dropped it "
+                           "(damaged at a resume, or by retention)", name)
+            continue
         records.append(adoption_record(name, manifest))
     records.sort(key=lambda r: r.report_index)
     base = previous or RunIndex()
-    made = reports_made(run, retry, base)
+    base = base.with_changes(
+        attempts=max(base.attempts, sum(isinstance(e, AttemptStart) for e in events)),
+        failures=max(base.failures, sum(isinstance(e, Failure) and e.counted is True
+                                        for e in events)),
+        preemptions=max(base.preemptions, sum(isinstance(e, Failure) and e.preemption is True
+                                              for e in events)))
+    made = reports_made(run, retry, base, events)
     if made and records and records[-1].report_index > made + 1:
         # The logs know of this run's reports: a manifest beyond them was planted.
         for record in records:

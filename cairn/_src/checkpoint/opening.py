@@ -16,11 +16,9 @@ from cairn._src.checkpoint.reconcile import reconcile
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import ManifestError
 from cairn._src.run.events import (
-    AttemptStart,
     CheckpointDropped,
     CheckpointStarted,
     Commit,
-    Failure,
     read_events,
 )
 from cairn._src.run.layout import EVENTS_DIR
@@ -49,17 +47,7 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy,
         index = read_index(run, retry)
     except ManifestError as exc:
         logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
-        index = rebuild_index(run, retry)
-        # Attempts and failures are counted again from the event log.
-        logged = read_events(run.join(EVENTS_DIR), retry)
-        index = index.with_changes(
-            attempts=max(index.attempts,
-                         sum(isinstance(e, AttemptStart) for e in logged)),
-            failures=max(index.failures, sum(isinstance(e, Failure) and e.counted
-                                             for e in logged)),
-            preemptions=max(index.preemptions, sum(isinstance(e, Failure) and e.preemption
-                                                   for e in logged)),
-        )
+        index = rebuild_index(run, retry)  # attempts and failures counted from the log
     if index is not None:
         logger.info("Continuing run %s: %s committed, %s so far", run.display(),
                     plural(len(index.checkpoints), "checkpoint"),
