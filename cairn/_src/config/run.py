@@ -261,8 +261,10 @@ class CheckpointConfig:
     * ``upload_failure_policy``: ``"fail"`` fails the attempt when an upload still fails
       after retries (it counts against ``FailureConfig.max_failures``); ``"skip"`` drops
       that checkpoint with a warning and training goes on.
-    * ``delete_unmanaged_checkpoints``: retention deletes NO_UPLOAD checkpoints that live
-      outside the run directory instead of only forgetting them.
+    * ``delete_unmanaged_checkpoints``: retention deletes the data of checkpoints
+      registered by reference (NO_UPLOAD, ``checkpoint_upload_fn``; inside the run
+      directory or outside it) that this run recorded registering, instead of only
+      forgetting them.
     * ``verify_on_resume``: what the driver checks of the checkpoint an attempt resumes
       from. ``"sizes"`` (the default): its manifest, and that every file is a regular file
       of the recorded size, without reading data; the workers verify checksums as they
