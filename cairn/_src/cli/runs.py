@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from cairn._src.checkpoint.deletion_log import DeletionLog
 from cairn._src.checkpoint.index import (
     CheckpointRecord,
     Retention,
@@ -39,6 +40,7 @@ from cairn._src.cli.common import (
 from cairn._src.cli.show import checkpoint_statuses
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
+from cairn._src.observe.observer import EventLogWriter, EventStream
 from cairn._src.run.events import CheckpointDropped, read_events
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseChangedError, break_lease, is_live, lease_state
@@ -356,6 +358,7 @@ def _prune(args: argparse.Namespace, run: StorageLocation, index: RunIndex,
         pruned = index.with_changes(checkpoints=tuple(r for r, _ in kept))
         fence("nothing changed.")
         write_index(run, pruned, RETRY)
+        announce_deletions(run, index, dropped, fence)
         # What the run recorded decides what may be deleted, never the index alone; the
         # data of a kept checkpoint stays (the manager looks in the pruned index).
         manager = CheckpointManager(run, CheckpointConfig(), RETRY, pruned,
@@ -384,6 +387,26 @@ def _prune(args: argparse.Namespace, run: StorageLocation, index: RunIndex,
     print(f"{plural(len(dropped), 'checkpoint')} {verb}, {len(kept)} kept"
           + (f", {plural(left, 'directory', 'directories')} left in place" if left else ""))
     return 0
+
+
+def announce_deletions(run: StorageLocation, index: RunIndex,
+                       dropped: Sequence[CheckpointRecord], fence: Callable[[str], None]) -> None:
+    """Log the deletion of ``dropped`` durably in the event log (``checkpoint_deleting``), as
+    the driver's retention does, before any of their data goes: a deletion that fails half
+    way leaves a directory without a manifest that the next start deletes, not one it keeps
+    as a committed checkpoint whose manifest went missing (checkpoint/recheck.py). When the
+    log cannot be written, ``index`` (as read under the lease) is written back."""
+    log = SegmentLog(run.join(EVENTS_DIR), RETRY, durable=True)
+    fence("the index was pruned; nothing deleted (prune again when the run has stopped).")
+    if DeletionLog(EventStream([EventLogWriter(log)], log=log)).announce(dropped,
+                                                                          reason="cairn prune"):
+        return
+    fence("the index was pruned; nothing deleted, the event log could not record it.")
+    write_index(run, index, RETRY)
+    raise CairnError("The event log could not record the deletion of "
+                     f"{plural(len(dropped), 'checkpoint')} (see the warning above), and no "
+                     "data goes before that: the index was written back; nothing changed. "
+                     "Prune again once storage answers.")
 
 
 FORCE_HELP = ("remove the lease even though its heartbeat is fresh: a driver still running "
@@ -553,7 +576,7 @@ def register(commands: Any) -> None:
                        "the run's own checkpoint_score_order for its score attribute, "
                        "required for any other metric")
     prune.add_argument("--delete-references", action="store_true",
-                       help="also delete NO_UPLOAD data outside the run directory")
+                       help="also delete the data of references this run registered")
     prune.add_argument("--dry-run", action="store_true",
                        help="say what would be kept (and why) and dropped, delete nothing")
     prune.add_argument("--json", action="store_true", help="print the decision as JSON")
