@@ -162,3 +162,35 @@ def test_prune_deletes_nothing_while_the_event_log_cannot_record_the_deletions(
     assert indexed(run) == ["checkpoint_000002"]
     assert files(run / "checkpoint_000001") == []
     assert tree(run / "checkpoint_000002") == checkpoints["checkpoint_000002"]
+
+
+def test_deletions_a_failed_prune_never_reached_are_finished_not_adopted_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    storage = tmp_path / "storage"
+    run = storage / NAME
+    fit(storage, steps=4)
+    kept = tree(run / "checkpoint_000004")
+    outage = tmp_path / "outage"
+    uri = faultfs_run(tmp_path, outage, outage_key="checkpoint_000001/state.txt")
+    # The first deletion fails half way: the prune stops before the two others, whose
+    # manifests stay, though the index no longer names them.
+    outage.write_text("1000")
+    code, out, err = cli(capsys, "prune", uri, "--keep", "1", "--latest")
+    outage.write_text("0")
+    assert code == 2, (out, err)
+    assert indexed(run) == ["checkpoint_000004"]
+    assert (run / "checkpoint_000003" / MANIFEST_NAME).is_file()
+    assert [name for name, _, _ in deletions_logged(run)] == [
+        "checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+
+    # The next start finishes all three, through the ownership check retention uses.
+    caplog.set_level(logging.INFO)
+    fit(storage, steps=1)
+    assert "Adopting" not in caplog.text
+    assert ("Finishing the deletion of 2 checkpoints that retention or cairn prune began: "
+            "['checkpoint_000002', 'checkpoint_000003']") in caplog.text
+    for name in ("checkpoint_000001", "checkpoint_000002", "checkpoint_000003"):
+        assert not (run / name).exists(), name
+    assert indexed(run) == ["checkpoint_000004", "checkpoint_000005"]
+    assert tree(run / "checkpoint_000004") == kept

@@ -10,18 +10,28 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from cairn._src.checkpoint.index import Retention, RunIndex, read_index, rebuild_index
+from cairn._src.checkpoint.index import (
+    CheckpointRecord,
+    Retention,
+    RunIndex,
+    adoption_record,
+    read_index,
+    rebuild_index,
+)
+from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import Target, registered_references
 from cairn._src.checkpoint.reconcile import reconcile
 from cairn._src.config.run import CheckpointConfig
-from cairn._src.errors import ManifestError
+from cairn._src.errors import CairnError, ManifestError
 from cairn._src.run.events import (
+    CheckpointDeleting,
     CheckpointDropped,
     CheckpointStarted,
     Commit,
     read_events,
 )
 from cairn._src.run.layout import EVENTS_DIR
+from cairn._src.storage.fileio import list_dir_names
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.text import plural
@@ -36,6 +46,9 @@ class OpenedRun:
     index: RunIndex
     # dir_name -> the reference the run registered under it (see ownership.py).
     registered: dict[str, Target]
+    # Checkpoints whose deletion retention or `cairn prune` logged and did not finish
+    # (their manifests still read): the manager deletes them as retention would.
+    unfinished_deletions: tuple[CheckpointRecord, ...] = ()
 
 
 def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy, *,
@@ -74,5 +87,31 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy,
         # Dropped as damaged by an earlier resume: never adopted back.
         dropped = {str(e.dir_name) for e in events
                    if isinstance(e, CheckpointDropped) and e.dir_name is not None}
-        current = reconcile(run, current, retry, started, dropped, durable=durable)
+        deleting = {str(e.dir_name): e.report_index for e in events
+                    if isinstance(e, CheckpointDeleting) and e.dir_name is not None}
+        current = reconcile(run, current, retry, started, dropped, set(deleting),
+                            durable=durable)
+        return OpenedRun(current, registered, _unfinished(run, current, deleting, retry))
     return OpenedRun(current, registered)
+
+
+def _unfinished(run: StorageLocation, index: RunIndex, deleting: dict[str, int | None],
+                retry: RetryPolicy) -> tuple[CheckpointRecord, ...]:
+    """The checkpoints in ``deleting`` (name: the report whose deletion was logged) that
+    the index does not name and whose manifest, of that report, still reads."""
+    names = set(list_dir_names(run, retry)) if deleting else set()
+    unfinished = []
+    for name, report_index in sorted(deleting.items()):
+        if name not in names or index.find(name) is not None:
+            continue
+        try:
+            manifest = read_manifest(run.join(name), retry)
+        except CairnError as exc:
+            logger.warning("Not finishing the deletion of %s: %s", name, exc)
+            continue
+        if manifest is not None and manifest.report_index in (report_index, None):
+            unfinished.append(adoption_record(name, manifest))
+    if unfinished:
+        logger.info("Finishing the deletion of %s that retention or cairn prune began: %s",
+                    plural(len(unfinished), "checkpoint"), [r.dir_name for r in unfinished])
+    return tuple(unfinished)

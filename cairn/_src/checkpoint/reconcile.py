@@ -182,7 +182,8 @@ def delete_torn_log_writes(run: StorageLocation, retry: RetryPolicy) -> None:
 
 
 def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
-              started: Collection[str] = (), dropped: Collection[str] = (), *,
+              started: Collection[str] = (), dropped: Collection[str] = (),
+              deleting: Collection[str] = (), *,
               fence: Callable[[], None] | None = None, durable: bool = True) -> RunIndex:
     """Settle what a dead driver left behind, before the run goes on; the index to go on
     with (written when it changed).
@@ -204,6 +205,9 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
       checkpoint and left its data) is the user's: left alone.
 
     ``dropped``: checkpoints an earlier resume dropped as damaged; never adopted back.
+    ``deleting``: checkpoints whose deletion retention or ``cairn prune`` logged; never
+    adopted back either (their deletion is finished by the manager, see
+    :mod:`.opening`), and deleted here once their manifest is gone.
     """
     known = {r.dir_name for r in index.checkpoints}
     adopted: list[CheckpointRecord] = []
@@ -226,7 +230,7 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
             continue
         if manifest is None:
             partial.append(name)
-        elif manifest.report_index is not None:
+        elif manifest.report_index is not None and name not in deleting:
             adopted.append(adoption_record(name, manifest))
     holding_references = names_holding_references(run, index)
     events: Callable[[], list[Event]] = once(lambda: read_events(run.join(EVENTS_DIR), retry))
@@ -250,7 +254,8 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
             # must not stop every start; a later start tries again.
             logger.warning("Leaving %s in place: %s", name, exc)
             continue
-        if recheck.manifest is not None and recheck.manifest.report_index is not None:
+        if (recheck.manifest is not None and recheck.manifest.report_index is not None
+                and name not in deleting):
             logger.warning("%s has a manifest after all (storage first answered that "
                            "it had none): adopting it", name)
             adopted.append(adoption_record(name, recheck.manifest))

@@ -81,10 +81,14 @@ def build_manager(run: StorageLocation, run_config: RunConfig, opened: OpenedRun
     config = run_config.checkpoint_config
     policy = ProtectPending(make_policy(config.num_to_keep, config.checkpoint_score_attribute,
                                         config.checkpoint_score_order), pending.protected)
-    return CheckpointManager(run, config, run_config.storage_retry, opened.index, history,
-                             fence=fence, events=stream, registered=opened.registered,
-                             policy=policy, transfer=run_config.storage_transfer,
-                             fsync=run_config.storage_fsync)
+    manager = CheckpointManager(run, config, run_config.storage_retry, opened.index, history,
+                                fence=fence, events=stream, registered=opened.registered,
+                                policy=policy, transfer=run_config.storage_transfer,
+                                fsync=run_config.storage_fsync)
+    # Logged by an earlier driver or `cairn prune`: deleted at the first attempt's start
+    # (retry_deletions), through the same ownership check as retention's own.
+    manager.failed_deletions.update({r.dir_name: r for r in opened.unfinished_deletions})
+    return manager
 
 
 def build_controller(spec: TrainSpec, scaling: ScalingConfig, run_config: RunConfig,

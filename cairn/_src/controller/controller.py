@@ -527,7 +527,7 @@ class Controller:
         if left:
             logger.warning("Could not delete %d checkpoint directories the run no longer "
                            "needs (%s): the storage still refuses; a later fit() of this run "
-                           "or `cairn prune` deletes them", len(left), ", ".join(left))
+                           "deletes them", len(left), ", ".join(left))
             parts.events.emit(DeletionsFailed(t=parts.clock.time(), dir_names=tuple(left)))
         next_report_index = self._progress.next_report_index
         parts.commits.call_on_commit_thread(
