@@ -6,11 +6,14 @@ import logging
 import pickle
 from collections.abc import Iterator
 
+import fsspec
+import pyarrow.fs as pafs
 import pytest
 from channel_support import any_local_store, connect_worker
 
 from cairn._src.controller.connections import WorkerChannels
 from cairn._src.storage.location import StorageLocation, resolve
+from cairn._src.wire.channel_security import filesystem_secrets
 from cairn.storage import register_scheme, unregister_scheme
 
 S3_URI = ("s3://AKIDEXAMPLE:hunter2@bucket/run?endpoint_override=127.0.0.1:9&scheme=http"
@@ -92,3 +95,52 @@ def test_a_uri_without_credentials_is_sent_unchanged_and_unflagged(
     finally:
         channels.stop_accepting()
         channels.close()
+
+
+def _s3(**keys: str) -> pafs.S3FileSystem:
+    return pafs.S3FileSystem(region="us-east-1", endpoint_override="127.0.0.1:9",
+                             scheme="http", **keys)
+
+
+@pytest.mark.parametrize(("remote", "tls", "warned"),
+                         [(True, False, True), (False, False, False), (True, True, False)])
+def test_a_filesystem_object_with_explicit_keys_sent_in_clear_to_another_machine_is_flagged(
+    remote: bool, tls: bool, warned: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It travels as given (its keys cannot be taken out of it, as Ray sends it too): the
+    # driver says so once per host.
+    caplog.set_level(logging.WARNING, logger="cairn")
+    channels = _channels(remote=remote, tls=tls)
+    try:
+        run = resolve("bucket/run", filesystem=_s3(access_key="AKIDEXAMPLE",
+                                                   secret_key="hunter2"))
+        for _ in range(2):
+            _, received = _send_and_receive(channels, {"run": run, "c": run.join("c1")})
+            assert isinstance(received, dict) and received["run"].path == run.path
+        warnings = [r.getMessage() for r in caplog.records if "in clear" in r.getMessage()]
+        assert len(warnings) == (1 if warned else 0)
+        if warned:
+            assert "a pyarrow._s3fs.S3FileSystem, holds explicit credentials (secret_key)" \
+                in warnings[0]
+            assert "zero-argument factory" in warnings[0] and "tls=True" in warnings[0]
+            assert "hunter2" not in warnings[0]
+    finally:
+        channels.stop_accepting()
+        channels.close()
+
+
+def test_which_filesystem_objects_hold_explicit_secrets() -> None:
+    assert filesystem_secrets(_s3(access_key="AK", secret_key="SK")) == ["secret_key"]
+    assert filesystem_secrets(_s3(access_key="AK", secret_key="SK",
+                                  session_token="T")) == ["secret_key", "session_token"]
+    assert filesystem_secrets(_s3()) == []  # the environment's credential chain
+    assert filesystem_secrets(pafs.LocalFileSystem()) == []
+
+    class Spec:  # an fsspec filesystem, as s3fs keeps its options
+        storage_options = {"key": "AK", "secret": "SK", "client_kwargs": {}}
+
+    assert filesystem_secrets(Spec()) == ["secret"]
+    wrapped = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("memory")))
+    assert filesystem_secrets(wrapped) == []
+    wrapped.handler.fs.storage_options = {"token": "T"}
+    assert filesystem_secrets(wrapped) == ["token"]

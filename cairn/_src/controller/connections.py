@@ -90,6 +90,7 @@ class WorkerChannels:
         self._same_host = same_host
         self.refusals = RefusalLog()
         self._stripped_for: set[str] = set()
+        self._secrets_for: set[str] = set()
         self._stripped_lock = threading.Lock()
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.create_server((bind_host, 0), family=family, backlog=128)
@@ -194,7 +195,19 @@ class WorkerChannels:
                 "the storage with the credentials of their own environment. To send them, "
                 "turn on TLS (ScalingConfig(tls=True) or CAIRN_TLS=1).", peer)
 
-        return CredentialFreeConnection(sock.detach(), stripped)
+        def with_secrets(kind: str, names: tuple[str, ...]) -> None:
+            with self._stripped_lock:
+                if peer in self._secrets_for:
+                    return
+                self._secrets_for.add(peer)
+            logger.warning(
+                "The control channel to %s (another machine) is not encrypted, and the "
+                "storage_filesystem object sent to its workers, a %s, holds explicit "
+                "credentials (%s): they cross the network in clear. Pass a zero-argument "
+                "factory that builds it from each node's environment, or turn on TLS "
+                "(ScalingConfig(tls=True) or CAIRN_TLS=1).", peer, kind, ", ".join(names))
+
+        return CredentialFreeConnection(sock.detach(), stripped, with_secrets)
 
     # --- the loop's side -----------------------------------------------------------------
 

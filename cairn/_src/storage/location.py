@@ -205,6 +205,15 @@ class StorageLocation:
             return False
         return scheme_of(self.uri) not in _IN_PROCESS_PROTOCOLS
 
+    def given_filesystem(self) -> Any:
+        """The filesystem object this location was resolved in, as given, when it travels
+        pickled to other processes (not a URI, not a factory that each process calls);
+        else None."""
+        kind, payload = self._source
+        if kind != "fs":
+            return None
+        return payload if payload is not None else self.filesystem
+
     def __reduce__(self) -> tuple[Callable[..., StorageLocation], tuple[Any, ...]]:
         kind, payload = self._source
         if kind == "fs" and payload is None:
