@@ -15,7 +15,7 @@ from typing import Any
 import api_workloads
 import pytest
 
-from cairn import CheckpointConfig, Result, RunConfig, ScalingConfig, Trainer
+from cairn import CheckpointConfig, Result, RunConfig, RunNotFoundError, ScalingConfig, Trainer
 
 # Ranked by metric_a, worst to best, the kept checkpoints are not in report order.
 SCORES = {"0": 9, "1": 1, "2": 5, "3": 0, "4": 7}
@@ -118,3 +118,22 @@ def test_a_damaged_index_is_rebuilt_in_memory_and_nothing_is_written(
 
     # Read-only: no file changed, none added (no lease, no index written back).
     assert snapshot(root) == before
+
+
+def test_a_lost_index_of_a_run_that_committed_is_rebuilt_in_memory(
+        finished: tuple[Path, Result], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    original, by_fit = finished
+    root = tmp_path / "run"
+    shutil.copytree(original, root)
+    (root / "cairn_run.json").unlink()
+    before = snapshot(root)
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        ranked = Result.from_path(root, checkpoint_config=CONFIG)
+    assert "has no run index, but its event log records commits" in caplog.text
+    assert kept(ranked) == kept(by_fit)
+    assert snapshot(root) == before
+    # A directory that never committed anything is still no run.
+    (tmp_path / "empty" / "events").mkdir(parents=True)
+    with pytest.raises(RunNotFoundError, match=r"cairn_run\.json doesn't exist"):
+        Result.from_path(tmp_path / "empty")
