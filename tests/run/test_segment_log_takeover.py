@@ -210,3 +210,26 @@ def test_two_writers_never_share_a_segment_on_any_storage(storage_uri: str) -> N
     _write(old, "old-3")
     records = [record["metrics"]["r"] for record in read_log(directory, RETRY)]
     assert records == ["new-1", "new-2", "old-1", "old-2", "new-3", "old-3"]
+
+
+def test_a_fenced_driver_with_the_leases_fence_starts_no_segment_after_the_takeover(
+        run: Path) -> None:
+    # As fit() builds its logs: none of the old driver's records can come after the new
+    # driver's (readers take the last session's end for the run's status).
+    old_lease = _acquire(run)
+    old = SegmentLog(resolve(str(run / METRICS_DIR)), RETRY, records_per_segment=2,
+                     fence=old_lease.fence)
+    _write(old, "old-1", "old-2")
+    new_lease = _take_over(run, old_lease)
+    try:
+        new = SegmentLog(resolve(str(run / METRICS_DIR)), RETRY, records_per_segment=2,
+                         fence=new_lease.fence)
+        _write(new, "new-1")
+        old.append({"report_index": 1, "metrics": {"r": "old-3"}})
+        with pytest.raises(RunLeaseError, match=r"lost the lease"):
+            old.flush()
+        assert _segments(run) == {"segment_000000.jsonl": ["old-1", "old-2"],
+                                  "segment_000001.jsonl": ["new-1"]}
+    finally:
+        old_lease.release()
+        new_lease.release()

@@ -35,7 +35,7 @@ import logging
 import re
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,9 +273,15 @@ class SegmentLog:
         *,
         records_per_segment: int = 500,
         durable: bool = False,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self._directory = directory
         self._retry = retry
+        # The run lease's check (raises RunLeaseError once another driver holds the run),
+        # made before each new segment: a driver that lost the run starts none, so none of
+        # its records comes after the new driver's (whose readers take the last session's
+        # end for the run's status).
+        self._fence = fence
         self._records_per_segment = records_per_segment
         # Each flush fsynced (the run's storage_fsync): a record flushed before a
         # checkpoint exists (a validation's request, a reference's registration) outlives
@@ -394,6 +400,8 @@ class SegmentLog:
         write may land later, and the claim, kept until a write succeeds, keeps every other
         writer off the number meanwhile.
         """
+        if self._fence is not None:
+            self._fence()
         number, holder = self._segment, _segment_name(self._segment - 1)
         for _ in range(_CLAIM_ATTEMPTS):
             if number > MAX_SEGMENT_NUMBER:

@@ -224,8 +224,9 @@ class Trainer:
             except StorageError as exc:
                 _raise_startup_error(run, exc)
             durable = self.run_config.storage_fsync
-            history = SegmentLog(run.join(METRICS_DIR), retry, durable=durable)
-            events = SegmentLog(run.join(EVENTS_DIR), retry, durable=durable)
+            history = SegmentLog(run.join(METRICS_DIR), retry, durable=durable,
+                                 fence=lease.fence)
+            events = SegmentLog(run.join(EVENTS_DIR), retry, durable=durable, fence=lease.fence)
             spec = TrainSpec(self.train_loop_per_worker, self.train_loop_config or {},
                              self._pass_config, list(self._setup_hooks),
                              list(self._teardown_hooks), self._attempt_env,
