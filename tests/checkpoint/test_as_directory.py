@@ -4,6 +4,7 @@ once per process while nothing changed (issue 10, item 12)."""
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -13,11 +14,12 @@ from typing import Any
 import pytest
 
 import cairn
-from cairn import ChecksumMismatchError, ScalingConfig, Trainer
+from cairn import CheckpointNotFoundError, ChecksumMismatchError, ScalingConfig, Trainer
 from cairn._src.checkpoint import checkpoint as checkpoint_module
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.checkpoint.manifest import Manifest, write_manifest
+from cairn._src.checkpoint.manifest import MANIFEST_NAME, Manifest, write_manifest
 from cairn._src.checkpoint.verified import VERIFIED
+from cairn._src.storage import scratch
 from cairn._src.storage.location import resolve
 from cairn._src.storage.transfer import upload_directory
 
@@ -175,3 +177,40 @@ def test_result_checkpoint_of_a_real_run_is_verified(
     with pytest.raises(ChecksumMismatchError, match=r"File 'rank_1' of .* is corrupt"):
         with result.checkpoint.as_directory():
             pass
+
+
+def _handed_out(where: Path) -> Checkpoint:
+    """``where`` as Cairn hands a committed checkpoint out (get_checkpoint, Result)."""
+    location = resolve(str(where))
+    return Checkpoint._from_committed(location, manifest_location=location)
+
+
+def test_a_committed_checkpoint_whose_manifest_is_gone_is_never_served_in_part(
+        tmp_path: Path) -> None:
+    # Retention deletes the manifest first, then the data: a deletion that stopped half
+    # way leaves part of the files.
+    where = committed(tmp_path)
+    checkpoint = pickle.loads(pickle.dumps(_handed_out(where)))  # as a worker receives it
+    (where / MANIFEST_NAME).unlink()
+    (where / "model" / "weights.pt").unlink()
+    for restore in (checkpoint.to_directory, lambda: checkpoint.as_directory().__enter__()):
+        with pytest.raises(CheckpointNotFoundError,
+                           match=r"manifest of checkpoint .* is gone, though it was committed"):
+            restore()
+    # The same directory named by the user is a directory like any other.
+    assert os.listdir(Checkpoint(str(where)).to_directory()) == ["step.txt"]
+
+
+def test_a_remote_checkpoint_is_downloaded_into_a_directory_named_after_its_process(
+        tmp_path: Path) -> None:
+    # A process killed inside the block leaves it to the sweep of stale restore
+    # directories (scratch.py), which knows it by that name.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "step.txt").write_bytes(b"42")
+    store = resolve("memory://bucket/ckpt")
+    write_manifest(store, Manifest(files=upload_directory(str(tmp_path / "src"), store)))
+    with Checkpoint._from_committed(store, manifest_location=store).as_directory() as d:
+        assert os.path.basename(d).startswith(f"{scratch.PREFIX}{scratch._namespace()}-"
+                                              f"{os.getpid()}-")
+        assert os.listdir(d) == ["step.txt"]
+    assert not os.path.exists(d)

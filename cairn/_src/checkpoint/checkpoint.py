@@ -58,6 +58,7 @@ class Checkpoint:
         # The directory holding the manifest: the checkpoint's own, except for checkpoints
         # registered by reference, whose manifest stays in the run directory.
         self._manifest_location = self._location
+        self._committed = False
         self._options = StorageOptions()
         self._retry = self._options.retry
         # What the process that wrote the files computed while writing them (relpath ->
@@ -85,7 +86,8 @@ class Checkpoint:
         ``manifest_location`` (a directory; the same place unless registered by reference).
         """
         checkpoint = cls.__new__(cls)
-        checkpoint.__setstate__({"location": data, "manifest_location": manifest_location})
+        checkpoint.__setstate__({"location": data, "manifest_location": manifest_location,
+                                 "committed": True})
         return checkpoint
 
     @classmethod
@@ -167,6 +169,7 @@ class Checkpoint:
         manifest = self.get_manifest()
         if manifest is None:
             self._require_directory()
+            self._require_uncommitted()
         if path is None:
             target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
         else:
@@ -188,6 +191,17 @@ class Checkpoint:
                 shutil.rmtree(target, ignore_errors=True)
             raise
         return target
+
+    def _require_uncommitted(self) -> None:
+        """Raise when this checkpoint was handed out as committed and its manifest is gone
+        (retention or ``cairn prune`` deletes the manifest first, then the data): what is
+        left there may be part of it, never to be restored as if whole."""
+        if self._committed:
+            raise CheckpointNotFoundError(
+                f"The manifest of checkpoint {self._manifest_location.display()} is gone, "
+                "though it was committed: it was deleted after it committed (by retention "
+                "or `cairn prune`), or storage lost it. Its files are not restored; use a "
+                "checkpoint the run still holds (Result.from_path(...).best_checkpoints).")
 
     def _require_directory(self) -> None:
         kind = file_type(self._location, self._retry)
@@ -235,8 +249,11 @@ class Checkpoint:
             self._verify_local_once(local)
             yield local
             return
-        target = self.to_directory()
+        # Named after this process, so that a sweep removes it when the process is killed
+        # inside the block (an OOM kill while the model loads), as restore directories are.
+        target = make_directory(None)
         try:
+            self.to_directory(target)
             yield target
         finally:
             shutil.rmtree(target, ignore_errors=True)
@@ -285,6 +302,7 @@ class Checkpoint:
         try:
             data = read_bytes(where, self._retry)
         except CheckpointNotFoundError:
+            self._require_uncommitted()
             return  # Not committed: a directory a training loop wrote, nothing to check.
         manifest = Manifest.from_json(data, where=where.display())
         names = sorted(manifest.files)
@@ -369,11 +387,15 @@ class Checkpoint:
         return text + ")"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"location": self._location, "manifest_location": self._manifest_location}
+        return {"location": self._location, "manifest_location": self._manifest_location,
+                "committed": self._committed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location = state["location"]
         self._manifest_location = state.get("manifest_location", self._location)
+        # Handed out as committed (get_checkpoint, Result, reported checkpoints): a missing
+        # manifest is then a deletion or a loss, not a directory never committed.
+        self._committed = state.get("committed", False) is True
         self._options = StorageOptions()
         self._retry = self._options.retry
         self._written = {}
