@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from cairn import Checkpoint
@@ -36,6 +37,7 @@ from cairn._src.wire.messages import (
     StoppedMessage,
     UploadedMessage,
 )
+from cairn._src.worker import main as worker_main
 from cairn._src.worker import session as session_module
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.session import WorkerSession
@@ -293,6 +295,36 @@ def test_a_kept_rank_whose_driver_dies_while_it_stops_leaves(
         if rejoining is not None:
             rejoining.join(30)
             assert outcome == [None]
+    finally:
+        worker.close()
+
+
+def test_a_kept_rank_whose_driver_dies_while_it_waits_to_rejoin_leaves_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It leaves as any worker whose driver is gone (worker/main.py leave(): its process
+    # group with it), not quietly: the processes its train function started would outlive
+    # the run.
+    class Left(Exception):
+        pass
+
+    def leave() -> None:
+        raise Left
+
+    monkeypatch.setattr(worker_main, "leave", leave)
+    ours, theirs = Pipe()
+    setup = replace(_setup(str(tmp_path / "run")), keep_survivors=True,
+                    teardown_hooks=cloudpickle.dumps([]))
+    worker = WorkerSession(theirs, setup, RetryPolicy(), on_controller_lost=lambda: None)
+    try:
+        ours.send(StopMessage(0, "rank 1 failed"))
+        stopping, outcome = _in_thread(lambda: worker_main._stop_for_rejoin(
+            worker, setup, AttemptStopped("rank 1 failed")))
+        _received(ours, until=lambda m: isinstance(m, StoppedMessage))
+        ours.close()
+        stopping.join(30)
+        assert not stopping.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], Left)
     finally:
         worker.close()
 

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
@@ -213,7 +213,12 @@ def _stop_for_rejoin(session: WorkerSession, setup: SetupMessage,
                            setup.rank, hook_error)
     rejoin = session.wait_to_rejoin(setup.attempt)
     session.close()
-    return rejoin if rejoin is not None else 1
+    if rejoin is None:
+        # The controller's connection ended while this rank waited to rejoin: the driver
+        # is gone, so this process leaves as any worker whose driver is gone, with the
+        # processes its train function started.
+        leave()
+    return rejoin
 
 
 def _clear_frames(exc: BaseException) -> None:
@@ -363,7 +368,7 @@ def _preload() -> None:
             logger.debug("Could not preload %s: %s", name, exc)
 
 
-def leave() -> None:
+def leave() -> NoReturn:
     """The driver is gone (its connection ended): nobody will commit or answer, so the
     process leaves now, and so do the processes the train function started (a
     ``subprocess``, a ``multiprocessing`` pool) where this worker leads their process
