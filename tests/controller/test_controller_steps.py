@@ -69,7 +69,8 @@ def test_a_run_steps_from_initializing_to_finished(make) -> None:
     assert outcome.return_value == "the answer"
     assert harness.backend.shutdowns == 1
     assert harness.manager.index.attempts == 1 and harness.manager.index.failures == 0
-    assert harness.event_types() == ["session_start", "attempt_start", "workers_ready"]
+    assert harness.event_types() == ["session_start", "attempt_start", "workers_ready",
+                                     "train_start"]
     with pytest.raises(RuntimeError, match=r"state FINISHED: the run is over"):
         harness.controller.step()
 

@@ -299,3 +299,17 @@ def test_the_restore_plan_counts_a_copy_whose_commit_the_rank_had_not_heard_of()
     assert not plans[0].own_memory
     assert plans[0].reason == ("it holds no memory copy of report 3; no kept rank holds "
                                "report 3 in memory")
+
+
+def test_a_rank_still_in_its_set_up_is_not_kept() -> None:
+    # Rank 0 waits in the process group's rendezvous for rank 1, which died before it
+    # joined: no stop reaches it there, so the whole group restarts at once instead of
+    # waiting stop_timeout_s for it.
+    arguments: dict[str, object] = {
+        "enabled": True, "can_replace": True, "ranks": [0, 1, 2], "exited": {1},
+        "connected": {0, 1, 2}, "fatal": False,
+        "failures": [_failure(1, "Worker rank 1 (pid 9) was killed", "")]}
+    plan = plan_survivors(**arguments, started={2})  # type: ignore[arg-type]
+    assert plan.keep == frozenset() and plan.replace == {0, 1, 2}
+    assert "ranks [0] had not reached their train function" in plan.reason
+    assert plan_survivors(**arguments, started={0, 2}).keep == {0, 2}  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.location import resolve
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.wire.bootstrap import Bootstrap
-from cairn._src.wire.messages import DoneMessage, ErrorMessage
+from cairn._src.wire.messages import DoneMessage, ErrorMessage, TimingMessage
 
 
 class FakeClock:
@@ -203,6 +203,8 @@ class Harness:
         worker.peer = theirs
         self.inbox.post(NewConnection(ours, worker.rank, worker.pid,
                                       worker.attempt if attempt is None else attempt))
+        # Its set-up ends at once: its train function begins.
+        theirs.send(TimingMessage(worker.rank, "train_start", 0.0, self.clock.time()))
         return ours
 
     def received(self, worker: FakeWorker) -> list[Any]:

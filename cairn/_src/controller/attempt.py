@@ -31,6 +31,8 @@ class Attempt:
     commits_in_flight: int = 0
     first_report_seen: bool = False
     train_started: bool = False
+    # The ranks whose train function began (their set-up ended).
+    started_ranks: set[int] = field(default_factory=set)
     announced_dirs: set[str] = field(default_factory=set)
     last_commit_t: float | None = None
     # A rank found the resume checkpoint damaged (see Controller._resume_found_damaged).

@@ -382,6 +382,11 @@ class AttemptLoop:
             if attempt.went_unexplained(worker.rank):
                 attempt.failures.append(describe_lost(worker, True))
 
+    def read_waiting(self) -> None:
+        """Handle what every connection has waiting now, without waiting for more."""
+        for rank, connection in list(self.attempt.connections.items()):
+            self._read_connection(rank, connection)
+
     def _read_connection(self, rank: int, connection: Connection, *,
                          everything: bool = False) -> None:
         self._parts.channels.read(self.attempt, rank, connection, self._handle,
@@ -417,6 +422,7 @@ class AttemptLoop:
             self._send_verdicts(attempt.tracker.on_uploaded(message))
             self._enqueue_ready()
         elif isinstance(message, TimingMessage) and message.kind == "train_start":
+            attempt.started_ranks.add(message.rank)
             if not attempt.train_started:
                 attempt.train_started = True
                 parts.events.emit(TrainStart(t=message.at, attempt=attempt.number))

@@ -457,6 +457,8 @@ class Controller:
         # Exits seen since the failure, before any kill of Cairn's own (whose exit says
         # nothing of how the rank ended): how each lost rank's process ended.
         attempt.settle_exits()
+        if self._keep_survivors:  # what a rank sent before (its train function began)
+            loop.read_waiting()
         plan = self._plan_survivors(loop, fatal=failure.fatal)
         damaged = any(name in f.summary for f in attempt.failures for name in DAMAGE)
         if plan.keep and not damaged and isinstance(backend, RankReplacer):
@@ -501,7 +503,8 @@ class Controller:
             ranks=[w.rank for w in attempt.workers], failures=attempt.failures,
             # A rank whose train function returned is on its way out: replaced, not kept.
             exited=loop.exited | set(attempt.done), connected=attempt.connected,
-            fatal=fatal, preempted=info.preempted_ranks if info is not None else ())
+            fatal=fatal, preempted=info.preempted_ranks if info is not None else (),
+            started=attempt.started_ranks)
 
     def _finish(self, loop: AttemptLoop) -> RunOutcome:
         parts, attempt = self._parts, loop.attempt

@@ -12,6 +12,8 @@ The whole group restarts, as without the option, when:
 * the backend cannot replace one rank (a backend that is no :class:`RankReplacer`);
 * the failure is fatal, or more than one rank failed on its own (two failures overlap);
 * not every rank had connected, or no rank is left to keep;
+* a rank to keep had not reached its train function: its set-up (a process group's
+  rendezvous, which waits for the failed rank) cannot be stopped;
 * a kept rank does not stop within ``FailureConfig.stop_timeout_s``, or the plan made
   again once the kept ranks stopped (what they sent meanwhile: an error of their own, a
   return, an exit) keeps a rank that did not stop.
@@ -48,10 +50,12 @@ class SurvivorPlan:
 def plan_survivors(*, enabled: bool, can_replace: bool, ranks: Collection[int],
                    failures: list[WorkerFailure], exited: Collection[int],
                    connected: Collection[int], fatal: bool,
-                   preempted: Collection[int] = ()) -> SurvivorPlan:
+                   preempted: Collection[int] = (),
+                   started: Collection[int] | None = None) -> SurvivorPlan:
     """Which ranks to keep after a failed attempt (pure). ``exited``: ranks whose process
     went or whose train function returned; ``preempted``: ranks on nodes about to be
-    reclaimed (a preemption notice): neither can be kept."""
+    reclaimed (a preemption notice): neither can be kept. ``started``: the ranks whose
+    train function began (None: not asked)."""
     everyone = frozenset(ranks)
 
     def whole(reason: str) -> SurvivorPlan:
@@ -72,6 +76,10 @@ def plan_survivors(*, enabled: bool, can_replace: bool, ranks: Collection[int],
     keep = everyone - replace
     if not keep:
         return whole("no rank is left to keep")
+    if started is not None and not keep <= set(started):
+        return whole(f"ranks {sorted(keep - set(started))} had not reached their train "
+                     "function (a set-up, such as a process group's rendezvous, cannot be "
+                     "stopped)")
     return SurvivorPlan(keep, replace, f"kept ranks {sorted(keep)}, replacing "
                         f"{sorted(replace)}")
 
