@@ -508,15 +508,16 @@ class RestoreSources:
         if prefetched is None or not prefetched.objects or not wanted:
             return None
         started = time.perf_counter()
-        outcome = Outcome(reasons=list(prefetched.outcome.reasons),
-                          peer_rank=prefetched.outcome.peer_rank)
+        # Of the peers' files, only those this restore uses count (and name its peer).
+        outcome = Outcome(reasons=list(prefetched.outcome.reasons))
         objects: dict[str, Any] = {}
         try:
             for rel in wanted:
                 value = prefetched.objects.get(rel)
-                if value is not None:
+                source = prefetched.outcome.from_peers.get(rel)
+                if value is not None and source is not None:
                     objects[rel] = value if rel in shared else deepcopy(value)
-                    outcome.peer_bytes += manifest.files[rel].size
+                    outcome.from_peers[rel] = source
                     continue
                 data = plan.driver_files.get(rel)
                 if not isinstance(data, bytes) or entry_of_bytes(data) != manifest.files[rel]:
@@ -575,10 +576,10 @@ class RestoreSources:
         reason = "; ".join(outcome.reasons)
         if "storage" in parts:
             logger.warning("Rank %d restores report %d from %s: %s", self._rank,
-                           plan.report_index, source, reason)
+                           plan.report_index, outcome.described(source), reason)
         else:
             logger.info("Rank %d restored report %d from %s", self._rank, plan.report_index,
-                        source)
+                        outcome.described(source))
         try:
             self._send(RestoredMessage(
                 self._rank, plan.report_index, source, reason, outcome.memory_bytes,

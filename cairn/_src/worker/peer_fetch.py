@@ -52,15 +52,46 @@ MAX_MESSAGE = 64 << 20
 
 @dataclass
 class Outcome:
-    """What one restore got from where (bytes), the peer it used, and why it read
-    storage (``reasons``, in order)."""
+    """What one restore got from where (bytes), which peer supplied each file it took
+    from a peer (``from_peers``: name -> (peer rank, size)), and why it read storage
+    (``reasons``, in order). A file goes into ``from_peers`` once verified and leaves
+    it when the restore does not use it after all: the peer bytes and the peer a
+    restore reports are those of the files it used, never of others fetched beside
+    them (a restore without files uses the states it asks for, not another rank's)."""
 
     memory_bytes: int = 0
-    peer_bytes: int = 0
     driver_bytes: int = 0
     storage_bytes: int = 0
-    peer_rank: int | None = None
     reasons: list[str] = field(default_factory=list)
+    from_peers: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def peer_bytes(self) -> int:
+        return sum(size for _, size in self.from_peers.values())
+
+    def bytes_by_peer(self) -> dict[int, int]:
+        """The bytes each peer supplied, in the order the peers first supplied a file."""
+        totals: dict[int, int] = {}
+        for peer_rank, size in self.from_peers.values():
+            totals[peer_rank] = totals.get(peer_rank, 0) + size
+        return totals
+
+    @property
+    def peer_rank(self) -> int | None:
+        """The peer that supplied most of the bytes from peers (of several with as many,
+        the first to supply a file); None when no peer supplied one. The event log has
+        one peer per restore: where several supplied files, this is its main source."""
+        totals = self.bytes_by_peer()
+        return max(totals, key=totals.__getitem__, default=None)
+
+    def described(self, source: str) -> str:
+        """``source`` (a restore's sources, "peer+driver") for a log line: with the bytes
+        of each peer where several supplied files (the event log names one)."""
+        totals = self.bytes_by_peer()
+        if len(totals) < 2:
+            return source
+        return source + " (" + ", ".join(f"peer rank {peer_rank}: {size} bytes"
+                                         for peer_rank, size in totals.items()) + ")"
 
 
 @dataclass
@@ -149,8 +180,7 @@ def fetch_from_peer(authkey: bytes, peer_rank: int, address: tuple[str, int],
                 outcome.reasons.append(f"peer rank {peer_rank}'s copy of {rel!r} does "
                                        "not match the manifest's checksum")
                 break
-            outcome.peer_bytes += size
-            outcome.peer_rank = peer_rank
+            outcome.from_peers[rel] = (peer_rank, size)
             got.add(rel)
     except Exception as exc:  # whatever a peer sends, storage takes over
         outcome.reasons.append(f"the transfer from peer rank {peer_rank} failed: "
@@ -323,7 +353,7 @@ def place_prefetched(prefetched: Prefetched, target: str) -> None:
                               functools.partial(serialize, value)) is not None:
                 prefetched.got.add(rel)
             else:  # (verified when mapped; storage has it)
-                prefetched.outcome.peer_bytes -= prefetched.files[rel].size
+                prefetched.outcome.from_peers.pop(rel, None)
     finally:
         shutil.rmtree(prefetched.directory, ignore_errors=True)
 

@@ -104,8 +104,7 @@ def fetch_mapped(authkey: bytes, peer_rank: int, address: tuple[str, int],
                                        f"{str(exc)[:200]}")
                 continue
             used[rel] = value
-            outcome.peer_bytes += files[rel].size
-            outcome.peer_rank = peer_rank
+            outcome.from_peers[rel] = (peer_rank, files[rel].size)
         return used
     except Exception as exc:  # whatever a peer sends, the usual route takes over
         logger.debug("Peer rank %d's shared copy was not used: %s", peer_rank, exc)
