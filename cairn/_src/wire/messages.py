@@ -362,6 +362,7 @@ class RestoredMessage:
     peer_bytes: int
     storage_bytes: int
     seconds: float
+    # The peer that supplied most of the peer bytes the restore used.
     peer_rank: int | None = None
     # The peers' files were fetched from the attempt's start, beside the train function
     # (see worker/peer_prefetch.py); ``seconds`` then counts from that start.
