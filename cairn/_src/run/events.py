@@ -254,9 +254,8 @@ class RestorePlanned(Event):
 class Restored(Event):
     """A rank restored the checkpoint of report ``index`` (with ``keep_survivors``):
     ``kind`` names its sources ("memory", "peer", "driver", "local tier", "storage", joined
-    by "+"), the bytes from each (``peer``: the peer that gave most of them), ``seconds``
-    it took, ``reason``: why storage was read ("" if not), ``prefetched``: the peers were
-    asked from the attempt's start."""
+    by "+"), the bytes from each (``peer``: who gave most), ``seconds`` it took, ``reason``:
+    why storage was read ("" if not), ``prefetched``: peers asked from the attempt's start."""
 
     TYPE: ClassVar[str] = "restored"
     rank: int | None = None
