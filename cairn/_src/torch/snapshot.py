@@ -20,7 +20,10 @@ from typing import Any, BinaryIO
 
 from torch import nn
 
+from cairn._src.checkpoint.checkpoint import METADATA_FILE_NAME
 from cairn._src.errors import ReportError
+from cairn._src.run.layout import MANIFEST_NAME
+from cairn._src.storage.fileio import TEMPORARY_MARK
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.torch.snapshot_buffers import BufferSet, SnapshotBuffers, copy_state
 from cairn._src.torch.training_state import (
@@ -71,13 +74,19 @@ def report_snapshot(
     * ``report_snapshot(metrics, state_dict)``: any nested dict/list of tensors and plain
       values, saved by rank 0 as ``file_name`` (other ranks report metrics only), or with
       ``per_rank=True`` by every rank as ``rank_<r>/<file_name>``; read it back with
-      ``torch.load``.
+      ``torch.load``. ``file_name`` is one name without ``/`` that is none of Cairn's own
+      files in a checkpoint directory (the manifest, the metadata file, a name with the
+      temporary-file mark): those raise :class:`ReportError` here.
 
     It returns once the tensors are copied to CPU memory (buffers reused across calls:
     no allocation when shapes match; pinned, and asynchronous, for CUDA tensors), or
     later only when ``CheckpointConfig.max_pending_uploads`` snapshots are already
-    pending. Serialization, upload and commit happen on the upload thread; the returned
-    :class:`ReportHandle` follows the commit, and the run does not finish before it.
+    pending. Tensors that share a storage stay linked in the copy, as ``torch.save``
+    keeps them, and meta tensors pass through (:func:`.snapshot_buffers.copy_state`
+    says what is kept); the copy is the same whatever the caller's default device,
+    grad or inference mode. Serialization, upload and commit happen on the upload
+    thread; the returned :class:`ReportHandle` follows the commit, and the run does not
+    finish before it.
     """
     session = get_session("report_snapshot")
     if (state_dict is None) == (model is None):
@@ -133,9 +142,26 @@ def _state_dict_files(
             f"as {STATE_FILE!r}."
         )
     name = check_relative_path(file_name, argument="report_snapshot(file_name)")
+    _check_not_reserved(name)
     if per_rank:
         return {f"rank_{rank}/{name}": state_dict}
     return {name: state_dict} if rank == 0 else {}
+
+
+def _check_not_reserved(name: str) -> None:
+    # The manifest (its presence is the commit) and the metadata file are Cairn's own
+    # files in every checkpoint directory; a name with the temporary mark is taken for a
+    # torn write and deleted. In any letter case: a case-insensitive store folds them.
+    folded = name.casefold()
+    if (folded in (MANIFEST_NAME.casefold(), METADATA_FILE_NAME.casefold())
+            or TEMPORARY_MARK.casefold() in folded):
+        raise ReportError(
+            f"report_snapshot(file_name={name!r}) names one of Cairn's own files in a "
+            f"checkpoint directory; choose another file name without '/', such as "
+            f"{STATE_FILE!r} (reserved: {MANIFEST_NAME!r}, the manifest, "
+            f"{METADATA_FILE_NAME!r}, the checkpoint's metadata, and any name containing "
+            f"{TEMPORARY_MARK!r}, in any letter case)."
+        )
 
 
 class _Writer:

@@ -268,13 +268,14 @@ def describe(value: Any, arena: Arena) -> tuple[bytes, list[Placed]] | None:
         offset = (arena.offset_of(tensor)
                   if type(tensor) is torch.Tensor and tensor.device.type == "cpu" else None)
         if offset is None:
-            inline += tensor.numel() * tensor.element_size()
+            if tensor.device.type != "meta":  # (a meta tensor has no data to carry)
+                inline += tensor.numel() * tensor.element_size()
             seen[id(tensor)] = tensor
             return tensor
         placed.append((index, offset, tensor.untyped_storage().nbytes(),
                        str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
                        tuple(tensor.stride()), tensor.storage_offset()))
-        seen[id(tensor)] = torch.empty(0, dtype=tensor.dtype)
+        seen[id(tensor)] = torch.empty(0, dtype=tensor.dtype, device="cpu")
         return seen[id(tensor)]
 
     skeleton = each_tensor(value, replace)
@@ -341,6 +342,9 @@ def rebuild(skeleton: bytes, placed: object, mapping: mmap.mmap) -> Any:
     if not isinstance(placed, list) or len(where) != len(placed):
         raise ValueError("the peer's description of its tensors is malformed")
     made: dict[int, Any] = {}
+    # Tensors placed over one storage (views of one snapshot buffer) share one again:
+    # serialized, the storage is written once, as it was by the peer.
+    storages: dict[tuple[int, int], Any] = {}
     counter = itertools.count()
 
     def replace(tensor: Any) -> Any:
@@ -354,10 +358,12 @@ def rebuild(skeleton: bytes, placed: object, mapping: mmap.mmap) -> Any:
         dtype = getattr(torch, dtype_name)
         if tensor.numel() or tensor.dtype != dtype:
             raise ValueError("the peer's skeleton does not match its tensors")
-        storage = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes,
-                                   offset=offset).untyped_storage()
-        made[id(tensor)] = torch.empty(0, dtype=dtype).set_(storage, storage_offset, shape,
-                                                            stride)
+        storage = storages.get((offset, nbytes))
+        if storage is None:
+            storage = storages[offset, nbytes] = torch.frombuffer(
+                mapping, dtype=torch.uint8, count=nbytes, offset=offset).untyped_storage()
+        made[id(tensor)] = torch.empty(0, dtype=dtype, device="cpu").set_(
+            storage, storage_offset, shape, stride)
         return made[id(tensor)]
 
     result = each_tensor(value, replace)
