@@ -168,3 +168,51 @@ def test_a_forked_child_of_a_worker_still_dies_of_sigterm(
             scaling_config=ScalingConfig(num_workers=2), run_config=config).fit()
     assert [_read(scratch, f"child_exit_{rank}") for rank in (0, 1)] == [-signal.SIGTERM] * 2
     assert not [e for e in _events(run_dir(config)) if isinstance(e, PreemptionNotice)]
+
+
+def _workers_of_this_process() -> list[int]:
+    """The local backend's worker processes this test's driver started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and b"cairn._src.worker.main" in command:
+            found.append(int(entry))
+    return found
+
+
+def test_a_notice_that_comes_while_a_worker_starts_is_a_notice(
+        run_config: RunConfigFactory, scratch: str) -> None:
+    # SIGTERM the moment the worker process exists, while it still imports: it waits for
+    # the notice's handler instead of killing the worker (a failure, not a preemption).
+    stop = threading.Event()
+    signalled: list[int] = []
+
+    def notice_at_start() -> None:
+        while not stop.is_set() and not signalled:
+            for pid in _workers_of_this_process()[:1]:
+                os.kill(pid, signal.SIGTERM)
+                signalled.append(pid)
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=notice_at_start, daemon=True)
+    thread.start()
+    try:
+        result, directory = _fit(run_config, scratch,
+                                 FailureConfig(max_failures=0, preemption_deadline_s=60.0),
+                                 await_notice=[0], steps=4)
+    finally:
+        stop.set()
+        thread.join()
+    assert signalled
+    assert result.metrics is not None and result.metrics["step"] == 4
+    assert not [e for e in _events(directory) if isinstance(e, Failure)]
+    assert [e.source for e in _events(directory) if isinstance(e, PreemptionNotice)] == [
+        "SIGTERM"]

@@ -288,15 +288,23 @@ class LocalBackend:
         return merged
 
     def _spawn(self, rank: int, num_workers: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cairn._src.worker.main"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE if self._forward_output else None,
-            stderr=subprocess.STDOUT if self._forward_output else None,
-            env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
-                 "CAIRN_LOCAL_RANK": str(rank), "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
-            start_new_session=True,
-        )
+        # The worker starts with SIGTERM blocked (a signal mask survives fork and exec) and
+        # unblocks it once its preemption notice handles it: a notice sent while it still
+        # imports stays pending instead of killing it (worker/main.py).
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "cairn._src.worker.main"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE if self._forward_output else None,
+                stderr=subprocess.STDOUT if self._forward_output else None,
+                env={**env, "CAIRN_RANK": str(rank), "CAIRN_WORLD_SIZE": str(num_workers),
+                     "CAIRN_LOCAL_RANK": str(rank),
+                     "CAIRN_LOCAL_WORLD_SIZE": str(num_workers)},
+                start_new_session=True,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     @staticmethod
     def _standby_key_of(num_workers: int, env: dict[str, str]) -> tuple[

@@ -379,8 +379,11 @@ def leave() -> NoReturn:
 
 
 def main() -> None:
-    # SIGTERM is the local backend's preemption notice (worker/preemption.py).
+    # SIGTERM is the local backend's preemption notice (worker/preemption.py). The local
+    # backend starts this process with SIGTERM blocked: one sent while it imported waits
+    # for the handler, and is a notice too.
     notices = SigtermNotice()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _preload()
     line = sys.stdin.buffer.readline()
     if not line:
