@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cairn._src.errors import ReportError
-from cairn._src.worker.main import InDriver, run_from_bootstrap
+from cairn._src.worker.main import INTERRUPTS, InDriver, run_from_bootstrap
 from cairn._src.worker.session import get_session, set_session
 
 if TYPE_CHECKING:
@@ -89,6 +89,10 @@ class InProcessWorker:
         self.stop_requested = False
         self.exit_code: int | None = None
         self.error: BaseException | None = None
+        # What the train function raised, reported as the attempt's failure: the object
+        # itself, with its frames, kept while this is the run's last attempt.
+        self.failure: BaseException | None = None
+        self._superseded = False
 
     @property
     def exit_watcher(self) -> InProcessWorker:
@@ -136,6 +140,20 @@ class InProcessWorker:
                 finally:
                     os.close(self._write_fd)
                     self._write_fd = None
+
+    def keep_failure(self, error: BaseException) -> None:
+        """The calling thread: the train function raised ``error``, its failure. Not kept
+        once a later attempt started (see :meth:`supersede`)."""
+        with self._lock:
+            if not self._superseded:
+                self.failure = error
+
+    def supersede(self) -> None:
+        """A later attempt started: the failure kept is dropped, so that its frames (the
+        train function's model, say) do not live on through the restarts."""
+        with self._lock:
+            self._superseded = True
+            self.failure = None
 
     @property
     def ended(self) -> bool:
@@ -218,7 +236,8 @@ class InProcessBackend:
 
     ``train_fn``, ``config`` and the hooks are the driver's own objects (see
     :class:`~cairn._src.worker.main.InDriver`); ``on_return`` receives the function's
-    return value; ``on_interrupt`` ends the run on Ctrl-C in the function.
+    return value; ``on_interrupt`` ends the run on Ctrl-C, ``sys.exit()`` or quitting the
+    debugger in the function (:data:`~cairn._src.worker.main.INTERRUPTS`).
     """
 
     train_fn: Callable[..., Any]
@@ -250,6 +269,7 @@ class InProcessBackend:
         # stays open until it ends, so that end() finds a reader; close() closes the rest.
         earlier = [*self._ending, *self.workers]
         for old in earlier:
+            old.supersede()
             if old.ended:
                 old.close_watcher()
         self._ending = [old for old in earlier if not old.ended]
@@ -259,6 +279,12 @@ class InProcessBackend:
         logger.info("Attempt %d: the train function runs in the driver's process (local "
                     "mode, pid %d)", bootstrap.attempt, worker.pid)
         return [worker]
+
+    def failure_of_last_attempt(self) -> BaseException | None:
+        """What the train function raised in the last attempt started, reported as its
+        failure: the object itself, with its traceback; None when it raised nothing (or
+        was stopped). Read before :meth:`close`."""
+        return self.workers[0].failure if self.workers else None
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for the train function to return, then stop it."""
@@ -291,9 +317,10 @@ class InProcessBackend:
     def serve(self) -> None:
         """Run each attempt the controller starts until :meth:`end_serving`.
 
-        A ``KeyboardInterrupt`` (Ctrl-C in the train function or while waiting) is raised
-        to the caller, with the attempt it interrupted left running for the controller:
-        the caller stops the controller before anything else.
+        A ``KeyboardInterrupt`` (Ctrl-C in the train function or while waiting), or a
+        ``SystemExit`` or ``bdb.BdbQuit`` from the function (:data:`~cairn._src.worker.
+        main.INTERRUPTS`), is raised to the caller, with the attempt it interrupted left
+        running for the controller: the caller stops the controller before anything else.
         """
         while True:
             request = self._requests.get()
@@ -325,10 +352,16 @@ class InProcessBackend:
             if self.on_interrupt is not None:
                 self.on_interrupt()
 
+        def keep_failure(error: BaseException) -> None:
+            # The controller's stop is its own failure, not the function's.
+            if not isinstance(error, TrainFunctionStopped):
+                worker.keep_failure(error)
+
         in_driver = InDriver(train_fn=self.train_fn, config=self.config,
                              on_controller_lost=worker.stop,
                              setup_hooks=self.setup_hooks, teardown_hooks=self.teardown_hooks,
-                             on_return=self.on_return, on_interrupt=interrupt)
+                             on_return=self.on_return, on_interrupt=interrupt,
+                             on_failure=keep_failure)
         code: int = 1
         error: BaseException | None = None
         try:
@@ -340,7 +373,7 @@ class InProcessBackend:
             logger.info("The train function was stopped: the controller ended attempt %d",
                         worker.bootstrap.attempt)
             error = exc
-        except KeyboardInterrupt:
+        except INTERRUPTS:  # before Exception: bdb.BdbQuit is one
             worker.detach()
             raise
         except Exception as exc:

@@ -13,7 +13,10 @@ Differences the user meets (docs/local-mode.md): the live view is off unless
 ``RunConfig(progress=...)`` or ``CAIRN_PROGRESS`` asks for it (a refreshing status line
 would mix with a debugger's prompt); ``RunConfig.worker_env`` is not applied (the function
 runs in the driver's environment); Ctrl-C stops the run and ``fit()`` raises
-``KeyboardInterrupt``, as it does with workers.
+``KeyboardInterrupt``, as it does with workers, and so do ``sys.exit()`` and quitting the
+debugger (``SystemExit``, ``bdb.BdbQuit``), as in Ray's local mode; a run that fails for
+good raises its ``WorkerGroupError`` from the exception the train function raised, the
+object itself (``worker_failures[0]``), whose traceback reaches the frame that failed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cairn._src.config.run import RunConfig
-from cairn._src.errors import ConfigError
+from cairn._src.errors import ConfigError, WorkerGroupError, WorkerProcessError
 from cairn._src.observe.live_view import PROGRESS_ENV
 
 if TYPE_CHECKING:
@@ -92,10 +95,13 @@ class DriverRun:
     def run(self, controller: Controller, backend: InProcessBackend) -> RunOutcome:
         """The run's outcome, or the controller's own exception.
 
-        On ``KeyboardInterrupt`` here (in the train function or between attempts), the
-        controller is interrupted as Ctrl-C interrupts it when it runs on the calling
-        thread (the session ends "interrupted"), then the interrupt is raised.
+        On ``KeyboardInterrupt`` here (in the train function or between attempts), or a
+        ``SystemExit`` or ``bdb.BdbQuit`` from the function, the controller is interrupted
+        as Ctrl-C interrupts it when it runs on the calling thread (the session ends
+        "interrupted"), then that exception is raised. A run that failed has the train
+        function's own exception in its error (see :func:`with_own_exception`).
         """
+        from cairn._src.worker.main import INTERRUPTS
 
         def run_controller() -> None:
             try:
@@ -108,17 +114,21 @@ class DriverRun:
         self._thread = threading.Thread(target=run_controller, name="cairn-controller",
                                         daemon=True)
         self._thread.start()
+        raised: BaseException | None = None
         try:
             backend.serve()
-        except KeyboardInterrupt:
+        except INTERRUPTS:
             self.interrupt()
             raise
         finally:
             self._thread.join()
+            raised = backend.failure_of_last_attempt()
             backend.close()
         if self._failure:
             raise self._failure[0]
-        return self._outcome[0]
+        outcome = self._outcome[0]
+        with_own_exception(outcome.error, raised)
+        return outcome
 
     def interrupt(self) -> None:
         """Stop the controller as Ctrl-C would and wait for it (the calling thread)."""
@@ -131,3 +141,26 @@ class DriverRun:
             logger.info("Interrupted: stopping the run's controller")
             raise_in_thread(thread.ident, KeyboardInterrupt)
         thread.join()
+
+
+def with_own_exception(error: BaseException | None, raised: BaseException | None) -> None:
+    """Put ``raised``, what the train function raised in the run's last attempt (the object
+    itself, with its traceback), in place of its copy in ``error.worker_failures[0]`` (the
+    copy unpickled from the rank's report has no traceback), and make it ``error``'s
+    cause: ``fit()`` raises ``error`` from it, and the traceback Python prints, or a
+    post-mortem debugger walks from the cause, reaches the frame that failed.
+
+    Nothing changes unless ``worker_failures[0]`` is that report's copy: of the same type,
+    or a ``WorkerProcessError`` naming it (the exception could not be pickled).
+    """
+    if not isinstance(error, WorkerGroupError) or raised is None:
+        return
+    copy = error.worker_failures.get(0)
+    if copy is None or not (
+            type(copy) is type(raised)
+            or (isinstance(copy, WorkerProcessError)
+                and str(copy).startswith(f"{type(raised).__name__}: "))):
+        return
+    error.worker_failures[0] = raised
+    error.__cause__ = raised
+    error.__suppress_context__ = True

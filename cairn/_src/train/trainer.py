@@ -271,7 +271,8 @@ class Trainer:
         call_hooks(self.run_config.callbacks, "on_run_end", result)
         if outcome.error is not None:
             # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's
-            # exception (or a ControllerError); its text names where the run stays.
+            # exception (or a ControllerError); its text names where the run stays. In
+            # local mode its cause is the train function's own exception (local_mode.py).
             if isinstance(outcome.error, TrainingFailedError):
                 raise outcome.error
             raise ControllerError(outcome.error) from outcome.error

@@ -7,6 +7,7 @@ uploads to commit, and reports the return value or the error.
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import gc
 import importlib
@@ -53,6 +54,11 @@ _CONNECT_TIMEOUT_S = 30.0
 _FLUSH_TIMEOUT_S = 10.0
 # Modules a worker imports before it reads its bootstrap (see _preload).
 PRELOAD_ENV = "CAIRN_PRELOAD"
+# What ends a run whose train function runs in the driver's process (local mode) instead
+# of failing its attempt: Ctrl-C, sys.exit() (Lightning turns Ctrl-C into sys.exit(1)) and
+# "q" at a debugger's prompt. Each ends the run as interrupted, no failure counted, and
+# fit() raises it as it was raised, as Ray Train's local mode does.
+INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, bdb.BdbQuit)
 
 
 def _pickle_exception(exc: BaseException) -> bytes | None:
@@ -71,9 +77,9 @@ class InDriver:
     The train function, its config and the hooks are the driver's own objects, not copies
     unpickled from the setup message, so the function sees and changes the driver's state
     as a direct call would. ``on_controller_lost`` replaces the worker's exit when the
-    controller's connection drops. A ``KeyboardInterrupt`` in the train function is raised
-    to the caller instead of reported as the rank's failure: it ends the run, not the
-    attempt.
+    controller's connection drops. One of :data:`INTERRUPTS` in the train function (Ctrl-C,
+    ``sys.exit()``, quitting the debugger) is raised to the caller instead of reported as
+    the rank's failure: it ends the run, not the attempt.
     """
 
     train_fn: Callable[..., Any]
@@ -83,9 +89,13 @@ class InDriver:
     teardown_hooks: list[Callable[[Any], None]] = field(default_factory=list)
     # Given rank 0's return value itself (Result.return_value is then that object).
     on_return: Callable[[Any], None] | None = None
-    # Called on Ctrl-C in the train function before the connection closes: it ends the
-    # run (interrupted), so that the controller does not take the closing for a failure.
+    # Called on one of INTERRUPTS in the train function before the connection closes: it
+    # ends the run (interrupted), so that the controller does not take the closing for a
+    # failure.
     on_interrupt: Callable[[], None] | None = None
+    # Given the exception itself, with its traceback, before it is reported as the rank's
+    # failure: fit() raises the run's error from it, where the frames that failed are.
+    on_failure: Callable[[BaseException], None] | None = None
 
 
 def run_worker(connection: Connection, rank: int, attempt: int,
@@ -152,7 +162,9 @@ def run_worker(connection: Connection, rank: int, attempt: int,
     except BaseException as exc:
         if in_driver is not None:
             _tear_down_after_failure(teardown, session.context)
-        if in_driver is not None and isinstance(exc, KeyboardInterrupt):
+        if in_driver is not None and isinstance(exc, INTERRUPTS):
+            logger.info("The train function raised %s: the run ends, interrupted, without "
+                        "a restart", type(exc).__name__)
             session.close()
             if in_driver.on_interrupt is not None:
                 in_driver.on_interrupt()
@@ -161,6 +173,8 @@ def run_worker(connection: Connection, rank: int, attempt: int,
         if (in_driver is None and setup.keep_survivors and not fatal
                 and isinstance(exc, Exception | AttemptStopped)):
             return _stop_for_rejoin(session, setup, exc)
+        if in_driver is not None and in_driver.on_failure is not None:
+            in_driver.on_failure(exc)
         message = _error_message(rank, exc, fatal=fatal)
         session.close()
         session.send(message)
