@@ -218,8 +218,9 @@ def test_a_segment_at_the_last_number_is_a_clear_error(tmp_path: Path) -> None:
     (log_dir / "segment_999999999999.jsonl").write_text('{"i": 0}\n')
     directory = resolve(str(log_dir))
     assert read_log(directory, RETRY) == [{"i": 0}]
-    with pytest.raises(ManifestError, match=r"The log .*log holds segment_999999999999\.jsonl, "
-                                            r"the last segment number .* Remove it"):
+    with pytest.raises(ManifestError, match=r"The log .*log holds segment_999999999999\.jsonl "
+                                            r"or a writer's claim of it, the last segment "
+                                            r"number .* Remove it"):
         SegmentLog(directory, RETRY)
 
 

@@ -183,10 +183,11 @@ def test_a_claim_left_by_a_dead_writer_is_skipped_and_never_read(run: Path) -> N
 
 
 def test_a_claim_at_the_last_segment_number_is_a_clear_error(run: Path) -> None:
+    # Planted after the log opened (one planted before is refused at the open).
     metrics = run / METRICS_DIR
+    log = _log(run)
     planted = f"_cairn_claim.segment_999999999999.jsonl.{'b' * 32}"
     (metrics / planted).write_bytes(b"")
-    log = _log(run)
     log.append({"report_index": 1, "metrics": {"r": "kept"}})
     with pytest.raises(ManifestError, match=r"holds _cairn_claim\.segment_999999999999\.jsonl"
                                             r"\.b+, .* Remove it"):

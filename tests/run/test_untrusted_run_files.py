@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 import tracemalloc
@@ -171,3 +172,44 @@ def test_a_lease_host_with_control_characters_never_reaches_a_message_raw(
         lease.release()
     warning = caplog.records[0].getMessage()
     assert "(host evil\\n2030" in warning and "\n" not in warning and "\x1b" not in warning
+
+
+def test_a_segment_of_more_records_than_any_writer_makes_is_read_in_part(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Each record kept costs far more than its bytes: the reader stops at the cap.
+    record = b'{"report_index":1,"metrics":{}}\n'
+    _write_segment(tmp_path / "metrics", record * (segment_log.MAX_SEGMENT_RECORDS + 5))
+    with caplog.at_level(logging.WARNING, logger="cairn._src.run.segment_log"):
+        records = read_log(resolve(str(tmp_path / "metrics")), RETRY)
+    assert len(records) == segment_log.MAX_SEGMENT_RECORDS
+    assert (f"segment_000000.jsonl holds more than {segment_log.MAX_SEGMENT_RECORDS} "
+            "records, which no segment Cairn writes does") in caplog.text
+    with pytest.raises(ConfigError, match=r"records_per_segment=10001 must be from 1 to 10000"):
+        SegmentLog(resolve(str(tmp_path / "metrics")), RETRY,
+                               records_per_segment=10_001)
+
+
+def test_a_log_directory_that_is_a_link_is_neither_read_nor_written(tmp_path: Path) -> None:
+    # It points at another run's log: its records are not this run's, nor is it this
+    # run's to write to.
+    other = tmp_path / "other" / "events"
+    _write_segment(other, b'{"type":"session_start","t":1.0}\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events").symlink_to(other)
+    before = sorted(os.listdir(other))
+    for action in (lambda: read_log(resolve(str(run / "events")), RETRY),
+                   lambda: SegmentLog(resolve(str(run / "events")), RETRY)):
+        with pytest.raises(ManifestError, match=r"events is a symbolic link: not a directory "
+                                                r"this run wrote"):
+            action()
+    assert sorted(os.listdir(other)) == before
+
+
+def test_a_planted_claim_of_the_last_segment_number_is_refused_when_the_log_opens(
+        tmp_path: Path) -> None:
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / f"_cairn_claim.segment_999999999999.jsonl.{'a' * 32}").touch()
+    with pytest.raises(ManifestError, match=r"holds segment_999999999999\.jsonl or a "
+                                            r"writer's claim of it"):
+        SegmentLog(resolve(str(tmp_path / "metrics")), RETRY)

@@ -39,11 +39,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cairn._src.errors import CheckpointDamagedError, ManifestError, StorageError
+from cairn._src.errors import CheckpointDamagedError, ConfigError, ManifestError, StorageError
 from cairn._src.run import schema
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.storage.fileio import (
     delete_file,
+    is_local_link,
     list_dir_names,
     read_bytes,
     write_bytes_atomic,
@@ -68,6 +69,9 @@ _SHOWN = 3
 # it), so that large metrics (a histogram per report) never make a segment unreadable,
 # and a bound on what one flush rewrites.
 MAX_SEGMENT_BYTES = 16 << 20
+# The most records a reader takes from one segment: the writer closes one at
+# ``records_per_segment`` (500) records, so only a planted segment holds more.
+MAX_SEGMENT_RECORDS = 10_000
 # A writer's claim of the segment it starts: the segment's name and the writer's session
 # (32 lowercase hex digits). Reserved by its prefix (``_cairn``), never a segment's name.
 _CLAIM = re.compile(r"_cairn_claim\.(segment_[0-9]{6,12}\.jsonl)\.([0-9a-f]{32})")
@@ -108,19 +112,31 @@ def is_segment_name(name: str) -> bool:
     return match is not None and _segment_name(int(match.group(1))) == name
 
 
-def _segment_numbers(directory: StorageLocation, retry: RetryPolicy) -> list[int]:
-    """The numbers of the segments in ``directory``, ascending.
+def _segment_numbers(directory: StorageLocation, retry: RetryPolicy, *,
+                     claims: bool = False) -> list[int]:
+    """The numbers of the segments in ``directory``, ascending (with ``claims``: and of
+    every writer's claim of one).
 
     Only names Cairn writes count (``_segment_name(n)`` for ``n`` up to
     :data:`MAX_SEGMENT_NUMBER`, ASCII digits): other names that look like segments (other
     scripts' digits, leading zeros beyond six digits, too many digits) are ignored, with
-    one warning per listing that counts them.
+    one warning per listing that counts them. A log directory that is a symbolic link on
+    the local disk is refused (:class:`ManifestError`): it is not a directory this run
+    wrote, and its records (another run's) must not be read or written as this run's.
     """
+    if is_local_link(directory):
+        raise ManifestError(
+            f"The log {directory.display()} is a symbolic link: not a directory this run "
+            "wrote, so its records are not read as this run's nor written to. Remove the "
+            "link (what it points at is left as it is).")
     numbers = []
     foreign = []
     for name in list_dir_names(directory, retry):
+        held = _number_held(name, "") if claims else None
         if is_segment_name(name):
             numbers.append(int(name[len("segment_"):-len(".jsonl")]))
+        elif held is not None:
+            numbers.append(held)
         elif _SEGMENT_LIKE.fullmatch(name):
             foreign.append(name)
     if foreign:
@@ -204,6 +220,7 @@ def _lines(data: bytes) -> Iterator[bytes]:
 def _parse_segment(
     data: bytes, where: str, document: schema.Document, skipped: _Skipped
 ) -> Iterator[dict[str, Any]]:
+    taken = 0
     for line_number, line in enumerate(_lines(data), start=1):
         if not line.strip():
             continue
@@ -217,6 +234,13 @@ def _parse_segment(
             # or a record someone else wrote: everything else is still usable.
             skipped.add(str(exc))
             continue
+        if taken == MAX_SEGMENT_RECORDS:
+            # Each record kept costs a reader far more than its bytes: a segment of many
+            # tiny records (planted) would cost gigabytes.
+            skipped.add(f"{where} holds more than {MAX_SEGMENT_RECORDS} records, which no "
+                        "segment Cairn writes does: the records after them are skipped")
+            return
+        taken += 1
         yield record
 
 
@@ -275,6 +299,9 @@ class SegmentLog:
         durable: bool = False,
         fence: Callable[[], None] | None = None,
     ) -> None:
+        if not 1 <= records_per_segment <= MAX_SEGMENT_RECORDS:
+            raise ConfigError(f"records_per_segment={records_per_segment!r} must be from 1 "
+                              f"to {MAX_SEGMENT_RECORDS}, the most a reader takes.")
         self._directory = directory
         self._retry = retry
         # The run lease's check (raises RunLeaseError once another driver holds the run),
@@ -301,17 +328,19 @@ class SegmentLog:
         self._session = secrets.token_hex(16)
         self._claimed = False
         self._claim: StorageLocation | None = None
-        numbers = _segment_numbers(directory, retry)
-        # Resuming a run starts a new segment: the old ones are never rewritten.
+        numbers = _segment_numbers(directory, retry, claims=True)
+        # Resuming a run starts a new segment, above every other writer's claim too: the
+        # old ones are never rewritten.
         self._segment = numbers[-1] + 1 if numbers else 0
         if self._segment > MAX_SEGMENT_NUMBER:
-            # Only a planted segment_999999999999.jsonl gets here: numbering after it would
-            # write a segment that no reader counts (and the next driver would overwrite).
+            # Only a planted segment_999999999999.jsonl (or a claim of it) gets here:
+            # numbering after it would write a segment that no reader counts.
             raise ManifestError(
-                f"The log {directory.display()} holds {_segment_name(numbers[-1])}, the last "
-                f"segment number Cairn counts to ({MAX_SEGMENT_NUMBER}): it is not a segment "
-                "Cairn wrote. Remove it (and any other planted segment_*.jsonl there); the "
-                "log's new records go after its last segment."
+                f"The log {directory.display()} holds {_segment_name(numbers[-1])} or a "
+                "writer's claim of it, the last segment number Cairn counts to "
+                f"({MAX_SEGMENT_NUMBER}): it is not a file Cairn wrote. Remove it (and any "
+                "other planted segment_*.jsonl or _cairn_claim.* there); the log's new "
+                "records go after its last segment."
             )
 
     def append(self, record: dict[str, Any]) -> None:
