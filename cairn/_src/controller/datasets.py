@@ -58,7 +58,10 @@ class DataIngest:
                  scaling: ScalingConfig, *, cpus_per_worker: Callable[[], float]) -> None:
         self._datasets = datasets
         self._config = config
-        self._data_context = data_context
+        # Ray Data's DataContext as the Trainer was built, set in each worker process as
+        # Ray Train does. In local mode the train function runs in this process, whose
+        # current DataContext stays the user's, as in Ray Train's local mode.
+        self._data_context = None if scaling.local_mode else data_context
         self._backend = scaling.backend
         self._cpus_per_worker = cpus_per_worker
         self._started_ray = False

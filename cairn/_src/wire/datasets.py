@@ -12,14 +12,17 @@ for the local backend the one the driver already has or starts for the data alon
 (``controller/datasets.py``). A worker's shards travel as :class:`ShardPayload`: the Ray
 address and the pickled iterators, which a worker unpickles once it is connected to that
 Ray instance. A Ray actor already is; a local worker process connects to it as a Ray
-driver of its own the first time it asks for a shard.
+driver of its own the first time it asks for a shard, keeping its signal handlers
+(:func:`_init_keeping_signal_handlers`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -123,7 +126,8 @@ def current_data_context() -> Any:
 @dataclass(frozen=True)
 class ShardPayload:
     """What one worker is sent: where Ray Data runs, and its pickled iterators (with the
-    driver's ``DataContext``), unpickled only once connected there."""
+    driver's ``DataContext`` to set, None in local mode), unpickled only once connected
+    there."""
 
     ray_address: str | None
     iterators: bytes
@@ -153,6 +157,31 @@ def pack_shards(shards: list[dict[str, Any]], *, ray_address: str | None,
     return DatasetSplit(shards, payloads)
 
 
+def _init_keeping_signal_handlers(address: str) -> None:
+    """``ray.init(address=address)``, leaving this process's signal handlers as they were.
+
+    On the main thread Ray's init replaces the SIGTERM handler with one that exits the
+    process (``sys.exit(15)``); in a local worker SIGTERM is the preemption notice
+    (``worker/preemption.py``), and a worker that exits on it fails the attempt, a failure
+    counted against ``max_failures``. Every Python handler the init changes is put back
+    once it returns (SIGTERM's alone in Ray 2.60); a SIGTERM that comes during the init
+    itself (a second or so) still meets Ray's. Ray's crash reporter for fatal signals
+    (SIGSEGV, SIGABRT, ...), which it sets below Python, stays.
+    """
+    import ray
+
+    # Ray sets no handler off the main thread, and only that thread can set one back.
+    handlers = ({signum: signal.getsignal(signum) for signum in signal.valid_signals()}
+                if threading.current_thread() is threading.main_thread() else {})
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    finally:
+        for signum, handler in handlers.items():
+            # None: a handler set outside Python, which Python cannot set back.
+            if handler is not None and signal.getsignal(signum) != handler:
+                signal.signal(signum, handler)
+
+
 def _connect_ray(address: str | None) -> None:
     import ray
 
@@ -173,7 +202,7 @@ def _connect_ray(address: str | None) -> None:
             "no Ray address to connect to."
         )
     started = time.monotonic()
-    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    _init_keeping_signal_handlers(address)
     logger.info("Connected to Ray at %s for the datasets' shards in %.2fs", address,
                 time.monotonic() - started)
 
