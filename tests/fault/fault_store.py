@@ -8,7 +8,8 @@ URI: ``faultfs:///abs/root?fail_ratio=0.2&seed=1&slow=cairn_run.json&slow_s=2``
   in the middle of a commit);
 * ``outage`` / ``outage_key``: while the file ``outage`` holds a count above 0, each
   operation on a key containing ``outage_key`` takes one off it and raises a transient
-  error (an outage any process can start by writing the count).
+  error (an outage any process can start by writing the count); with
+  ``outage_permanent=1``, an error no retry fixes (permission denied).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from cairn.storage import ObjectInfo, TransientStorageError, register_scheme
 class FaultStore:
     def __init__(self, root: str, *, fail_ratio: float = 0.0, seed: int | None = None,
                  enospc: str = "", slow: str = "", slow_s: float = 0.0,
-                 outage: str = "", outage_key: str = "") -> None:
+                 outage: str = "", outage_key: str = "", outage_permanent: bool = False,
+                 ) -> None:
         self.root = root
         self.fail_ratio = fail_ratio
         self.enospc = enospc
@@ -39,6 +41,7 @@ class FaultStore:
         self.slow_s = slow_s
         self.outage = outage
         self.outage_key = outage_key
+        self.outage_permanent = outage_permanent
         self._random = random.Random(None if seed is None else seed + os.getpid())
         self._lock = threading.Lock()
         self.failures = 0
@@ -50,6 +53,8 @@ class FaultStore:
         if fail:
             raise TransientStorageError(f"injected transient failure in {what} {key!r}")
         if self.outage and self.outage_key in key and _take_one(self.outage):
+            if self.outage_permanent:
+                raise PermissionError(errno.EACCES, f"injected permanent error in {what}", key)
             raise TransientStorageError(f"injected outage in {what} {key!r}")
 
     def _path(self, key: str) -> str:
@@ -125,6 +130,7 @@ def faultfs_factory(uri: str) -> FaultStore:
         slow_s=float(options.get("slow_s", 0.0)),
         outage=options.get("outage", ""),
         outage_key=options.get("outage_key", ""),
+        outage_permanent=options.get("outage_permanent") == "1",
     )
 
 

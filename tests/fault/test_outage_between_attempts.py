@@ -30,8 +30,9 @@ def _faultfs() -> None:
 
 
 def fit(root: str, scratch: str, outage: str, *, max_failures: int,
-        faults: dict[str, str]) -> cairn.Result:
-    uri = fault_store.faultfs_uri(root, outage=outage, outage_key="cairn_run.json")
+        faults: dict[str, str], permanent: bool = False) -> cairn.Result:
+    uri = fault_store.faultfs_uri(root, outage=outage, outage_key="cairn_run.json",
+                                  outage_permanent=int(permanent))
     config = cairn.RunConfig(
         name="run", storage_path=uri,
         failure_config=FailureConfig(max_failures=max_failures),
@@ -121,3 +122,18 @@ def test_an_outage_while_a_new_driver_chooses_where_to_resume_is_a_failed_attemp
     assert index["failures"] == 2
     # The manifest was read again at the next start; the checkpoint was resumed from.
     assert resumed_at(scratch, index["attempts"] - 1) == 1  # type: ignore[operator]
+
+
+def test_an_error_no_retry_fixes_before_the_workers_start_fails_the_run_at_once(
+        tmp_path: Path) -> None:
+    # Permission denied on the run index: restarting would only meet it again, without
+    # end under max_failures=-1.
+    root, scratch = str(tmp_path / "storage"), str(tmp_path / "scratch")
+    os.makedirs(scratch)
+    outage = str(tmp_path / "outage")
+    with pytest.raises(ControllerError, match="injected permanent error") as raised:
+        fit(root, scratch, outage, max_failures=-1, faults={"0:0:1": "outage=1000"},
+            permanent=True)
+    assert isinstance(raised.value.controller_failure, OSError)
+    attempts = [n for n in os.listdir(scratch) if n.startswith("resumed_")]
+    assert attempts == ["resumed_0_0"]  # no worker started again

@@ -76,6 +76,7 @@ from cairn._src.run.events import (
     SessionStart,
 )
 from cairn._src.run.storage_check import remove_storage_marker, write_storage_marker
+from cairn._src.storage.retry import is_transient
 from cairn._src.wire.bootstrap import Bootstrap
 from cairn._src.wire.messages import RejoinMessage
 
@@ -263,9 +264,9 @@ class Controller:
                                         failure.reason.splitlines()[0])
 
     def _not_started(self, error: StorageError | OSError) -> Transition:
-        """The driver's storage failed (after its retries) before any worker of the attempt
-        started, while it chose where to resume: a failure of the attempt, counted against
-        ``max_failures`` as a failed commit is, so a storage outage is retried."""
+        """The driver's storage failed (after its retries) before any worker started: a
+        failure counted against ``max_failures`` (an outage is retried); one no retry fixes
+        (permission denied, a symbolic link loop) fails the run at once."""
         manager = self._parts.manager
 
         def count() -> tuple[int, RunIndex]:
@@ -276,7 +277,9 @@ class Controller:
         self._last_error = error_summary(error, ranks=())
         reason = (f"the driver could not read the run from storage to start the workers: "
                   f"{type(error).__name__}: {error}")
-        return self._decide(AttemptFailure(ranks=(), reason=reason), error, index, number)
+        fatal = not is_transient(error.__cause__ or error)
+        return self._decide(AttemptFailure(ranks=(), reason=reason, fatal=fatal), error, index,
+                            number)
 
     # --- start of an attempt -------------------------------------------------------------
 
