@@ -119,7 +119,7 @@ def test_not_an_object() -> None:
         ({"checksum_algorithm": "md5"},
          r"field 'checksum_algorithm' is 'md5' \(str\); expected one of xxh3_128\."),
         ({"metrics": {"a": 1, "deep": json.loads("[" * 600 + "]" * 600)}},
-         r"field 'metrics' is an object with 2 keys; expected an object nested at most 512 "
+         r"field 'metrics' is an object with 2 keys; expected an object nested at most 128 "
          r"levels deep\."),
         ({"target_path": "relative"},
          r"field 'target_path' is 'relative' \(str\); expected null or a normalized absolute"),

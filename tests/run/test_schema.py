@@ -65,7 +65,7 @@ def record(**changes: Any) -> dict[str, Any]:
          "normalized absolute path such as '/data/ckpt'."),
         ({"checkpoints": [record(metrics=[1, 2])]},
          "field 'checkpoints[0].metrics' is a list of 2 values; expected an object nested at "
-         "most 512 levels deep."),
+         "most 128 levels deep."),
         ({"checkpoints": [7]},
          "field 'checkpoints[0]' is 7 (int); expected a checkpoint record (an object with "
          "'dir_name' and 'report_index')."),

@@ -43,7 +43,14 @@ from cairn._src.errors import CairnError, ManifestError, RunLeaseError
 from cairn._src.processes import process_exists
 from cairn._src.run.layout import LEASE_NAME
 from cairn._src.run.schema import MAX_LEASE_GENERATION, parse_lease, short_repr
-from cairn._src.storage.fileio import delete_file, list_dir_names, read_bytes, write_bytes_atomic
+from cairn._src.storage.fileio import (
+    delete_file,
+    is_dir,
+    is_local_link,
+    list_dir_names,
+    read_bytes,
+    write_bytes_atomic,
+)
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.uris import local_os_join, local_root
@@ -263,6 +270,14 @@ def break_lease(run: StorageLocation, retry: RetryPolicy, *,
     nothing removed; only claims up to the judged generation are deleted, so a driver that
     starts meanwhile keeps its claim. (Storage without a compare-and-delete leaves a window
     of one read.) None (``--force``): whatever lease and claims are there are removed.
+
+    A lease that cannot be read as one (garbage, a FIFO, a device, a symbolic link loop, a
+    link to what is no lease) is judged as none and removed, with or without ``--force``:
+    no driver holds a run through it (a driver takes it over, too). A link is removed
+    itself, never what it points at. A directory in the lease's place is refused with
+    :class:`RunLeaseError`, nothing removed: no driver writes one, and what it holds may
+    be someone's. A lease this process may not read raises the storage error (an access
+    problem to fix, never a lease to judge as gone).
     """
     location = run.join(LEASE_NAME)
     try:
@@ -271,7 +286,14 @@ def break_lease(run: StorageLocation, retry: RetryPolicy, *,
         previous = None
     if judged is not None and previous is not None and previous != judged.lease:
         raise LeaseChangedError(run, previous)
+    if is_dir(location, retry) and not is_local_link(location):
+        raise RunLeaseError(
+            f"{location.display()} is a directory, not a lease a driver wrote (a driver "
+            "writes a file there), and `cairn lease break` removes no directory, so nothing "
+            "was removed. Move it away or remove it once you know what it holds, then break "
+            "the lease again.")
     try:
+        # A link is removed itself, never what it points at (a loop, a file elsewhere).
         delete_file(location, retry)
     except FileNotFoundError:
         pass

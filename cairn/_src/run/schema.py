@@ -31,10 +31,13 @@ from cairn._src.storage.paths import check_absolute_path, check_relative_path
 # Deepest nesting of a metrics or metadata value Cairn accepts from users (report(),
 # set_metadata()): far beyond any real metrics, and far below Python's recursion limit.
 MAX_USER_DEPTH = 64
-# Deepest nesting accepted when reading back. Larger than MAX_USER_DEPTH so that nothing
-# an older Cairn wrote becomes unreadable, small enough that re-encoding it cannot reach
-# the recursion limit.
-MAX_STORED_DEPTH = 512
+# Deepest nesting accepted when reading back: twice MAX_USER_DEPTH, so that every value a
+# user may report (and so every value Cairn wrote) reads back, and far enough below the
+# recursion limit (1000 frames) that every reader and writer of it has margin:
+# dataclasses.asdict (RunIndex.to_json) and the CLI's json_safe take two frames a level
+# on Python 3.11, and each runs nested in other calls. A deeper planted value is refused
+# here, naming its file, instead of failing later with a RecursionError that names none.
+MAX_STORED_DEPTH = 2 * MAX_USER_DEPTH
 
 
 class _Invalid(Exception):

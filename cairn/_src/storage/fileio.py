@@ -176,13 +176,29 @@ def is_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
 
 def _select(loc: StorageLocation, recursive: bool, retry: RetryPolicy) -> list[pafs.FileInfo]:
     selector = pafs.FileSelector(loc.path, allow_not_found=True, recursive=recursive)
+
+    def select() -> list[pafs.FileInfo]:
+        try:
+            infos: list[pafs.FileInfo] = loc.filesystem.get_file_info(selector)
+            return infos
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise _listed_link_loop(loc.path) from exc
+
     try:
-        return storage_call(
-            lambda: loc.filesystem.get_file_info(selector), loc, retry, "list"
-        )
+        return storage_call(select, loc, retry, "list")
     except CheckpointNotFoundError:
-        # Some adapters ignore allow_not_found; a missing directory lists as empty.
+        # Some adapters ignore allow_not_found; a missing directory lists as empty, and so
+        # does what is no directory (a file, a FIFO, a symbolic link loop).
         return []
+
+
+def _listed_link_loop(path: str) -> NotADirectoryError:
+    """What listing ``path`` that is (or lies behind) a symbolic link loop (``ELOOP``)
+    raises: a loop in a directory's place holds no entries, as a file or a FIFO there
+    does not. A run never writes one, and it is no outage to retry or report as one."""
+    return NotADirectoryError(errno.ENOTDIR, "a symbolic link loop, not a directory", path)
 
 
 def _relative(base: str, path: str) -> str:
@@ -205,7 +221,8 @@ def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict
     (:mod:`.reader`) refuses it when the files are read; a link that points nowhere is
     left out. An entry that is neither a file nor a directory (a FIFO, a socket, a
     device, or a link to one) raises :class:`StorageError`, as uploads refuse them:
-    reading one could block or never end.
+    reading one could block or never end. A ``loc`` that is no directory (a file, a FIFO,
+    a symbolic link loop) lists as empty.
     """
     root = local_os_path(loc)
     if root is not None:
@@ -254,8 +271,13 @@ def _walk_local(root: str) -> list[tuple[str, int | None]]:
     while stack:
         prefix, directory = stack.pop()
         try:
-            with os.scandir(directory) as scan:
-                entries = list(scan)
+            try:
+                with os.scandir(directory) as scan:
+                    entries = list(scan)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise _listed_link_loop(directory) from exc
         except (FileNotFoundError, NotADirectoryError):
             if not prefix:
                 raise
@@ -312,7 +334,8 @@ def list_dir_names(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> 
     Names that are not safe single path components (:func:`is_listed_name_safe`) are
     left out, with one warning per call that counts them; so are names that are not UTF-8
     (a file another tool put beside a run: no name Cairn writes, and pyarrow cannot give
-    it as text).
+    it as text). A missing ``loc``, or one that is no directory (a file, a FIFO, a
+    symbolic link loop), lists as empty.
     """
     names: list[str] = []
     skipped: list[str] = []

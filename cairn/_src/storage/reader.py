@@ -271,7 +271,10 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     result must be a regular file, opened without blocking and checked before the read;
     elsewhere at most ``limit + 1`` bytes are requested. Raises ``FileNotFoundError`` when
     it is missing, and :class:`ManifestError` (damage: Cairn never wrote such a file) for
-    a directory, a FIFO or a device, or when it is larger than ``limit``.
+    a directory, a FIFO or a device, a symbolic link loop (the file, or a directory on its
+    way, is a link that leads back to itself), or when it is larger than ``limit``. A
+    file this process may not read (``PermissionError``) is no damage: its error is raised
+    as it is, for the caller to report as an access problem.
     """
     path = local_os_path(location)
     if path is None:
@@ -280,7 +283,12 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
         if len(data) > limit:
             raise _too_large(location, limit)
         return data
-    fd = os.open(path, _FILE_FLAGS & ~_NOFOLLOW)
+    try:
+        fd = os.open(path, _FILE_FLAGS & ~_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise  # PermissionError among them: an access problem, not damage
+        raise _link_loop(location, path) from exc
     # Checked before io.FileIO takes it: FileIO refuses a directory with its own error.
     try:
         info = os.fstat(fd)
@@ -300,6 +308,27 @@ def read_small_file(location: StorageLocation, *, limit: int) -> bytes:
     if len(data) > limit:
         raise _too_large(location, limit)
     return data
+
+
+def _link_loop(location: StorageLocation, path: str) -> ManifestError:
+    """The damage of ``path`` (``location`` on the local disk) that cannot be opened
+    because it, or a directory on its way, is a symbolic link loop; the nearest such link
+    is named. Nothing is followed or changed to find it (``lstat`` only)."""
+    where = location.display()
+    if os.path.islink(path):
+        what = (f"{where} is a symbolic link loop (a link that leads back to itself), not a "
+                "regular file")
+    else:
+        parent = os.path.dirname(path)
+        while parent != os.path.dirname(parent) and not os.path.islink(parent):
+            parent = os.path.dirname(parent)
+        link = parent if os.path.islink(parent) else "a directory on its way"
+        what = (f"{where} cannot be reached: {link} is a symbolic link loop (a link that "
+                "leads back to itself), not a directory")
+    return ManifestError(
+        f"{what}; Cairn reads regular files only. Remove the link, or replace it with what "
+        "Cairn wrote there."
+    )
 
 
 def _read_up_to(stream: Any, most: int) -> bytes:
