@@ -575,7 +575,8 @@ class CheckpointManager:
                 if len(dropped) < 20:
                     logger.warning(
                         "Not resuming from %s (report %d): %s. Falling back to the previous "
-                        "committed checkpoint.", record.dir_name, record.report_index, exc,
+                        "committed checkpoint.", record.dir_name, record.report_index,
+                        str(exc).rstrip("."),
                     )
                 dropped.append(record)
                 if self.events is not None:
