@@ -15,6 +15,7 @@ from typing import Any
 
 import cli_workloads
 import pytest
+from run_copies import copy_of_run
 
 import cairn
 from cairn._src.checkpoint.index import read_index, write_index
@@ -37,9 +38,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run(pristine: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "storage" / "run"
-    shutil.copytree(pristine, copy)
-    return copy
+    return copy_of_run(pristine, tmp_path)
 
 
 def cairn_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,11 +6,11 @@ than stored values may go are one error naming the index, never a RecursionError
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import cli_workloads
 import pytest
+from run_copies import copy_of_run, make_link_loop
 
 import cairn
 from cairn._src.cli.main import main
@@ -29,23 +29,13 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run(pristine: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "storage" / "run"
-    shutil.copytree(pristine, copy)
-    return copy
-
-
-def _loop(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-    path.symlink_to(path.name)
+    return copy_of_run(pristine, tmp_path)
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]])
 def test_lease_break_clears_a_lease_that_is_a_link_loop(
         force: list[str], run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _loop(run / LEASE_NAME)
+    make_link_loop(run / LEASE_NAME)
     (run / "_cairn_lease.3").touch()
     assert main(["lease", "break", *force, str(run)]) == 0, capsys.readouterr().err
     assert "there was no readable lease" in capsys.readouterr().out
@@ -78,7 +68,7 @@ def test_lease_break_leaves_a_directory_in_the_leases_place(
 
 def test_rebuild_index_replaces_an_index_that_is_a_link_loop(
         run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _loop(run / INDEX_NAME)
+    make_link_loop(run / INDEX_NAME)
     assert main(["rebuild-index", str(run)]) == 0, capsys.readouterr().err
     assert "rebuilt the index" in capsys.readouterr().out
     assert not (run / INDEX_NAME).is_symlink()
@@ -89,7 +79,7 @@ def test_rebuild_index_replaces_an_index_that_is_a_link_loop(
 
 def test_verify_fails_a_checkpoint_whose_manifest_is_a_link_loop(
         run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _loop(run / "checkpoint_000002" / "_cairn_manifest.json")
+    make_link_loop(run / "checkpoint_000002" / "_cairn_manifest.json")
     assert main(["verify", str(run)]) == 1
     out = capsys.readouterr().out
     assert "FAILED  checkpoint_000002: " in out and "1 verified, 1 failed" in out

@@ -8,13 +8,13 @@ had, so the notice reaches every rank and the restart counts against
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
 import dataset_preemption_workloads
 import pytest
 from invariants import resumed_steps, run_dir
+from ray_clusters import own_ray_cluster
 from test_preemption import _events, _read, _reclaim_after_jit
 
 import cairn
@@ -34,10 +34,7 @@ pytest.importorskip("ray.data")
 def ray_cluster() -> Iterator[None]:
     # A cluster of its own ("local"), on 127.0.0.1 (tests/conftest.py); the local workers
     # hold no Ray CPUs, so two are enough for Ray Data's tasks.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="cairn-ray-"))
-    yield
-    ray.shutdown()
+    yield from own_ray_cluster(num_cpus=2)
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_copies import copy_of_run, make_link_loop
 
 import cairn
 from cairn import ManifestError
@@ -61,22 +61,11 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run(pristine: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "storage" / "run"
-    shutil.copytree(pristine, copy)
-    return copy
-
-
-def _loop(path: Path) -> None:
-    """``path`` replaced by a symbolic link to itself."""
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-    path.symlink_to(path.name)
+    return copy_of_run(pristine, tmp_path)
 
 
 def test_a_lease_that_is_a_link_loop_is_taken_over(run: Path) -> None:
-    _loop(run / LEASE_NAME)
+    make_link_loop(run / LEASE_NAME)
     result = _fit(run.parent)
     assert result.error is None and result.metrics["step"] == 3
     assert not os.path.lexists(run / LEASE_NAME)  # replaced by the driver's, then released
@@ -84,7 +73,7 @@ def test_a_lease_that_is_a_link_loop_is_taken_over(run: Path) -> None:
 
 def test_an_index_that_is_a_link_loop_is_rebuilt(
         run: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _loop(run / INDEX_NAME)
+    make_link_loop(run / INDEX_NAME)
     with pytest.raises(ManifestError, match=r"cairn_run\.json is a symbolic link loop"):
         read_index(resolve(str(run)), RETRY)
     with caplog.at_level(logging.WARNING):
@@ -98,7 +87,7 @@ def test_an_index_that_is_a_link_loop_is_rebuilt(
 
 def test_a_manifest_that_is_a_link_loop_is_damage_and_the_run_resumes_before_it(
         run: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _loop(run / "checkpoint_000003" / MANIFEST)
+    make_link_loop(run / "checkpoint_000003" / MANIFEST)
     with caplog.at_level(logging.WARNING):
         result = _fit(run.parent)  # max_failures=0: an outage would fail it
     assert result.error is None
@@ -109,7 +98,7 @@ def test_a_manifest_that_is_a_link_loop_is_damage_and_the_run_resumes_before_it(
 
 def test_a_checkpoint_directory_that_is_a_link_loop_is_damage(
         run: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _loop(run / "checkpoint_000003")
+    make_link_loop(run / "checkpoint_000003")
     with caplog.at_level(logging.WARNING):
         result = _fit(run.parent)
     assert result.error is None and result.metrics["step"] == 2

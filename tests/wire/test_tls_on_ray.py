@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
+from ray_clusters import own_ray_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -20,10 +20,7 @@ RunConfigFactory = Callable[..., cairn.RunConfig]
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     # A cluster of its own ("local"), never one another process started on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="cairn-ray-"))
-    yield
-    ray.shutdown()
+    yield from own_ray_cluster(num_cpus=2)
 
 
 @pytest.mark.slow

@@ -5,11 +5,11 @@ user's, as in Ray Train's local mode. Worker processes get the driver's copy
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from ray_clusters import own_ray_cluster
 
 import cairn
 from cairn import ScalingConfig, Trainer
@@ -22,10 +22,7 @@ pytest.importorskip("ray.data")
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="cairn-ray-"))
-    yield
-    ray.shutdown()
+    yield from own_ray_cluster(num_cpus=2)
 
 
 def test_local_mode_leaves_the_driver_s_data_context_alone(

@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ray_clusters import own_ray_cluster
 
 import cairn
 from cairn import ConfigError, DataConfig, ScalingConfig, Trainer
@@ -58,10 +58,7 @@ import dataset_workloads  # noqa: E402
 def ray_cluster() -> Iterator[None]:
     # A cluster of its own ("local"), never one another process started on this machine;
     # four logical CPUs: two for the workers, two for Ray Data's tasks.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=tempfile.mkdtemp(prefix="cairn-ray-"))
-    yield
-    ray.shutdown()
+    yield from own_ray_cluster(num_cpus=4)
 
 
 def _read(scratch: str, attempt: int, rank: int) -> dict[str, object]:
