@@ -30,8 +30,9 @@ def _faultfs() -> None:
 
 
 def fit(root: str, scratch: str, outage: str, *, max_failures: int,
-        faults: dict[str, str], permanent: bool = False) -> cairn.Result:
-    uri = fault_store.faultfs_uri(root, outage=outage, outage_key="cairn_run.json",
+        faults: dict[str, str], permanent: bool = False,
+        outage_key: str = "cairn_run.json") -> cairn.Result:
+    uri = fault_store.faultfs_uri(root, outage=outage, outage_key=outage_key,
                                   outage_permanent=int(permanent))
     config = cairn.RunConfig(
         name="run", storage_path=uri,
@@ -108,15 +109,7 @@ def test_an_outage_while_a_new_driver_chooses_where_to_resume_is_a_failed_attemp
     uri_outage = str(tmp_path / "manifest_outage")
     with open(uri_outage, "w") as f:
         f.write(str(RETRIES))
-    uri = fault_store.faultfs_uri(root, outage=uri_outage, outage_key=MANIFEST)
-    config = cairn.RunConfig(
-        name="run", storage_path=uri, failure_config=FailureConfig(max_failures=2),
-        storage_retry=cairn.RetryPolicy(max_attempts=RETRIES, initial_backoff_s=0.001,
-                                        max_backoff_s=0.01))
-    result = Trainer(fault_workloads.resumable,
-                     train_loop_config={"steps": 3, "scratch": scratch, "run_dir": "",
-                                        "first_index": 1},
-                     scaling_config=ScalingConfig(num_workers=1), run_config=config).fit()
+    result = fit(root, scratch, uri_outage, max_failures=2, faults={}, outage_key=MANIFEST)
     assert result.error is None and result.metrics["step"] == 2
     index = read_index(root)
     assert index["failures"] == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -21,6 +22,7 @@ from cairn._src.run.events import (
     AttemptStart,
     CheckpointDeleting,
     CheckpointDropped,
+    Commit,
     Event,
     Failure,
     UnknownEvent,
@@ -354,8 +356,28 @@ def within_reports_made(run: StorageLocation, retry: RetryPolicy, index: RunInde
     return [r for r in adopted if r.report_index <= limit]
 
 
-def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
-    """Rebuild the index from the manifests found under the run directory.
+def read_or_rebuild_index(run: StorageLocation, retry: RetryPolicy,
+                          events: Callable[[], list[Event]]) -> tuple[RunIndex | None, str]:
+    """The run's index as ``fit()`` and ``Result.from_path`` take it, and why it was
+    rebuilt ("" when it was read as it is, or the run has none): rebuilt from the
+    manifests (:func:`rebuild_index`, not written here) when it is damaged, or lost while
+    the event log (``events``, read when needed) records commits."""
+    try:
+        index = read_index(run, retry)
+    except ManifestError as exc:
+        return rebuild_index(run, retry, events()), str(exc).rstrip(".")
+    if index is None:
+        logged = events()
+        if any(isinstance(e, Commit) for e in logged):
+            return rebuild_index(run, retry, logged), (
+                f"{run.display()} has no run index, but its event log records commits")
+    return index, ""
+
+
+def rebuild_index(run: StorageLocation, retry: RetryPolicy,
+                  events: list[Event] | None = None) -> RunIndex:
+    """Rebuild the index from the manifests found under the run directory (``events``: its
+    event log, when already read).
 
     Directories without a valid manifest are not checkpoints and are left out, and so are
     the checkpoints a resume found damaged and dropped, or retention dropped for deletion
@@ -368,7 +390,8 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy) -> RunIndex:
         previous = read_index(run, retry)
     except ManifestError:
         previous = None
-    events = read_events(run.join(EVENTS_DIR), retry)
+    if events is None:
+        events = read_events(run.join(EVENTS_DIR), retry)
     # The report each was dropped at (a name reused by a later report is that report's).
     dropped = {e.dir_name: e.report_index if type(e.report_index) is int else 2**63
                for e in events if isinstance(e, (CheckpointDropped, CheckpointDeleting))

@@ -15,19 +15,17 @@ from cairn._src.checkpoint.index import (
     Retention,
     RunIndex,
     adoption_record,
-    read_index,
-    rebuild_index,
+    read_or_rebuild_index,
 )
 from cairn._src.checkpoint.manifest import read_manifest
 from cairn._src.checkpoint.ownership import Target, registered_references
-from cairn._src.checkpoint.reconcile import reconcile
+from cairn._src.checkpoint.reconcile import once, reconcile
 from cairn._src.config.run import CheckpointConfig
-from cairn._src.errors import CairnError, ManifestError
+from cairn._src.errors import CairnError
 from cairn._src.run.events import (
     CheckpointDeleting,
     CheckpointDropped,
     CheckpointStarted,
-    Commit,
     read_events,
 )
 from cairn._src.run.layout import EVENTS_DIR
@@ -56,11 +54,10 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy,
     """Read the run's index (rebuilt from the manifests when damaged or lost while the run
     committed checkpoints), with ``config``'s retention settings, and reconcile it (an
     index written then is fsynced with ``durable``, the run's ``storage_fsync``)."""
-    try:
-        index = read_index(run, retry)
-    except ManifestError as exc:
-        logger.warning("%s; rebuilding the run index from the checkpoint manifests", exc)
-        index = rebuild_index(run, retry)  # attempts and failures counted from the log
+    logged = once(lambda: read_events(run.join(EVENTS_DIR), retry))
+    index, rebuilt = read_or_rebuild_index(run, retry, logged)
+    if rebuilt:  # attempts and failures are counted from the event log
+        logger.warning("%s; rebuilding the run index from the checkpoint manifests", rebuilt)
     if index is not None:
         logger.info("Continuing run %s: %s committed, %s so far", run.display(),
                     plural(len(index.checkpoints), "checkpoint"),
@@ -71,13 +68,7 @@ def open_run(run: StorageLocation, config: CheckpointConfig, retry: RetryPolicy,
                           config.checkpoint_score_order)
     current = (RunIndex(retention=retention) if index is None
                else index.with_changes(retention=retention))
-    events = read_events(run.join(EVENTS_DIR), retry)
-    if index is None and any(isinstance(e, Commit) for e in events):
-        # The index is gone but the run committed checkpoints: rebuild it from them.
-        logger.warning("%s has no run index but committed checkpoints; rebuilding it "
-                       "from the manifests", run.display())
-        current = rebuild_index(run, retry).with_changes(retention=retention)
-        index = current
+    events = logged()
     # What this run recorded decides what it may delete (ownership.py), never the
     # index alone.
     registered = registered_references(events)

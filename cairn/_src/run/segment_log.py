@@ -335,13 +335,8 @@ class SegmentLog:
         if self._segment > MAX_SEGMENT_NUMBER:
             # Only a planted segment_999999999999.jsonl (or a claim of it) gets here:
             # numbering after it would write a segment that no reader counts.
-            raise ManifestError(
-                f"The log {directory.display()} holds {_segment_name(numbers[-1])} or a "
-                "writer's claim of it, the last segment number Cairn counts to "
-                f"({MAX_SEGMENT_NUMBER}): it is not a file Cairn wrote. Remove it (and any "
-                "other planted segment_*.jsonl or _cairn_claim.* there); the log's new "
-                "records go after its last segment."
-            )
+            raise _last_number_error(directory, f"{_segment_name(numbers[-1])} or a writer's "
+                                     "claim of it")
 
     def append(self, record: dict[str, Any]) -> None:
         line = _encode(record)
@@ -434,13 +429,7 @@ class SegmentLog:
         number, holder = self._segment, _segment_name(self._segment - 1)
         for _ in range(_CLAIM_ATTEMPTS):
             if number > MAX_SEGMENT_NUMBER:
-                raise ManifestError(
-                    f"The log {self._directory.display()} holds {holder}, "
-                    f"the last segment number Cairn counts to ({MAX_SEGMENT_NUMBER}): it is "
-                    "not a file Cairn wrote. Remove it (and any other planted segment_*.jsonl "
-                    "or _cairn_claim.* there); the log's new records go after its last "
-                    "segment."
-                )
+                raise _last_number_error(self._directory, holder)
             claim = self._directory.join(_claim_name(number, self._session))
             write_bytes_atomic(claim, b"", self._retry)
             highest = -1
@@ -471,6 +460,17 @@ class SegmentLog:
         except Exception:
             logger.debug("Could not delete the segment claim %s", claim.display(),
                          exc_info=True)
+
+
+def _last_number_error(directory: StorageLocation, holder: str) -> ManifestError:
+    """A log whose ``holder`` (a segment, or a writer's claim of one) has the last number
+    Cairn counts to: only a planted file gets there, and numbering after it would write a
+    segment no reader counts."""
+    return ManifestError(
+        f"The log {directory.display()} holds {holder}, the last segment number Cairn "
+        f"counts to ({MAX_SEGMENT_NUMBER}): it is not a file Cairn wrote. Remove it (and any "
+        "other planted segment_*.jsonl or _cairn_claim.* there); the log's new records go "
+        "after its last segment.")
 
 
 def _encode(record: dict[str, Any]) -> bytes:

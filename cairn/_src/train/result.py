@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.checkpoint.index import RunIndex, read_index, rebuild_index
+from cairn._src.checkpoint.index import RunIndex, read_or_rebuild_index
 from cairn._src.checkpoint.manager import checkpoint_view
 from cairn._src.checkpoint.retention import ray_order
 from cairn._src.checkpoint.views import checkpoint_from_view
@@ -17,13 +17,12 @@ from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
     ConfigDeprecationError,
     ConfigError,
-    ManifestError,
     ResultLookupError,
     RunFailedError,
     RunNotFoundError,
 )
 from cairn._src.goodput.summary import GoodputSummary, summarize
-from cairn._src.run.events import Commit, read_events
+from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
 from cairn._src.run.report_checks import rankable, score_value
 from cairn._src.run.segment_log import read_log
@@ -246,24 +245,16 @@ class Result:
 
 def _read_or_rebuild_index(run: StorageLocation, retry: RetryPolicy, *,
                            ranked: bool) -> RunIndex | None:
-    """The run's index (None when it has none), or, when it is damaged, the index rebuilt
-    from the checkpoint manifests as ``fit()`` rebuilds it (``open_run``), never written
-    back: another driver may be running the run, and a reader must not change it."""
-    order = ("" if ranked else " The run's retention settings were in that index, so "
-             "best_checkpoints are in report order (pass checkpoint_config to rank them).")
-    try:
-        index = read_index(run, retry)
-    except ManifestError as exc:
-        logger.warning("%s Reading the run from its checkpoint manifests instead, in memory "
-                       "(Result.from_path writes nothing).%s", exc, order)
-        return rebuild_index(run, retry)
-    if index is None and any(isinstance(e, Commit)
-                             for e in read_events(run.join(EVENTS_DIR), retry)):
-        # As fit() does: the index is lost, but the run committed checkpoints.
-        logger.warning("%s has no run index, but its event log records commits. Reading "
-                       "the run from its checkpoint manifests instead, in memory "
-                       "(Result.from_path writes nothing).%s", run.display(), order)
-        return rebuild_index(run, retry)
+    """The run's index (None when it has none), rebuilt as ``fit()`` rebuilds it when it is
+    damaged or lost (:func:`read_or_rebuild_index`), never written back: another driver
+    may be running the run, and a reader must not change it."""
+    index, rebuilt = read_or_rebuild_index(run, retry,
+                                           lambda: read_events(run.join(EVENTS_DIR), retry))
+    if rebuilt:
+        order = ("" if ranked else " The run's retention settings were in that index, so "
+                 "best_checkpoints are in report order (pass checkpoint_config to rank them).")
+        logger.warning("%s. Reading the run from its checkpoint manifests instead, in memory "
+                       "(Result.from_path writes nothing).%s", rebuilt, order)
     return index
 
 
