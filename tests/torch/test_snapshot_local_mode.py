@@ -1,6 +1,7 @@
-"""Local mode, ``ScalingConfig(num_workers=0)``: the snapshot buffers the train function
-fills live in the driver's process, which goes on after ``fit()``; they are kept across
-the run's attempts and let go when ``fit()`` returns."""
+"""Local mode, ``ScalingConfig(num_workers=0)``, with TorchTrainer or a plain Trainer: the
+snapshot buffers the train function fills live in the driver's process, which goes on
+after ``fit()``; they are kept across the run's attempts and let go when ``fit()``
+returns."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import cairn
@@ -42,12 +44,14 @@ def snapshot_then_fail_once(config: dict[str, Any]) -> bool:
     return any(ref() is s for ref in _SEEN[0] for s in sets)
 
 
+@pytest.mark.parametrize("trainer", [TorchTrainer, cairn.Trainer])
 def test_snapshot_buffers_are_kept_across_attempts_and_let_go_when_fit_returns(
-        run_config: Callable[..., cairn.RunConfig]) -> None:
+        run_config: Callable[..., cairn.RunConfig], trainer: type[cairn.Trainer]) -> None:
+    # report_snapshot from a plain cairn.Trainer's function too: the driver frees the pool.
     _SEEN.clear()
-    result = TorchTrainer(snapshot_then_fail_once, scaling_config=ScalingConfig(num_workers=0),
-                          run_config=run_config(failure_config=FailureConfig(max_failures=1))
-                          ).fit()
+    result = trainer(snapshot_then_fail_once, scaling_config=ScalingConfig(num_workers=0),
+                     run_config=run_config(failure_config=FailureConfig(max_failures=1))
+                     ).fit()
     assert result.return_value is True, "the next attempt reuses the first one's buffers"
     assert len(_SEEN) == 2
     remaining = pooled()

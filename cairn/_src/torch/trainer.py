@@ -14,14 +14,12 @@ from cairn._src.torch.process_group import (
     ProcessGroupSetup,
     destroy_process_group,
 )
-from cairn._src.torch.snapshot import snapshot_buffers
 from cairn._src.train.local_mode import check_not_under_torchrun
 from cairn._src.train.trainer import TRAINER_OPTIONS, Trainer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from cairn._src.train.result import Result
     from cairn._src.train.trainer import TrainerOptions
 
 
@@ -76,18 +74,6 @@ class TorchTrainer(Trainer):
                                                        self.scaling_config.use_gpu))
             self._attempt_env = AttemptEnvironment(self._threads_per_worker())
         self._teardown_hooks.append(destroy_process_group)
-
-    def fit(self) -> Result:
-        """:meth:`cairn.Trainer.fit`; in local mode, the snapshot buffers the train
-        function filled in this process are let go when it returns (or raises)."""
-        try:
-            return super().fit()
-        finally:
-            if self.scaling_config.local_mode:
-                # A worker process frees them as it exits; the driver goes on, and every
-                # attempt's session has ended (its uploads done): none is needed again.
-                # A kept rank (keep_survivors) is a worker process, never local mode.
-                snapshot_buffers().clear()
 
     def _check_local_mode(self) -> None:
         check_not_under_torchrun()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,7 @@ class DriverRun:
             self._thread.join()
             raised = backend.failure_of_last_attempt()
             backend.close()
+            release_worker_memory()
         if self._failure:
             raise self._failure[0]
         outcome = self._outcome[0]
@@ -141,6 +143,16 @@ class DriverRun:
             logger.info("Interrupted: stopping the run's controller")
             raise_in_thread(thread.ident, KeyboardInterrupt)
         thread.join()
+
+
+def release_worker_memory() -> None:
+    """Free in the driver what a worker process frees as it exits, once a local-mode run
+    has ended (every attempt's session too, its uploads done): the buffer pool of
+    ``report_snapshot``, whichever trainer ran the function. Looked up, not imported: a
+    run that never loaded ``cairn.torch`` has none, and torch stays unimported."""
+    snapshot = sys.modules.get("cairn._src.torch.snapshot")
+    if snapshot is not None:
+        snapshot.snapshot_buffers().clear()
 
 
 def with_own_exception(error: BaseException | None, raised: BaseException | None) -> None:
