@@ -3,11 +3,14 @@
 A local worker connects to Ray as a driver of its own for its shard (``ray.init``), and
 Ray's init sets a SIGTERM handler that exits the process: the worker keeps the handler it
 had, so the notice reaches every rank and the restart counts against
-``max_preemption_failures``, not ``max_failures``.
+``max_preemption_failures``, not ``max_failures``; a SIGTERM during the init itself too.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -71,3 +74,37 @@ def test_sigterm_to_a_worker_streaming_a_shard_is_a_preemption_notice(
     assert [(f.attempt, f.preemption, f.counted) for f in events
             if isinstance(f, Failure)] == [(0, True, False)]
     assert result.metrics is not None and result.metrics["step"] == 30
+
+
+# A process that installs its own SIGTERM handler, then connects to Ray as a local worker
+# does for its shard, with a SIGTERM landing inside ray.init (once Ray's own part of the
+# init has run): the process's handler takes it, the process goes on.
+_SIGTERM_DURING_INIT = """
+import os, signal, sys
+import ray
+from cairn._src.wire import datasets
+
+noticed = []
+def on_sigterm(signum, frame):
+    noticed.append(signum)
+signal.signal(signal.SIGTERM, on_sigterm)
+real_init = ray.init
+def init_then_sigterm(*args, **kwargs):
+    connected = real_init(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return connected
+ray.init = init_then_sigterm
+datasets._init_keeping_signal_handlers(sys.argv[1])
+assert ray.is_initialized()
+print("noticed", noticed, "handler kept", signal.getsignal(signal.SIGTERM) is on_sigterm)
+"""
+
+
+def test_sigterm_during_ray_init_meets_the_workers_handler(ray_cluster: None) -> None:
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_DURING_INIT, address],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"noticed [{int(signal.SIGTERM)}] handler kept True" in done.stdout
+    # Ray's warning that it set no handler (the init ran off the main thread) is dropped.
+    assert "SIGTERM handler is not set" not in done.stderr + done.stdout

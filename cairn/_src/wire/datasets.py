@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import signal
 import sys
 import threading
 import time
@@ -157,29 +156,46 @@ def pack_shards(shards: list[dict[str, Any]], *, ray_address: str | None,
     return DatasetSplit(shards, payloads)
 
 
+class _NoSigtermNotice(logging.Filter):
+    """Drops Ray's warning that it set no SIGTERM handler (off the main thread)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
 def _init_keeping_signal_handlers(address: str) -> None:
-    """``ray.init(address=address)``, leaving this process's signal handlers as they were.
+    """``ray.init(address=address)``, leaving this process's signal handlers as they are.
 
     On the main thread Ray's init replaces the SIGTERM handler with one that exits the
     process (``sys.exit(15)``); in a local worker SIGTERM is the preemption notice
     (``worker/preemption.py``), and a worker that exits on it fails the attempt, a failure
-    counted against ``max_failures``. Every Python handler the init changes is put back
-    once it returns (SIGTERM's alone in Ray 2.60); a SIGTERM that comes during the init
-    itself (a second or so) still meets Ray's. Ray's crash reporter for fatal signals
-    (SIGSEGV, SIGABRT, ...), which it sets below Python, stays.
+    counted against ``max_failures``. Off the main thread Ray sets no handler (a Python
+    handler can only be set there) and only warns that it did not, so the init runs on a
+    thread of its own, its warning dropped, while the main thread waits and still runs
+    the worker's handlers: a SIGTERM during the init, too, is a notice. Ray's crash
+    reporter for fatal signals (SIGSEGV, SIGABRT, ...), which it sets below Python, stays.
     """
     import ray
 
-    # Ray sets no handler off the main thread, and only that thread can set one back.
-    handlers = ({signum: signal.getsignal(signum) for signum in signal.valid_signals()}
-                if threading.current_thread() is threading.main_thread() else {})
+    failure: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except BaseException as exc:
+            failure.append(exc)
+
+    ray_logger = logging.getLogger("ray._private.worker")
+    notice = _NoSigtermNotice()
+    ray_logger.addFilter(notice)
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        thread = threading.Thread(target=init, name="cairn-ray-init", daemon=True)
+        thread.start()
+        thread.join()
     finally:
-        for signum, handler in handlers.items():
-            # None: a handler set outside Python, which Python cannot set back.
-            if handler is not None and signal.getsignal(signum) != handler:
-                signal.signal(signum, handler)
+        ray_logger.removeFilter(notice)
+    if failure:
+        raise failure[0]
 
 
 def _connect_ray(address: str | None) -> None:
