@@ -158,9 +158,10 @@ class Result:
         ``metric`` may name a nested value with ``/`` (``"val/loss"``). Checkpoints whose
         metrics lack it are ignored. As in Ray Train, raises a ``RuntimeError``
         (:class:`ResultLookupError`) without checkpoints or when no checkpoint has the
-        metric, and a ``ValueError`` (:class:`ConfigError`) for a bad ``mode``. Values that
-        retention does not rank (NaN, strings, booleans) are skipped, as are checkpoints
-        without the metric; :class:`ResultLookupError` when no value is left.
+        metric, and a ``ValueError`` (:class:`ConfigError`) for a bad ``mode`` or a
+        ``metric`` that is not a str. Values that retention does not rank (NaN, strings,
+        booleans) are skipped, as are checkpoints without the metric;
+        :class:`ResultLookupError` when no value is left.
         """
         if not self.best_checkpoints:
             raise ResultLookupError("No checkpoint exists in the trial directory!")
@@ -168,6 +169,11 @@ class Result:
             raise ConfigError(
                 f'Unsupported mode: {mode}. Please choose from ["min", "max"]! '
                 f"(get_best_checkpoint(mode={mode!r}))"
+            )
+        if not isinstance(metric, str):
+            raise ConfigError(
+                f"get_best_checkpoint(metric={metric!r}) must be a str: the name of a "
+                "reported metric, with '/' between nested keys ('val/loss')."
             )
         scored = [(checkpoint, value) for checkpoint, metrics in self.best_checkpoints
                   if (value := score_value(metrics, metric)) is not None]
@@ -203,7 +209,9 @@ class Result:
         filesystem (as Ray Train takes it). ``checkpoint_config`` orders
         :attr:`best_checkpoints` by its score attribute (report order without one).
         Raises :class:`RunNotFoundError` (a ``RuntimeError`` and a ``FileNotFoundError``)
-        when the directory does not exist or is not a Cairn run.
+        when the directory does not exist or is not a Cairn run, and :class:`ConfigError`
+        when ``path`` is no str or path object or ``checkpoint_config`` no
+        :class:`CheckpointConfig`.
 
         Only reads: nothing under the run is written and no lease is taken, so it is safe
         while a driver runs the run. A damaged run index (not JSON, a field of the wrong
@@ -213,7 +221,19 @@ class Result:
         settings were in that index, so :attr:`best_checkpoints` are then in report order
         unless ``checkpoint_config`` is given.
         """
-        text = os.fspath(path)
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+        if not isinstance(text, str):
+            raise ConfigError(
+                f"Result.from_path(path={path!r}) needs the run directory as a str or a "
+                "path object (pathlib.Path): a local path such as '/tmp/runs/my_run', or a "
+                "URI such as 's3://bucket/runs/my_run'."
+            )
+        if checkpoint_config is not None and not isinstance(checkpoint_config,
+                                                            CheckpointConfig):
+            raise ConfigError(
+                f"Result.from_path(checkpoint_config={checkpoint_config!r}) must be a "
+                "cairn.CheckpointConfig or None."
+            )
         stripped = text.rstrip("/") or text
         run = resolve(stripped, storage_filesystem)
         retry = RetryPolicy()

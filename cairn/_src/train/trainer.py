@@ -30,7 +30,7 @@ from cairn._src.errors import (
     TrainingFailedError,
 )
 from cairn._src.observe.callbacks import call_hooks
-from cairn._src.run.layout import EVENTS_DIR, METRICS_DIR
+from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.durability import fsync_path
@@ -178,7 +178,8 @@ class Trainer:
             self.run_config.storage_filesystem)
 
     def _run_location(self) -> StorageLocation:
-        """The run directory; checks once that the storage can reach the workers."""
+        """The run directory; checks once that the storage can reach the workers, and that
+        on local storage the run directory lies inside no other run's directory."""
         filesystem = self.run_config.storage_filesystem
         if filesystem is not None:
             check_picklable(filesystem, argument="RunConfig.storage_filesystem")
@@ -194,7 +195,20 @@ class Trainer:
                 "process, given as storage_filesystem or through a URI scheme registered "
                 "with cairn.storage.register_scheme()."
             )
-        return base.join(self._run_name)
+        run = base.join(self._run_name)
+        path = local_os_path(run)
+        directory = os.path.abspath(path) if path is not None else None
+        outer = _enclosing_run(directory) if directory is not None else None
+        if outer is not None:
+            raise ConfigError(
+                f"RunConfig(storage_path={self._storage_path!r}, name={self._run_name!r}) "
+                f"puts the run directory {directory!r} inside the run at {outer!r} (it holds "
+                f"{INDEX_NAME}): that run's retention and `cairn prune` delete its checkpoint "
+                "directories with everything in them. Pass a storage_path outside every run "
+                f"directory, such as {os.path.dirname(outer)!r} (where that run lies), with a "
+                "name of this run's own."
+            )
+        return run
 
     def _check_local_mode(self) -> None:
         """Checks of ``ScalingConfig(num_workers=0)`` made when ``fit()`` starts
@@ -331,9 +345,12 @@ def _create_local_run_directory(run: StorageLocation, storage_path: str, *,
     With ``durable`` (``storage_fsync``), the entry of each directory it created is
     fsynced in its parent: a new run's directory outlives a crash of the machine.
     """
-    path = local_os_path(run)
-    if path is None:
+    relative = local_os_path(run)
+    if relative is None:
         return  # remote storage: its errors come with the start-up's retries
+    # Absolute before climbing to its parents: a SubTreeFileSystem with a relative base
+    # path gives a relative one, whose top parent would be "" (no directory to fsync).
+    path = os.path.abspath(relative)
     missing = []
     ancestor = path
     while not os.path.lexists(ancestor):
@@ -361,6 +378,26 @@ def _create_local_run_directory(run: StorageLocation, storage_path: str, *,
     if durable:
         for created in missing:  # innermost first: each entry in its parent
             fsync_path(os.path.dirname(created))
+
+
+def _enclosing_run(path: str) -> str | None:
+    """The run directory that ``path`` (an absolute local path) lies inside: the nearest
+    parent that holds a run index, found on ``path`` as written and on its real path (a
+    symbolic link may lead into a run); None when there is none.
+
+    Local storage only, where a few ``stat`` calls answer it. Not on remote stores: there
+    it would cost one request per parent prefix at every start, and a prefix-scoped
+    permission may refuse the requests above the storage path.
+    """
+    for start in dict.fromkeys((path, os.path.realpath(path))):
+        parent = os.path.dirname(start)
+        while True:
+            if os.path.lexists(os.path.join(parent, INDEX_NAME)):
+                return parent
+            if os.path.dirname(parent) == parent:
+                break
+            parent = os.path.dirname(parent)
+    return None
 
 
 def _log_run_start(name: str, run: StorageLocation, manager: CheckpointManager) -> None:
