@@ -325,7 +325,7 @@ class ValidationRunner:
             logger.error("The validation function raised for %s: %s: %s", job.dir_name,
                          type(value).__name__, value)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             logger.error("The validation function returned %s for %s; it must return a dict "
                          "of metrics", type(value).__name__, job.dir_name)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,12 +17,15 @@ from cairn._src.run.layout import (
     is_reserved_name,
     looks_like_default_dir_name,
 )
-from cairn._src.run.schema import MAX_USER_DEPTH, nesting_depth, short_repr
+from cairn._src.run.schema import MAX_USER_DEPTH, decimal_digits, nesting_depth, short_repr
 from cairn._src.storage.fileio import TEMPORARY_MARK
 
 
 def _to_json_value(value: Any) -> Any:
-    # numpy and torch scalars (and 0-d arrays/tensors) become plain Python numbers.
+    # Any mapping (a MappingProxyType, a ChainMap) becomes a plain dict, as json.dumps
+    # writes a dict; numpy and torch scalars (and 0-d arrays/tensors) plain Python numbers.
+    if isinstance(value, Mapping):
+        return dict(value)
     item = getattr(value, "item", None)
     if callable(item):
         try:
@@ -34,6 +38,13 @@ def _to_json_value(value: Any) -> Any:
 # Values whose JSON round trip gives back an equal value of the same type (NaN and the
 # infinities too, with allow_nan), so that a flat dict of them is its own plain copy.
 _PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
+
+# The most decimal digits of an int in metrics: Python's default limit for turning an int
+# into text and back (sys.int_info.default_max_str_digits), so that the driver can write it
+# and every later process (`cairn show`, Result.from_path) can read it, whatever limit the
+# worker runs with.
+_MAX_INT_DIGITS = 4300
+_INT_BOUND = 10**_MAX_INT_DIGITS
 
 
 # C0 controls, DEL and C1 controls: never in a name Cairn writes (a terminal would obey them
@@ -63,12 +74,13 @@ def validate_metrics(metrics: object, *, what: str = "report(metrics=...)") -> d
     """A plain, JSON-serializable copy of ``metrics``, or :class:`ReportError` (``what``
     names where the metrics come from in its message).
 
-    Refused: anything but a dict with str keys, nesting deeper than the run's schema
-    keeps, values JSON cannot hold, and metric names (dict keys at any depth) that hold
-    a control character. NaN and the infinities are accepted (a loss may be NaN).
+    Accepted: any mapping with str keys (a ``MappingProxyType``, a ``ChainMap``), copied
+    as a plain dict, nested mappings included. Refused: anything else, nesting deeper than
+    the run's schema keeps, values JSON cannot hold, ints of more than 4300 digits, and
+    metric names (dict keys at any depth) that hold a control character. NaN and the
+    infinities are accepted (a loss may be NaN).
     """
-    if type(metrics) is dict and all(type(key) is str for key in metrics) and all(
-            type(value) in _PLAIN_TYPES for value in metrics.values()):
+    if type(metrics) is dict and _flat_and_plain(metrics):
         # The usual report (a flat dict of numbers and strings): the same copy as the JSON
         # round trip below, in under a tenth of its time.
         if _CONTROL.search("".join(metrics)):
@@ -82,32 +94,127 @@ def validate_metrics(metrics: object, *, what: str = "report(metrics=...)") -> d
     for key in metrics:
         if not isinstance(key, str):
             raise ReportError(
-                f"{what} has the key {key!r} of type {type(key).__name__}; "
+                f"{what} has the key {_short(key)} of type {type(key).__name__}; "
                 "metric names must be strings."
             )
     if nesting_depth(metrics, MAX_USER_DEPTH) > MAX_USER_DEPTH:
         # Measured without recursion: json.dumps would raise RecursionError, which is
         # not a bad-input error and would be retried as a worker failure.
-        raise ReportError(
-            f"{what} is nested more than {MAX_USER_DEPTH} levels deep; "
-            "report flat metrics (for example 'a/b/c' keys instead of nested dicts)."
-        )
+        raise _too_deep(what)
+    converted: list[object] = []
+
+    def to_json_value(value: Any) -> Any:
+        converted.append(value)
+        return _to_json_value(value)
+
     try:
-        text = json.dumps(metrics, default=_to_json_value, allow_nan=True)
-    except (TypeError, ValueError):
-        for key, value in metrics.items():
-            try:
-                json.dumps(value, default=_to_json_value, allow_nan=True)
-            except (TypeError, ValueError) as exc:
-                raise ReportError(
-                    f"{what} has the value {_short(value)} for {key!r} "
-                    f"({type(value).__name__}), which cannot be serialized: report numbers, "
-                    "strings, booleans, None, or lists and dicts of them."
-                ) from exc
-        raise
-    result: dict[str, Any] = json.loads(text)
+        text = json.dumps(metrics, default=to_json_value, allow_nan=True)
+        # A worker that raised Python's digit limit (or runs without one) writes longer
+        # ints than the driver reads: parse_int refuses them here, where _unstorable names
+        # the metric.
+        result: dict[str, Any] = (json.loads(text) if _int_text_bounded()
+                                  else json.loads(text, parse_int=_bounded_int))
+    except (TypeError, ValueError, RecursionError) as exc:
+        found = _unstorable(metrics, what)
+        if found is None:  # this worker's own digit limit is below _MAX_INT_DIGITS, for one
+            raise ReportError(
+                f"{what} cannot be serialized ({type(exc).__name__}: {_short(str(exc))}): "
+                "report numbers, strings, booleans, None, or lists and dicts of them."
+            ) from exc
+        # Without json's error, whose advice (raise Python's digit limit) would not help.
+        raise found from None
+    if converted and nesting_depth(result, MAX_USER_DEPTH) > MAX_USER_DEPTH:
+        # What nesting_depth did not count above: a mapping other than a dict.
+        raise _too_deep(what)
     _check_keys(result, what)
     return result
+
+
+def _flat_and_plain(metrics: dict[Any, Any]) -> bool:
+    """Whether ``metrics`` has str keys and values of _PLAIN_TYPES only, its ints within
+    _MAX_INT_DIGITS digits (one loop: the check of every report)."""
+    for key, value in metrics.items():
+        kind = type(value)
+        if type(key) is not str or kind not in _PLAIN_TYPES or (
+                kind is int and not -_INT_BOUND < value < _INT_BOUND):
+            return False
+    return True
+
+
+def _too_deep(what: str) -> ReportError:
+    return ReportError(
+        f"{what} is nested more than {MAX_USER_DEPTH} levels deep; "
+        "report flat metrics (for example 'a/b/c' keys instead of nested dicts)."
+    )
+
+
+def _int_text_bounded() -> bool:
+    """Whether this process refuses ints of more than _MAX_INT_DIGITS digits as text."""
+    # sys.get_int_max_str_digits is new in Python 3.11 (and 3.10.7); before it, no limit.
+    limit: int = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    return 0 < limit <= _MAX_INT_DIGITS
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) - text.startswith("-") > _MAX_INT_DIGITS:
+        raise ValueError(f"an int of {len(text)} characters")
+    return int(text)
+
+
+def _unstorable(metrics: Mapping[str, Any], what: str) -> ReportError | None:
+    """The error for the first value of ``metrics`` that JSON cannot hold, named by its
+    key path (``'x'[0]['y']``); None if there is none. Walked without recursion, and
+    without the repr() of a value that repr() cannot show."""
+    stack: list[tuple[tuple[object, ...], Any, int]] = [
+        ((key,), value, 1) for key, value in reversed(list(metrics.items()))]
+    while stack:
+        path, value, depth = stack.pop()
+        if depth > MAX_USER_DEPTH:
+            return _too_deep(what)
+        if isinstance(value, Mapping):
+            for key, item in reversed(list(value.items())):
+                # The keys json.dumps writes (as strings), as a dict's at the top.
+                if not (key is None or isinstance(key, (str, float))
+                        or (isinstance(key, int) and -_INT_BOUND < key < _INT_BOUND)):
+                    return ReportError(
+                        f"{what} has the key {_short(key)} of type {type(key).__name__} "
+                        f"in {_key_path(path)}; metric names must be strings."
+                    )
+                stack.append(((*path, key), item, depth + 1))
+            continue
+        if isinstance(value, (list, tuple)):
+            stack.extend(((*path, number), item, depth + 1)
+                         for number, item in reversed(list(enumerate(value))))
+            continue
+        if not (value is None or isinstance(value, (str, int, float))):
+            try:
+                plain = _to_json_value(value)
+            except TypeError:
+                plain = _UNSERIALIZABLE
+            if isinstance(plain, (Mapping, list, tuple)):
+                stack.append((path, plain, depth))
+                continue
+            if not (plain is None or isinstance(plain, (str, int, float))):
+                return ReportError(
+                    f"{what} has the value {_short(value)} for {_key_path(path)} "
+                    f"({type(value).__name__}), which cannot be serialized: report numbers, "
+                    "strings, booleans, None, or lists and dicts of them."
+                )
+            value = plain
+        if isinstance(value, int) and not -_INT_BOUND < value < _INT_BOUND:
+            return ReportError(
+                f"{what} has an int of {decimal_digits(value)} digits for {_key_path(path)}, "
+                f"too large to store: an int in metrics may have at most {_MAX_INT_DIGITS} "
+                "digits. Report a smaller number instead (its logarithm, for example)."
+            )
+    return None
+
+
+_UNSERIALIZABLE = object()
+
+
+def _key_path(path: tuple[object, ...]) -> str:
+    return _short(path[0]) + "".join(f"[{_short(part)}]" for part in path[1:])
 
 
 def score_value(metrics: Mapping[str, Any], attribute: str) -> Any:
@@ -229,9 +336,5 @@ def check_dir_name(name: object) -> str:
     return name
 
 
-def _short(value: object, limit: int = 80) -> str:
-    try:
-        text = repr(value)
-    except RecursionError:
-        return f"<a deeply nested {type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _short(value: object) -> str:
+    return short_repr(value, 80)

@@ -277,10 +277,32 @@ def _short_key(key: str) -> str:
 
 
 def short_repr(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters: a name or value read back from storage
-    in a message, bounded whatever its size."""
-    text = repr(value)
+    """``repr(value)``, cut to ``limit`` characters: a name or value in a message, bounded
+    whatever its size. Never raises: a value whose ``repr()`` fails (an int of more digits
+    than Python turns into text, a structure nested too deeply, a ``__repr__`` that raises)
+    is described by its type instead."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a deeply nested {type(value).__name__}>"
+    except Exception as exc:
+        if isinstance(value, int):
+            return f"<an int of {decimal_digits(value)} digits>"
+        return f"<{type(value).__name__} object whose repr() raised {type(exc).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def decimal_digits(number: int) -> int:
+    """How many decimal digits ``number`` has, its sign not counted, found without turning
+    it into text (which Python refuses beyond ``sys.get_int_max_str_digits()`` digits)."""
+    magnitude = abs(number)
+    # From the bit length: exact, or one off (and float rounding could tip it either way).
+    digits = max(1, int((magnitude.bit_length() - 1) * math.log10(2)) + 1)
+    if magnitude >= 10**digits:
+        return digits + 1
+    if digits > 1 and magnitude < 10 ** (digits - 1):
+        return digits - 1
+    return digits
 
 
 class _Absent:
