@@ -185,7 +185,8 @@ def test_an_upload_fn_returning_a_uri_with_credentials_fails_the_run(
         cairn.Trainer(train, train_loop_config={"scratch": scratch},
                       run_config=cairn.RunConfig(name="r", storage_path=str(tmp_path))).fit()
     text = "".join(traceback.format_exception(info.value))
-    assert "The checkpoint of report 1 is 's3://cairn-test/uploaded-" in text
+    assert "The checkpoint_upload_fn of report 1 returned Checkpoint(filesystem=s3" in text
+    assert "the checkpoint's URI is 's3://cairn-test/uploaded-" in text
     assert "with a password in its user info" in text and SECRET not in text
     for directory, _, names in os.walk(tmp_path / "r"):
         for name in names:

@@ -353,7 +353,7 @@ class WorkerSession:
         try:
             if job.upload_fn is not None:
                 message = upload_with_function(job, self.rank, started,
-                                               self.storage_options)
+                                               self.storage_options, run=self._setup.run)
             elif isinstance(answer, ProceedMessage) and answer.shared == "skip":
                 # Another rank reported this same directory and uploads it whole.
                 message = UploadedMessage(self.rank, job.index, {}, None, 0, 0.0)

@@ -39,6 +39,7 @@ from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.store_copy import copy_directory
 from cairn._src.storage.transfer import FileEntry, compute_entries, upload_directory
 from cairn._src.wire.messages import ProceedMessage, UploadedMessage
+from cairn._src.worker.references import uploaded_location
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.upload_errors import missing_file, vanished_files
 
@@ -202,21 +203,27 @@ def write_deferred(job: UploadJob) -> None:
 
 
 def upload_with_function(job: UploadJob, rank: int, started: float,
-                         options: StorageOptions) -> UploadedMessage:
+                         options: StorageOptions, *, run: StorageLocation) -> UploadedMessage:
     """Run the report's ``checkpoint_upload_fn``; the checkpoint it returns is the upload.
-    With ``options.fsync``, a returned directory on the local disk is made durable before
-    it is announced, as Cairn's own uploads are (the function wrote it, often into the
-    run's own directory, without an fsync)."""
+
+    What it returns is checked as a NO_UPLOAD checkpoint is (:func:`uploaded_location`:
+    an existing directory that holds none of Cairn's data of the ``run``, its own
+    directory in the run excepted), and :class:`ReportError` says what was wrong; the
+    report then fails as an upload that failed does. With ``options.fsync``, a returned
+    directory on the local disk is made durable before it is announced, as Cairn's own
+    uploads are (the function wrote it, often into the run's own directory, without an
+    fsync)."""
     assert job.upload_fn is not None
     uploaded = job.upload_fn(job.checkpoint, job.dir_name)
     if not isinstance(uploaded, Checkpoint):
         raise ReportError(
             "checkpoint_upload_fn must return a `ray.train.Checkpoint`: in Cairn, "
             f"the cairn.Checkpoint it uploaded; it returned {uploaded!r}.")
-    root = local_os_path(uploaded.location)
-    if options.fsync and root is not None and os.path.isdir(root):
+    location = uploaded_location(uploaded, job.dir_name, run, options.retry, index=job.index)
+    root = local_os_path(location)
+    if options.fsync and root is not None:
         sync_uploaded(root, _regular_files(root))
-    return UploadedMessage(rank, job.index, {}, uploaded.location, 0,
+    return UploadedMessage(rank, job.index, {}, location, 0,
                            time.perf_counter() - started, written=uploaded._written)
 
 
