@@ -36,6 +36,11 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
         dir_name="checkpoint_000001", report_index=1, target_uri=reference.uri,
         managed=True),), next_report_index=2)
     write_index(run, index, RETRY)
+    # The metrics history of the reports made: 1 to 3 (epoch_2 and epoch_3 were announced).
+    history = SegmentLog(run.join("metrics"), RETRY)
+    for report in (1, 2, 3):
+        history.append({"report_index": report, "metrics": {}})
+    history.flush()
     # A committed checkpoint the index missed (driver killed between manifest and index).
     (tmp_path / "run" / "epoch_2").mkdir()
     (tmp_path / "run" / "epoch_2" / "a.bin").write_bytes(b"a")
@@ -51,10 +56,10 @@ def test_reconcile_adopts_deletes_partials_and_keeps_reference_data(tmp_path: Pa
 
     manager = CheckpointManager(run, CheckpointConfig(), RETRY, index,
                                 SegmentLog(run.join("metrics"), RETRY))
-    manager.reconcile(started={"epoch_3"})
+    manager.reconcile(started={"epoch_2", "epoch_3"})
 
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "cairn_run.json", "checkpoint_000001", "epoch_2", "my_refs", "tensorboard"]
+        "cairn_run.json", "checkpoint_000001", "epoch_2", "metrics", "my_refs", "tensorboard"]
     reread = read_index(run, RETRY)
     assert reread is not None
     assert [r.dir_name for r in reread.checkpoints] == ["checkpoint_000001", "epoch_2"]

@@ -16,9 +16,16 @@ directory it can reach. The rules:
   ``cairn prune --delete-references``), only when this run registered it when it committed
   it (a ``reference_registered`` event in the run's event log), and only when the manifest
   in ``<run>/<dir_name>/`` names the same target.
+* **A manifest the index does not name** is adopted (and so may later be deleted) only
+  when this run can have written it there: under its report's default name or a name
+  the run's event log recorded before its upload began (or registered a reference
+  under), and for a report the index does not already name. Anything else is a copy of
+  a checkpoint (a user's backup inside the run, manifest included): neither adopted nor
+  deleted.
 * **A directory without a manifest** is deleted only when it is a direct child with a name
-  Cairn could have created, no index record names it, and Cairn created it: a default name,
-  or an explicit name announced before its upload began.
+  Cairn could have created, no index record names it, and Cairn created it: a default name
+  of a report the run can have made (as far as a new driver can tell, at most one past
+  those its logs know of), or an explicit name announced before its upload began.
 
 The functions here are pure: callers read the manifest and the event log and pass what
 they found.
@@ -33,7 +40,11 @@ from typing import Any
 from cairn._src.checkpoint.index import CheckpointRecord
 from cairn._src.checkpoint.manifest import Manifest
 from cairn._src.run.events import Event, ReferenceRegistered, as_events
-from cairn._src.run.layout import is_default_checkpoint_dir_name, is_safe_dir_name
+from cairn._src.run.layout import (
+    default_checkpoint_dir_name,
+    is_default_checkpoint_dir_name,
+    is_safe_dir_name,
+)
 
 REFERENCE_EVENT = ReferenceRegistered.TYPE
 
@@ -84,6 +95,45 @@ def could_have_created(dir_name: str) -> bool:
     return is_default_checkpoint_dir_name(dir_name) or is_safe_dir_name(dir_name)
 
 
+def default_name_report(dir_name: str) -> int | None:
+    """The report a default checkpoint name is of (``checkpoint_000003``: 3), or None for
+    any other name."""
+    if not is_default_checkpoint_dir_name(dir_name):
+        return None
+    return int(dir_name.partition("_")[2])
+
+
+def beyond_reports_made(dir_name: str, reports_made: int) -> bool:
+    """Whether ``dir_name`` is a default name of a report past the one after
+    ``reports_made``, the reports a run's index and logs know of: a report whose upload a
+    dead driver can have begun is at most the next one (a directory beyond it was not
+    created by this run)."""
+    report_index = default_name_report(dir_name)
+    return report_index is not None and report_index > reports_made + 1
+
+
+def copy_reason(dir_name: str, report_index: int, *, indexed: Mapping[int, str],
+                announced: Collection[str]) -> str | None:
+    """Why the manifest of report ``report_index`` in ``<run>/<dir_name>``, a directory the
+    index does not name, is not a checkpoint this run wrote but a copy of one, or None
+    when this run can have written it: under the report's default name or a name in
+    ``announced`` (those its event log announced before their upload began or registered
+    a reference under), for a report the index does not name (``indexed``: report index
+    -> directory).
+
+    A copy (a user's backup inside the run, manifest included) is neither adopted nor
+    deleted: adopted, retention would delete it with whatever the user added to it.
+    """
+    holder = indexed.get(report_index)
+    if holder is not None:
+        return f"the index names {holder} as the checkpoint of report {report_index}"
+    if dir_name != default_checkpoint_dir_name(report_index) and dir_name not in announced:
+        return (f"this run writes the checkpoint of report {report_index} only to "
+                f"{default_checkpoint_dir_name(report_index)} or to a name its event log "
+                "records before the upload, and it records none for this one")
+    return None
+
+
 @dataclass(frozen=True)
 class DeletionPlan:
     """What may be deleted of one dropped checkpoint, and why the rest stays."""
@@ -114,6 +164,13 @@ def plan_deletion(
         return DeletionPlan(False, False, (
             f"{name!r} is not a checkpoint directory name Cairn creates; a run deletes "
             "only its own checkpoint directories",))
+    if is_default_checkpoint_dir_name(name) and name != default_checkpoint_dir_name(
+            record.report_index):
+        # Explicit names never look like default ones (report_checks.py): the run never
+        # wrote report n anywhere but to report n's default name among these.
+        return DeletionPlan(False, False, (
+            f"{name} is not the directory this run gives the checkpoint of report "
+            f"{record.report_index}; a run deletes only its own checkpoint directories",))
     if manifest is None:
         return DeletionPlan(False, False, (
             f"{name} holds no Cairn manifest, so it is not a checkpoint this run committed",))
@@ -144,7 +201,9 @@ def may_delete_partial(
     holding_references: Collection[str],
 ) -> bool:
     """Whether ``<run>/<dir_name>``, a directory without a committed checkpoint, is Cairn's
-    leftover to delete: an upload that never committed."""
+    leftover to delete: an upload that never committed. A new driver judging what a dead
+    one left also asks :func:`beyond_reports_made`; the driver that names directories of
+    its own reports need not."""
     return (
         not has_manifest
         and could_have_created(dir_name)

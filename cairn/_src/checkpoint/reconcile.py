@@ -2,8 +2,9 @@
 
 Runs at start-up, before the :class:`~cairn._src.checkpoint.manager.CheckpointManager` is
 built (and from it, for :meth:`~cairn._src.checkpoint.manager.CheckpointManager.reconcile`):
-it lists the run directory, adopts the manifests the index does not name, deletes what
-never became a checkpoint and returns the index to go on with.
+it lists the run directory, adopts the manifests of this run the index does not name
+(never a user's copy of a checkpoint), deletes what never became a checkpoint and returns
+the index to go on with.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from cairn._src.checkpoint.index import (
     RunIndex,
     adopt_records,
     adoption_record,
+    reports_made,
     within_reports_made,
     write_index,
 )
@@ -29,6 +31,9 @@ from cairn._src.checkpoint.own_files import (
 )
 from cairn._src.checkpoint.ownership import (
     Target,
+    beyond_reports_made,
+    copy_reason,
+    default_name_report,
     manifest_target,
     may_delete_partial,
     record_target,
@@ -47,6 +52,7 @@ from cairn._src.storage.fileio import (
 )
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
+from cairn._src.text import plural
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +159,33 @@ def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
     return names
 
 
+def without_copies(index: RunIndex, adopted: list[CheckpointRecord],
+                   announced: Collection[str]) -> list[CheckpointRecord]:
+    """``adopted`` without the manifests that are copies of a checkpoint
+    (:func:`~.ownership.copy_reason`; ``announced``: the names the run's event log
+    announced before an upload or registered a reference under), nor two or more of the
+    same report (all but one are copies, and which one cannot be told). Those are left in
+    place, neither adopted nor deleted, with a warning each."""
+    indexed = {r.report_index: r.dir_name for r in index.checkpoints}
+    reasons = {r.dir_name: copy_reason(r.dir_name, r.report_index, indexed=indexed,
+                                       announced=announced) for r in adopted}
+    own = [r for r in adopted if reasons[r.dir_name] is None]
+    for record in own:
+        others = [r.dir_name for r in own
+                  if r.report_index == record.report_index and r is not record]
+        if others:
+            reasons[record.dir_name] = (f"{', '.join(others)} holds a manifest of report "
+                                        f"{record.report_index} too")
+    for record in adopted:
+        reason = reasons[record.dir_name]
+        if reason is not None:
+            logger.warning(
+                "Not adopting %s: its manifest is of report %d, but %s. It is taken for a "
+                "copy of a checkpoint, and a run deletes only the checkpoint directories it "
+                "created; it is left in place.", record.dir_name, record.report_index, reason)
+    return [r for r in adopted if reasons[r.dir_name] is None]
+
+
 def adopt(run: StorageLocation, index: RunIndex, adopted: list[CheckpointRecord],
           retry: RetryPolicy, fence: Callable[[], None] | None = None, *,
           durable: bool = True) -> RunIndex:
@@ -189,12 +222,18 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
     with (written when it changed).
 
     * A manifest the index does not name (killed between manifest and index): the
-      checkpoint is committed, so the index adopts it.
+      checkpoint is committed, so the index adopts it, where this run can have written
+      it: under its report's default name or a name in ``started`` (explicit names,
+      recorded before their upload began) or registered by reference, for a report the
+      index does not name, at most one past the reports the run made
+      (:func:`~.index.within_reports_made`). Any other manifest is a copy or not this
+      run's (:func:`without_copies`): left in place, neither adopted nor deleted, with a
+      warning.
     * A checkpoint directory Cairn created without a manifest (killed mid-upload): never
-      a checkpoint, so it is deleted. Cairn created it if it has a default name or is in
-      ``started`` (explicit names, recorded before their upload began). Other
-      directories (the user's logs, data of a NO_UPLOAD report still being written)
-      are left alone.
+      a checkpoint, so it is deleted. Cairn created it if it has a default name of a
+      report at most one past the reports the run made, or is in ``started``. Other
+      directories (the user's logs, data of a NO_UPLOAD report still being written, a
+      default name beyond the reports made: with a warning) are left alone.
     * Temporary files of interrupted atomic writes: deleted when they are exactly that,
       a regular file named ``<a file Cairn writes here>.cairn-tmp-<32 hex digits>``, in the
       run directory and beside the log segments (:func:`delete_torn_log_writes`); other
@@ -235,6 +274,7 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
     holding_references = names_holding_references(run, index)
     events: Callable[[], list[Event]] = once(lambda: read_events(run.join(EVENTS_DIR), retry))
     registered = once(lambda: registered_references(events()))
+    made = once(lambda: reports_made(run, retry, index, events()))
     for name in partial:
         if not may_delete_partial(name, has_manifest=False, indexed=known,
                                   announced=started, holding_references=holding_references):
@@ -242,6 +282,15 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
         if holds_its_reference(run, name, registered()):
             logger.debug("Leaving %s in place: it holds the data of a checkpoint this run "
                          "registered by reference", name)
+            continue
+        number = default_name_report(name)
+        # Up to the index's next report a name is never beyond: the logs are read only past it.
+        if (number is not None and number > index.next_report_index
+                and beyond_reports_made(name, made())):
+            logger.warning(
+                "Leaving %s in place: it has no manifest and the name of the checkpoint of "
+                "report %d, but this run has made %s, so it did not create it. Remove it "
+                "yourself if it is not needed.", name, number, plural(made(), "report"))
             continue
         try:
             recheck = recheck_uncommitted(run.join(name), name, retry,
@@ -264,6 +313,10 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
                            "manifest, but %s. Check the store; a later start deletes it "
                            "if it never committed.", name, recheck.doubt)
     adopted = within_reports_made(run, retry, index, adopted)
+    if adopted:
+        # A NO_UPLOAD report announces no directory before its commit; its registered
+        # reference names it (flushed after the manifest, before the index).
+        adopted = without_copies(index, adopted, {*started, *registered()})
     if adopted:
         logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                        len(adopted), [r.dir_name for r in adopted])
