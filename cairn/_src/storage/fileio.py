@@ -222,20 +222,34 @@ def list_files(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> dict
     left out. An entry that is neither a file nor a directory (a FIFO, a socket, a
     device, or a link to one) raises :class:`StorageError`, as uploads refuse them:
     reading one could block or never end. A ``loc`` that is no directory (a file, a FIFO,
-    a symbolic link loop) lists as empty.
+    a symbolic link loop) lists as empty. A path the store lists twice has the size a stat
+    of that exact path gives, what the reader finds there (left out where that is no file).
     """
     root = local_os_path(loc)
     if root is not None:
         return _list_local(loc, root, retry)
     files: dict[str, int] = {}
+    twice: set[str] = set()
     skipped: list[str] = []
     for info in _select(loc, True, retry):
         if info.type == pafs.FileType.File:
             relative = _relative(loc.path, info.path)
             if all(is_listed_name_safe(part) for part in relative.split("/")):
+                if relative in files:
+                    twice.add(relative)
                 files[relative] = int(info.size or 0)
             else:
                 skipped.append(relative)
+    for relative in sorted(twice):
+        # pyarrow's S3 lists the object 'x' and a "folder" object 'x/' that holds bytes
+        # (anyone can write one) as two files 'x', in an order no one can rely on: the
+        # last one listed would win. The reader opens 'x' after a stat of that exact path,
+        # so that stat decides, and the sizes compared with a manifest are what it reads.
+        found = _file_info(loc.join(relative), retry)
+        if found.type == pafs.FileType.File:
+            files[relative] = int(found.size or 0)
+        else:
+            del files[relative]
     _warn_skipped(skipped, loc)
     return files
 
@@ -364,21 +378,64 @@ def is_local_link(loc: StorageLocation) -> bool:
 
 
 def delete_dir(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Delete ``loc`` and everything under it; a missing directory is fine."""
+    """Delete the directory ``loc`` and everything under it; a missing directory is fine.
+
+    On the local disk a name is one entry: a file or a symbolic link in the directory's
+    place is removed itself, and a link is never followed. Elsewhere an object may have
+    the directory's own name (the key ``run/checkpoint_000002`` beside the keys under
+    ``run/checkpoint_000002/``): that object is not the directory's, and it stays; only
+    what lies under the directory goes (:func:`_delete_under`).
+    """
+    fs = loc.filesystem
+    local = local_os_path(loc) is not None
 
     def delete() -> None:
-        info = loc.filesystem.get_file_info(loc.path)
+        info = fs.get_file_info(loc.path)
         if info.type == pafs.FileType.NotFound:
             return
-        if info.type == pafs.FileType.File:
-            loc.filesystem.delete_file(loc.path)
-            return
-        loc.filesystem.delete_dir(loc.path)
+        if info.type != pafs.FileType.File:
+            fs.delete_dir(loc.path)
+        elif local:
+            fs.delete_file(loc.path)
+        else:
+            _delete_under(fs, loc.path)
 
     try:
         storage_call(delete, loc, retry, "delete")
     except CheckpointNotFoundError:
         pass  # Deleted concurrently, or by an earlier attempt whose reply was lost.
+
+
+def _delete_under(fs: pafs.FileSystem, path: str) -> None:
+    """Delete every file and directory below ``path`` on storage that also holds a file
+    named ``path``, which stays: files first, then directories, the deepest first.
+
+    The backend's own ``delete_dir`` cannot be used there: pyarrow's S3 refuses it for a
+    path that is also an object, and a delete of ``path + "/"`` deletes that object. An
+    empty directory marker ``path/`` may remain, which lists as nothing.
+    """
+    selector = pafs.FileSelector(path, allow_not_found=True, recursive=True)
+    try:
+        entries = fs.get_file_info(selector)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing below it (a custom store's answer for an object alone)
+    below = path.strip("/") + "/"
+    entries = [info for info in entries if info.path.lstrip("/").startswith(below)]
+    files = [info.path for info in entries if info.type == pafs.FileType.File]
+    directories = sorted((info.path for info in entries
+                          if info.type == pafs.FileType.Directory),
+                         key=lambda name: name.count("/"), reverse=True)
+    for name in files:
+        _delete_if_present(fs.delete_file, name)
+    for name in directories:
+        _delete_if_present(fs.delete_dir, name)
+
+
+def _delete_if_present(delete: Callable[[str], None], path: str) -> None:
+    try:
+        delete(path)
+    except FileNotFoundError:
+        pass  # listed twice (an object and a marker of one name), or deleted meanwhile
 
 
 def delete_file(loc: StorageLocation, retry: RetryPolicy = DEFAULT_RETRY, *,

@@ -98,7 +98,7 @@ def describe_mode(mode: int) -> str:
 @contextmanager
 def open_regular_file(
     directory: StorageLocation, rel: str, *, expected_size: int | None,
-    follow_links: bool = False, random_access: bool = False,
+    follow_links: bool = False, random_access: bool = False, committed: bool | None = None,
 ) -> Iterator[OpenedFile]:
     """Open ``rel`` (a checked relative path) under ``directory`` for a bounded read.
 
@@ -112,30 +112,37 @@ def open_regular_file(
     :func:`~cairn._src.storage.paths.list_local_files` already checked to stay inside it:
     links are then followed, and the file they lead to must still be a regular file.
     ``random_access``: on remote storage the stream is a random-access file (``read_at``,
-    for ranged reads in parallel) rather than a sequential stream.
+    for ranged reads in parallel) rather than a sequential stream. ``committed``: whether
+    ``directory`` is a committed checkpoint, for the words of the errors (a file gone
+    after its commit is damage; one gone while it is read for a commit was taken away
+    from a checkpoint still being reported); by default it is when ``expected_size`` is
+    given, the size a manifest records, and not for a file read to be committed.
     """
+    if committed is None:
+        committed = expected_size is not None
     root = local_os_path(directory)
     if root is not None:
         if follow_links:
-            fd, size = _open_following(os.path.join(root, *rel.split("/")), directory, rel)
+            fd, size = _open_following(os.path.join(root, *rel.split("/")), directory, rel,
+                                       committed)
         else:
-            fd, size = _open_local(root, rel, directory)
+            fd, size = _open_local(root, rel, directory, committed)
         stream = io.FileIO(fd, "rb", closefd=True)
         with stream:
-            _check_size(directory, rel, expected_size, size)
+            _check_size(directory, rel, expected_size, size, committed)
             limit = (expected_size if expected_size is not None else size) + 1
             yield OpenedFile(stream, size, limit)
         return
     source = directory.join(rel)
     info = directory.filesystem.get_file_info(source.path)
     if info.type == pafs.FileType.NotFound:
-        raise _missing(directory, rel)
+        raise _missing(directory, rel, committed)
     if info.type != pafs.FileType.File:
         kind = "a directory" if info.type == pafs.FileType.Directory else "not a regular file"
-        raise _not_regular(directory, rel, kind)
+        raise _not_regular(directory, rel, kind, committed)
     stored = None if info.size is None else int(info.size)
     if stored is not None:
-        _check_size(directory, rel, expected_size, stored)
+        _check_size(directory, rel, expected_size, stored, committed)
     bound = expected_size if expected_size is not None else stored
     fs = directory.filesystem
     with (fs.open_input_file(source.path) if random_access
@@ -143,70 +150,85 @@ def open_regular_file(
         yield OpenedFile(stream, stored, None if bound is None else bound + 1)
 
 
-def _check_size(directory: StorageLocation, rel: str, expected: int | None, size: int) -> None:
+def _check_size(directory: StorageLocation, rel: str, expected: int | None, size: int,
+                committed: bool) -> None:
     if expected is not None and size != expected:
+        when = "after it was committed" if committed else "after Cairn listed it"
         raise ChecksumMismatchError(
             f"File {rel!r} of {directory.display()} is corrupt: expected {expected} bytes, "
-            f"storage holds {size}. The file was changed or truncated after it was committed."
+            f"storage holds {size}. The file was changed or truncated {when}."
         )
 
 
-def _missing(directory: StorageLocation, rel: str) -> MissingCheckpointFileError:
+def _missing(directory: StorageLocation, rel: str, committed: bool) -> MissingCheckpointFileError:
+    """The error of a file of ``directory`` that is gone; ``committed``: whether
+    ``directory`` is a committed checkpoint, or one Cairn reads to commit it."""
+    if committed:
+        return MissingCheckpointFileError(
+            f"File {rel!r} of {directory.display()} does not exist: it was deleted after the "
+            "checkpoint was committed."
+        )
     return MissingCheckpointFileError(
-        f"File {rel!r} of {directory.display()} does not exist: it was deleted after the "
-        "checkpoint was committed."
+        f"File {rel!r} of {directory.display()} does not exist: it was deleted after Cairn "
+        "listed the checkpoint's files, before the checkpoint was committed. Finish "
+        "writing a checkpoint before reporting it, and leave it in place until it is "
+        "committed."
     )
 
 
 def _not_regular(
-    directory: StorageLocation, rel: str, kind: str, component: str | None = None
+    directory: StorageLocation, rel: str, kind: str, committed: bool,
+    component: str | None = None,
 ) -> NotARegularFileError:
     if component is not None and component != rel:
         what = f"the directory {component!r} on the way to file {rel!r}"
     else:
         what = f"file {rel!r}"
+    changed = " The checkpoint was changed after it was committed." if committed else ""
     return NotARegularFileError(
         f"In {directory.display()}, {what} is {kind}; Cairn reads regular files only, so it "
-        "neither follows links nor reads FIFOs or devices. The checkpoint was changed after "
-        "it was committed."
+        f"neither follows links nor reads FIFOs or devices.{changed}"
     )
 
 
-def _open_local(root: str, rel: str, directory: StorageLocation) -> tuple[int, int]:
+def _open_local(root: str, rel: str, directory: StorageLocation,
+                committed: bool) -> tuple[int, int]:
     """(descriptor, size) of the regular file ``rel`` under the local directory ``root``."""
     parts = rel.split("/")
     if not _HAS_DIR_FD:
-        return _open_local_by_path(root, parts, rel, directory)
+        return _open_local_by_path(root, parts, rel, directory, committed)
     try:
         # O_NONBLOCK: even a FIFO in the checkpoint directory's place cannot block.
         dir_fd = os.open(root, os.O_RDONLY | _DIRECTORY | _NONBLOCK | _CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
-        raise _missing(directory, rel) from None
+        raise _missing(directory, rel, committed) from None
     try:
         for position, part in enumerate(parts):
             component = "/".join(parts[: position + 1])
             try:
                 info = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
-                raise _missing(directory, rel) from None
+                raise _missing(directory, rel, committed) from None
             last = position == len(parts) - 1
             if stat.S_ISLNK(info.st_mode) or (last and not stat.S_ISREG(info.st_mode)):
-                raise _not_regular(directory, rel, describe_mode(info.st_mode), component)
+                raise _not_regular(directory, rel, describe_mode(info.st_mode), committed,
+                                   component)
             if not last:
                 if not stat.S_ISDIR(info.st_mode):
                     # 'x' is a file where the manifest lists 'x/y': 'x/y' is gone.
-                    raise _missing(directory, rel)
-                next_fd = _open_at(part, _DIR_FLAGS, dir_fd, directory, rel, component)
+                    raise _missing(directory, rel, committed)
+                next_fd = _open_at(part, _DIR_FLAGS, dir_fd, directory, rel, component,
+                                   committed)
                 os.close(dir_fd)
                 dir_fd = next_fd
                 continue
-            fd = _open_at(part, _FILE_FLAGS, dir_fd, directory, rel, component)
+            fd = _open_at(part, _FILE_FLAGS, dir_fd, directory, rel, component, committed)
             opened = os.fstat(fd)
             if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
                 info.st_dev, info.st_ino
             ):
                 os.close(fd)
-                raise _not_regular(directory, rel, "replaced while it was opened")
+                raise _not_regular(directory, rel, "replaced while it was opened", committed)
             return fd, opened.st_size
     finally:
         os.close(dir_fd)
@@ -214,33 +236,36 @@ def _open_local(root: str, rel: str, directory: StorageLocation) -> tuple[int, i
 
 
 def _open_at(
-    part: str, flags: int, dir_fd: int, directory: StorageLocation, rel: str, component: str
+    part: str, flags: int, dir_fd: int, directory: StorageLocation, rel: str, component: str,
+    committed: bool,
 ) -> int:
     try:
         return os.open(part, flags, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
-        raise _missing(directory, rel) from None
+        raise _missing(directory, rel, committed) from None
     except OSError as exc:
         if exc.errno in _LINK_ERRNOS:
             # Swapped for a link between the lstat and the open.
-            raise _not_regular(directory, rel, "a symbolic link", component) from None
+            raise _not_regular(directory, rel, "a symbolic link", committed,
+                               component) from None
         raise
 
 
-def _open_following(path: str, directory: StorageLocation, rel: str) -> tuple[int, int]:
+def _open_following(path: str, directory: StorageLocation, rel: str,
+                    committed: bool) -> tuple[int, int]:
     try:
         fd = os.open(path, _FILE_FLAGS & ~_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
-        raise _missing(directory, rel) from None
+        raise _missing(directory, rel, committed) from None
     opened = os.fstat(fd)
     if not stat.S_ISREG(opened.st_mode):
         os.close(fd)
-        raise _not_regular(directory, rel, describe_mode(opened.st_mode))
+        raise _not_regular(directory, rel, describe_mode(opened.st_mode), committed)
     return fd, opened.st_size
 
 
 def _open_local_by_path(
-    root: str, parts: list[str], rel: str, directory: StorageLocation
+    root: str, parts: list[str], rel: str, directory: StorageLocation, committed: bool
 ) -> tuple[int, int]:
     path = root
     for position, part in enumerate(parts):
@@ -248,18 +273,19 @@ def _open_local_by_path(
         try:
             info = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
-            raise _missing(directory, rel) from None
+            raise _missing(directory, rel, committed) from None
         last = position == len(parts) - 1
         component = "/".join(parts[: position + 1])
         if stat.S_ISLNK(info.st_mode) or (last and not stat.S_ISREG(info.st_mode)):
-            raise _not_regular(directory, rel, describe_mode(info.st_mode), component)
+            raise _not_regular(directory, rel, describe_mode(info.st_mode), committed,
+                               component)
         if not last and not stat.S_ISDIR(info.st_mode):
-            raise _missing(directory, rel)
+            raise _missing(directory, rel, committed)
     fd = os.open(path, _FILE_FLAGS)
     opened = os.fstat(fd)
     if not stat.S_ISREG(opened.st_mode):
         os.close(fd)
-        raise _not_regular(directory, rel, describe_mode(opened.st_mode))
+        raise _not_regular(directory, rel, describe_mode(opened.st_mode), committed)
     return fd, opened.st_size
 
 
