@@ -8,8 +8,9 @@ once the attempt is over: :data:`FINISHED` (every rank done, every commit resolv
 
 When a rank fails, the surviving ranks get a short, bounded grace (``REPORT_GRACE_S``) to
 finish the reports up to the failed rank's last report; those are committed, then the
-attempt is torn down and restarted (:meth:`AttemptLoop._reports_still_coming`). A fatal
-failure, or a lost lease, ends the attempt at once.
+attempt is torn down and restarted (:meth:`AttemptLoop._reports_still_coming`). With no
+rank left to report, the same grace lets failed ranks finish the ASYNC uploads of reports
+every rank made. A fatal failure, or a lost lease, ends the attempt at once.
 """
 
 from __future__ import annotations
@@ -227,27 +228,36 @@ class AttemptLoop:
                 "passed with workers still running; Cairn stopped them")
 
     def _reports_still_coming(self) -> bool:
-        """Whether surviving ranks may still complete reports the failed ranks reached.
+        """Whether reports the failed ranks reached may still complete.
 
         A rank that fails must not cost the others the reports it already passed: until
         every report up to the failed ranks' last one is resolved (committed, skipped or
         refused), and while a rank that has not failed still runs, the attempt waits (at
         most ``REPORT_GRACE_S``), then tears down and restarts. Ray Train's report() is a
         barrier, so there these reports commit too.
+
+        With no surviving rank, the reports every rank made may still complete: a failed
+        rank finishes its ASYNC uploads before its process exits (``worker.main``), and
+        the attempt waits for them in the same grace while such a rank is still connected.
+        A rank that was killed, or whose connection ended, cannot finish its uploads.
         """
-        attempt = self.attempt
+        attempt, tracker = self.attempt, self.attempt.tracker
         failed = {f.rank for f in attempt.failures}
-        target = max((attempt.tracker.last_index.get(rank, 0) for rank in failed), default=0)
+        target = max((tracker.last_index.get(rank, 0) for rank in failed), default=0)
         if target < attempt.first_report_index:
             return False
         surviving = ({w.rank for w in attempt.workers} - self.exited - failed
                      - set(attempt.done))
+        if not surviving:
+            uploading = {rank for rank in failed if rank in attempt.connections} - self.exited
+            return bool(uploading) and any(not tracker.missing_ranks(index)
+                                           for index in tracker.unresolved_before(target))
         # A surviving rank whose connection ended can report nothing more; one that has not
         # connected yet (still starting on a loaded machine) still can.
-        if not surviving or any(rank in attempt.connected and rank not in attempt.connections
-                                for rank in surviving):
+        if any(rank in attempt.connected and rank not in attempt.connections
+               for rank in surviving):
             return False
-        return bool(attempt.tracker.unresolved_before(target)) or attempt.commits_in_flight > 0
+        return bool(tracker.unresolved_before(target)) or attempt.commits_in_flight > 0
 
     def _check_started(self) -> None:
         attempt = self.attempt
