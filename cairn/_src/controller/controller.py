@@ -35,7 +35,6 @@ import cloudpickle
 
 from cairn._src.backends.protocol import RankReplacer
 from cairn._src.checkpoint.index import RunIndex
-from cairn._src.checkpoint.manager import CheckpointManager
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.config.run import ScalingConfig
 from cairn._src.controller.attempt import Attempt
@@ -47,6 +46,7 @@ from cairn._src.controller.failure_errors import (
     error_summary,
     failure_records,
     run_error,
+    save_counts,
     worker_group_error,
 )
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
@@ -224,7 +224,9 @@ class Controller:
         if failure is FINISHED:
             return self._machine.transition(ControllerState.FINISHING, "all workers finished")
         assert isinstance(failure, AttemptFailure)
-        failure, error, index = self._end_failed_attempt(loop, failure)
+        failure, error, index, failed = self._end_failed_attempt(loop, failure)
+        decision = None if attempt.resume_damaged else self._judge(failure, index,
+                                                                   attempt.number)
         if attempt.resume_damaged:
             logger.warning(
                 "Attempt %d: a rank found the checkpoint it resumed from, %s, damaged "
@@ -233,22 +235,33 @@ class Controller:
                 "count as a failure.", attempt.number,
                 attempt.resume.dir_name if attempt.resume else "-",
                 failure.reason.splitlines()[0])
+        # The event log, the live view and the callbacks (after_exception, on_failure) hear
+        # of the failure after the log said it: a callback that raises there fails the run,
+        # and the attempt's own failure is not lost behind the callback's error.
+        self._parts.events.emit(failed)
+        loop.flush_logs()
+        if decision is None:
             return self._machine.transition(ControllerState.RESTARTING,
                                             "the resume checkpoint is damaged")
-        return self._decide(failure, error, index, attempt.number)
+        return self._decide(failure, error, index, attempt.number, decision)
 
-    def _decide(self, failure: AttemptFailure, error: BaseException, index: RunIndex,
-                number: int) -> Transition:
-        """Restart, or end the run once the failure budget is spent (``index``: the counts
-        with this failure, written or not)."""
-        preempted = failure.preemption is not None
-        failures = index.preemptions if preempted else index.failures
+    def _judge(self, failure: AttemptFailure, index: RunIndex, number: int) -> FailureDecision:
+        """The policy's decision on ``failure``, logged with its reason (``index``: the
+        counts with this failure, written or not)."""
+        failures = index.preemptions if failure.preemption is not None else index.failures
         budget = self._policy.budget(failure)
         decision = self._policy.decide(failure, failures - 1)
         logger.warning("Attempt %d failed (%s); %s %d of %s allowed: %s", number,
                        failure.reason.splitlines()[0],
-                       "preemption" if preempted else "failure", failures,
+                       "failure" if failure.preemption is None else "preemption", failures,
                        "unlimited" if budget == -1 else budget, decision.value)
+        return decision
+
+    def _decide(self, failure: AttemptFailure, error: BaseException, index: RunIndex,
+                number: int, decision: FailureDecision) -> Transition:
+        """Restart, or end the run once the failure budget is spent."""
+        preempted = failure.preemption is not None
+        budget = self._policy.budget(failure)
         if decision is FailureDecision.RAISE:
             latest = index.latest
             self._parts.events.emit(Notice(give_up_notice(
@@ -270,16 +283,16 @@ class Controller:
         manager = self._parts.manager
 
         def count() -> tuple[int, RunIndex]:
-            _save_counts(manager, failures=manager.index.failures + 1)
+            save_counts(manager, failures=manager.index.failures + 1)
             return manager.index.attempts, manager.index
 
         number, index = self._parts.commits.call_on_commit_thread(count)
         self._last_error = error_summary(error, ranks=())
         reason = (f"the driver could not read the run from storage to start the workers: "
                   f"{type(error).__name__}: {error}")
-        fatal = not is_transient(error.__cause__ or error)
-        return self._decide(AttemptFailure(ranks=(), reason=reason, fatal=fatal), error, index,
-                            number)
+        failure = AttemptFailure(ranks=(), reason=reason, fatal=not is_transient(
+            error.__cause__ or error))
+        return self._decide(failure, error, index, number, self._judge(failure, index, number))
 
     # --- start of an attempt -------------------------------------------------------------
 
@@ -388,7 +401,7 @@ class Controller:
 
     def _end_failed_attempt(
             self, loop: AttemptLoop, failure: AttemptFailure,
-    ) -> tuple[AttemptFailure, BaseException, RunIndex]:
+    ) -> tuple[AttemptFailure, BaseException, RunIndex, AttemptFailed]:
         parts, attempt = self._parts, loop.attempt
         manager = parts.manager
         ranks, reason = [f.rank for f in attempt.failures], group_failures(attempt.failures)
@@ -427,11 +440,11 @@ class Controller:
             if damaged and suspect is not None:
                 manager.suspects.add(suspect)
             if preempted:
-                _save_counts(manager, preemptions=manager.index.preemptions + 1,
-                             next_report_index=next_report_index)
+                save_counts(manager, preemptions=manager.index.preemptions + 1,
+                            next_report_index=next_report_index)
                 return False, manager.index
-            _save_counts(manager, failures=manager.index.failures + (0 if damaged else 1),
-                         next_report_index=next_report_index)
+            save_counts(manager, failures=manager.index.failures + (0 if damaged else 1),
+                        next_report_index=next_report_index)
             return damaged, manager.index
 
         attempt.resume_damaged, index = parts.commits.call_on_commit_thread(record)
@@ -448,10 +461,7 @@ class Controller:
                          errors=tuple(e for e in map(ErrorInfo.parse, errors) if e is not None),
                          counted=not (attempt.resume_damaged or preempted),
                          preemption=preempted)
-        # The event log, the live view and the callbacks (after_exception, on_failure).
-        parts.events.emit(AttemptFailed(logged, failure.reason, error))
-        loop.flush_logs()
-        return failure, raised, index
+        return failure, raised, index, AttemptFailed(logged, failure.reason, error)
 
     def _keep_or_kill(self, loop: AttemptLoop, failure: AttemptFailure) -> KeptRanks | None:
         """Stop the ranks that may be kept and kill the others (see :mod:`survivors`); the
@@ -587,14 +597,3 @@ class _NotStarted(Exception):
     def __init__(self, error: StorageError | OSError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _save_counts(manager: CheckpointManager, **counts: int) -> None:
-    """Write the failure counts to the run index; on a storage error they stay counted in
-    the manager's index (:meth:`~CheckpointManager.save_index` applies them first) and the
-    next index write that succeeds, the next attempt's start, records them."""
-    try:
-        manager.save_index(**counts)
-    except (StorageError, OSError) as exc:
-        logger.warning("The run index could not be written (%s); the failure is counted "
-                       "and recorded by the next index write", exc)

@@ -1,6 +1,7 @@
 """The error ``fit()`` raises when workers fail: a :class:`WorkerGroupError` carrying each
 failed rank's own exception, as Ray Train's ``worker_failures``; the error a failed run
-reads back with; and whether a failure was damage of the resume checkpoint."""
+reads back with; whether a failure was damage of the resume checkpoint; and the failure
+counts written to the run index."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from cairn._src.controller.worker_failures import WorkerFailure, ordered_ranks
-from cairn._src.errors import CheckpointDamagedError, WorkerGroupError, WorkerProcessError
+from cairn._src.errors import (
+    CheckpointDamagedError,
+    StorageError,
+    WorkerGroupError,
+    WorkerProcessError,
+)
 from cairn._src.storage.uris import redact_text
 
 if TYPE_CHECKING:
+    from cairn._src.checkpoint.manager import CheckpointManager
     from cairn._src.controller.attempt import Attempt
     from cairn._src.controller.failure_policy import AttemptFailure
 
@@ -120,3 +127,14 @@ def run_error(errors: list[dict[str, Any]]) -> dict[str, Any] | None:
     ranks = [rank for error in errors if (error["type"], error["message"]) == (
         first["type"], first["message"]) for rank in error["ranks"]]
     return {"type": first["type"], "ranks": sorted(ranks), "message": first["message"]}
+
+
+def save_counts(manager: CheckpointManager, **counts: int) -> None:
+    """Write the failure counts to the run index; on a storage error they stay counted in
+    the manager's index (:meth:`~CheckpointManager.save_index` applies them first) and the
+    next index write that succeeds, the next attempt's start, records them."""
+    try:
+        manager.save_index(**counts)
+    except (StorageError, OSError) as exc:
+        logger.warning("The run index could not be written (%s); the failure is counted "
+                       "and recorded by the next index write", exc)

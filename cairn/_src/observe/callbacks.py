@@ -9,8 +9,10 @@ events (:mod:`.observer`).
 
 from __future__ import annotations
 
+import copy
 import heapq
 import logging
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,9 +42,11 @@ class Callback:
     """Subclass and override what you need; pass instances in ``RunConfig(callbacks=[...])``.
 
     Hooks run on the driver's controller thread, in order: keep them quick (hand slow work,
-    such as posting to a tracking server, to a thread of your own). An exception in a hook
-    fails the run with a :class:`~cairn.ControllerError` wrapping it, as in Ray Train. Any
-    object with some of these methods works too.
+    such as posting to a tracking server, to a thread of your own). Each hook gets its own
+    deep copy of the metrics: what it changes there reaches neither the run (its checks,
+    checkpoints, history and :class:`~cairn.Result`) nor the other callbacks. An exception
+    in a hook fails the run with a :class:`~cairn.ControllerError` wrapping it, as in Ray
+    Train. Any object with some of these methods works too.
     """
 
     def on_report(self, report_index: int, metrics: dict[str, Any]) -> None:
@@ -83,7 +87,8 @@ class UserCallback:
       exception each failed rank's train function raised, or a
       :class:`~cairn.WorkerProcessError` for a rank that exited, was killed or hung.
 
-    An exception in a hook fails the run with a :class:`~cairn.ControllerError`.
+    ``metrics`` is the hook's own deep copy, as for :class:`Callback`. An exception in a
+    hook fails the run with a :class:`~cairn.ControllerError`.
     """
 
     def after_report(
@@ -100,18 +105,39 @@ class UserCallback:
         """One or more workers failed: ``worker_exceptions`` maps ranks to exceptions."""
 
 
-def call_hooks(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+def call_hooks(callbacks: Sequence[Any], hook: str, *args: Any,
+               copied: int | None = None) -> None:
     """Call ``hook(*args)`` on every callback that has it, in order. One that raises stops
-    the others; its exception is logged and re-raised as :class:`ControllerError`."""
+    the others; its exception is logged and re-raised as :class:`ControllerError`.
+
+    ``copied``: the position in ``args`` of the metrics, of which each callback gets a deep
+    copy of its own (the run goes on using the original: its checks, commit and history).
+    """
     for callback in callbacks:
         method = getattr(callback, hook, None)
         if method is None:
             continue
+        given = args
+        if copied is not None:
+            # Metrics are plain JSON values (report() checked them): the copy cannot fail.
+            given = (*args[:copied], copy.deepcopy(args[copied]), *args[copied + 1:])
         try:
-            method(*args)
+            method(*given)
         except Exception as exc:
             logger.exception("Callback %s raised in %s", type(callback).__name__, hook)
             raise ControllerError(exc) from exc
+
+
+def _chain_to_failure(error: ControllerError, failure: WorkerGroupError) -> None:
+    """Show the attempt's ``failure`` with the error of a hook called for it: the hook's
+    exception gets it as its ``__context__`` (as if raised while handling it), so that the
+    traceback shows the worker's error first, and ``error`` a note with its first line."""
+    raised = error.controller_failure
+    if raised is not failure and raised.__context__ is None:
+        raised.__context__ = failure
+    if sys.version_info >= (3, 11):
+        first = (failure.error_message.splitlines() or [""])[0]
+        error.add_note(f"The callback was called for this failure of the attempt: {first}")
 
 
 @dataclass
@@ -128,8 +154,10 @@ class CallbackDispatcher:
     ``after_report`` is called in report order: report n waits until every rank reported
     it and, when it carries a checkpoint, until that checkpoint is committed (or skipped),
     and until reports before n were delivered. Reports of a failed attempt that never
-    completed are dropped, as the attempt's reports are. A hook that raises is logged and
-    re-raised as :class:`ControllerError`.
+    completed are dropped, as the attempt's reports are. Every hook gets its own deep copy
+    of the metrics; the reports' own stay as the workers sent them. A hook that raises is
+    logged and re-raised as :class:`ControllerError`; one called for a failed attempt
+    chains the attempt's error to it.
     """
 
     def __init__(self, callbacks: Sequence[Any], run_context: TrainRunContext,
@@ -150,8 +178,8 @@ class CallbackDispatcher:
         last); reports of earlier attempts still pending are dropped, as they are."""
         self._world_size = world_size
 
-    def _call(self, hook: str, *args: Any) -> None:
-        call_hooks(self._callbacks, hook, *args)
+    def _call(self, hook: str, *args: Any, copied: int | None = None) -> None:
+        call_hooks(self._callbacks, hook, *args, copied=copied)
 
     def notify(self, event: ObservedEvent) -> None:
         """An event of the run (the :class:`~.observer.Observer` protocol): reports,
@@ -162,7 +190,7 @@ class CallbackDispatcher:
             self.reported(message.rank, message.index, message.metrics,
                           message.checkpoint is not None)
         elif isinstance(event, CheckpointCommitted):
-            self.committed(event.ready.index, event.view.dir_name, dict(event.ready.metrics),
+            self.committed(event.ready.index, event.view.dir_name, event.ready.metrics,
                            event.checkpoint)
         elif isinstance(event, CheckpointSkipped) or (
                 isinstance(event, CommitFailed) and event.skipped):
@@ -177,11 +205,11 @@ class CallbackDispatcher:
                  has_checkpoint: bool) -> None:
         """Rank ``rank`` made report ``index`` (every rank's report comes through here)."""
         if rank == 0:
-            self._call("on_report", index, metrics)
+            self._call("on_report", index, metrics, copied=1)
         if index <= self._delivered_through:
             return
         pending = self._pending_report(index)
-        pending.metrics[rank] = metrics
+        pending.metrics[rank] = metrics  # the report's own, copied when delivered
         pending.has_checkpoint = pending.has_checkpoint or has_checkpoint
         if len(pending.metrics) == self._world_size and not pending.has_checkpoint:
             pending.resolved = True
@@ -190,7 +218,7 @@ class CallbackDispatcher:
     def committed(self, index: int, dir_name: str, metrics: dict[str, Any],
                   checkpoint: Checkpoint) -> None:
         """The checkpoint of report ``index`` was committed."""
-        self._call("on_checkpoint", dir_name, metrics)
+        self._call("on_checkpoint", dir_name, metrics, copied=1)
         if index <= self._delivered_through:
             return
         pending = self._pending_report(index)
@@ -213,8 +241,12 @@ class CallbackDispatcher:
         """An attempt failed with ``error``; its undelivered reports are dropped."""
         self._pending.clear()
         self._order.clear()
-        self._call("after_exception", self._context, dict(error.worker_failures))
-        self._call("on_failure", error)
+        try:
+            self._call("after_exception", self._context, dict(error.worker_failures))
+            self._call("on_failure", error)
+        except ControllerError as exc:
+            _chain_to_failure(exc, error)
+            raise
 
     def _pending_report(self, index: int) -> _PendingReport:
         pending = self._pending.get(index)
@@ -233,4 +265,4 @@ class CallbackDispatcher:
             del self._pending[index]
             self._delivered_through = index
             metrics = [pending.metrics[rank] for rank in range(self._world_size)]
-            self._call("after_report", self._context, metrics, pending.checkpoint)
+            self._call("after_report", self._context, metrics, pending.checkpoint, copied=1)

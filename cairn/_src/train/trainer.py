@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypedDict
@@ -282,14 +283,27 @@ class Trainer:
             error=outcome.error,
             return_value=returned[-1] if returned else outcome.return_value, retry=retry,
             report_index=outcome.last_report_index if reported else earlier.get("report_index"))
-        call_hooks(self.run_config.callbacks, "on_run_end", result)
+        try:
+            call_hooks(self.run_config.callbacks, "on_run_end", result)
+        except ControllerError as exc:
+            if outcome.error is None:
+                # The README's promise and Ray Train's callback manager (every hook, the
+                # controller's shutdown hooks too): a callback that raises fails fit(). The
+                # run itself is complete on storage, which says so.
+                finished = (f"Run {self._run_name!r} finished and is stored as finished at "
+                            f"{run.display()} (Result.from_path reads it)")
+                logger.error("%s; fit() raises the ControllerError of its on_run_end "
+                             "callback", finished)
+                if sys.version_info >= (3, 11):
+                    exc.add_note(f"{finished}; the error is its on_run_end callback's.")
+                raise
+            # The run's own error is what fit() raises; the callback's is logged above and
+            # chained as its context.
+            logger.error("Run %r failed; fit() raises its error, not the one of its "
+                         "on_run_end callback", self._run_name)
+            _raise_run_error(outcome.error)
         if outcome.error is not None:
-            # Raised as built, as Ray Train raises it: a WorkerGroupError with each rank's
-            # exception (or a ControllerError); its text names where the run stays. In
-            # local mode its cause is the train function's own exception (local_mode.py).
-            if isinstance(outcome.error, TrainingFailedError):
-                raise outcome.error
-            raise ControllerError(outcome.error) from outcome.error
+            _raise_run_error(outcome.error)
         return result
 
     @classmethod
@@ -302,6 +316,16 @@ class Trainer:
     def can_restore(cls, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused, as Ray Train v2 refuses it (``DeprecationWarning``); see :meth:`restore`."""
         raise ConfigDeprecationError(migration.TRAINER_RESTORE)
+
+
+def _raise_run_error(error: BaseException) -> NoReturn:
+    """Raise the error of a failed run as built, as Ray Train raises it: a
+    :class:`WorkerGroupError` with each rank's exception (or a ControllerError); its text
+    names where the run stays. In local mode its cause is the train function's own
+    exception (local_mode.py)."""
+    if isinstance(error, TrainingFailedError):
+        raise error
+    raise ControllerError(error) from error
 
 
 def _raise_startup_error(run: StorageLocation, exc: StorageError) -> NoReturn:
