@@ -29,14 +29,26 @@ from cairn._src.checkpoint.manifest import (
     write_manifest,
 )
 from cairn._src.checkpoint.verified import verify_local_once
-from cairn._src.errors import CheckpointNotFoundError, ManifestError, NotADirectoryCheckpointError
+from cairn._src.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    ManifestError,
+    NotADirectoryCheckpointError,
+)
+from cairn._src.run.layout import INDEX_NAME
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
-from cairn._src.storage.location import StorageLocation, local_root, resolve
+from cairn._src.storage.location import StorageLocation, _known_scheme_set, local_root, resolve
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.scratch import make_directory
 from cairn._src.storage.transfer import download_directory, verify_directory
-from cairn._src.storage.uris import local_os_join
+from cairn._src.storage.uris import (
+    local_os_join,
+    missing_colon_correction,
+    public_uri,
+    scheme_of,
+    typo_correction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +66,10 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | os.PathLike[str], filesystem: Any = None) -> None:
+        if isinstance(path, (str, os.PathLike)):
+            text = os.fspath(path)
+            if isinstance(text, str):
+                _check_storable(text, call="Checkpoint")
         self._location = resolve(path, filesystem)
         # The directory holding the manifest: the checkpoint's own, except for checkpoints
         # registered by reference, whose manifest stays in the run directory.
@@ -68,8 +84,13 @@ class Checkpoint:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
-        """A checkpoint of the local directory ``path`` (not copied)."""
-        return cls(os.path.abspath(os.fspath(path)))
+        """A checkpoint of the local directory ``path`` (not copied).
+
+        Raises :class:`ConfigError` for a ``path`` that is not a non-empty ``str`` or
+        ``os.PathLike``, or that holds a NUL character or cannot be encoded as UTF-8
+        (Cairn stores every path as UTF-8). Does not check that the directory exists.
+        """
+        return cls(os.path.abspath(_path_text(path, call="Checkpoint.from_directory")))
 
     @classmethod
     def from_location(cls, location: StorageLocation) -> Checkpoint:
@@ -159,21 +180,31 @@ class Checkpoint:
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into the local directory ``path``; return it.
 
-        ``path`` defaults to a new temporary directory. A committed checkpoint is copied
-        as its manifest lists it and every file is verified; the manifest itself is not
-        copied, so the directory can be reported as a new checkpoint. A checkpoint a worker
-        got from ``get_checkpoint()`` (or its reported checkpoints) in a run with a local
-        tier (``CheckpointConfig(local_tier_bytes=...)``) comes from this node's copy when
-        it holds all the files, verified the same way (:mod:`.local_tier`).
+        ``path`` defaults to a new temporary directory; a directory that does not exist is
+        created, one that exists (empty or not) is copied into. A committed checkpoint is
+        copied as its manifest lists it and every file is verified; the manifest itself is
+        not copied, so the directory can be reported as a new checkpoint. A checkpoint a
+        worker got from ``get_checkpoint()`` (or its reported checkpoints) in a run with a
+        local tier (``CheckpointConfig(local_tier_bytes=...)``) comes from this node's copy
+        when it holds all the files, verified the same way (:mod:`.local_tier`).
+
+        Raises :class:`ConfigError`, before anything is read or written, for a ``path``
+        that is not a local directory: not a non-empty ``str`` or ``os.PathLike``, a URI
+        or a mistyped one (``s3:/bucket``), a NUL character, a name not encodable as
+        UTF-8, a file, a directory that cannot be created; and for one that is this
+        checkpoint's own directory or inside it, or inside a run directory or a committed
+        checkpoint (Cairn's own data, which the copy would change).
         """
+        given = None if path is None else self._check_target(path)
         manifest = self.get_manifest()
         if manifest is None:
             self._require_directory()
             self._require_uncommitted()
-        if path is None:
+        if given is None:
             target = tempfile.mkdtemp(prefix="cairn-checkpoint-")
         else:
-            target = os.path.abspath(os.fspath(path))
+            text, target = given
+            _create_directory(target, text)
         try:
             tier = self._options.local_tier
             if manifest is None or tier is None or not tier.restore(
@@ -191,6 +222,45 @@ class Checkpoint:
                 shutil.rmtree(target, ignore_errors=True)
             raise
         return target
+
+    def _check_target(self, path: object) -> tuple[str, str]:
+        """``path`` as given (a ``str``) and the absolute local directory
+        ``to_directory(path)`` may write into, or :class:`ConfigError` saying why ``path``
+        is not one (see :meth:`to_directory`)."""
+        call = "Checkpoint.to_directory"
+        text = _path_text(path, call=call)
+        shown = f"{call}(path={public_uri(text)!r})"
+        if scheme_of(text) is not None:
+            raise ConfigError(
+                f"{shown}: path is a URI, but to_directory() copies into a local directory. "
+                "Pass a local path; to read the checkpoint on a store, use "
+                "Checkpoint(uri).as_directory() or report it to a run on that store.")
+        schemes = _known_scheme_set()
+        corrected = typo_correction(text, schemes) or missing_colon_correction(
+            text.partition("?")[0], schemes)
+        if corrected is not None:
+            raise ConfigError(
+                f"{shown}: path looks like the URI {public_uri(corrected)!r} mistyped, and "
+                "to_directory() copies into a local directory, not a store. Pass a local "
+                "path; a local directory with that name can be written as './' followed "
+                "by it.")
+        target = os.path.abspath(text)
+        real = os.path.realpath(target)
+        own = self._local_path()
+        if own is not None:
+            own_real = os.path.realpath(own)
+            if real == own_real or real.startswith(own_real.rstrip(os.sep) + os.sep):
+                raise ConfigError(
+                    f"{shown}: path is this checkpoint's own directory {own!r} or inside "
+                    "it; copying a checkpoint into itself would mix the copy with its "
+                    "files. Pass another directory, or read it in place with "
+                    "as_directory().")
+        _refuse_cairn_data(real, shown)
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise ConfigError(
+                f"{shown}: path is a file, not a directory. Pass a directory: an existing "
+                "one, empty or not, or one to be created.")
+        return text, target
 
     def _require_uncommitted(self) -> None:
         """Raise when this checkpoint was handed out as committed and its manifest is gone
@@ -399,3 +469,72 @@ class Checkpoint:
         self._options = StorageOptions()
         self._retry = self._options.retry
         self._written = {}
+
+
+def _path_text(path: object, *, call: str) -> str:
+    """``path`` as a ``str``, or :class:`ConfigError` naming ``call``'s ``path`` when it
+    is not a non-empty ``str`` or ``os.PathLike`` of one, or cannot be stored."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"{call}(path={path!r}): path must be a local directory as a str or "
+            f"os.PathLike (for example pathlib.Path), got {type(path).__name__}.")
+    if not text.strip():
+        raise ConfigError(
+            f"{call}(path={text!r}): path is empty; pass a directory (for the current "
+            "directory, '.').")
+    _check_storable(text, call=call)
+    return text
+
+
+def _check_storable(text: str, *, call: str) -> None:
+    """Raise :class:`ConfigError` when ``text`` holds a NUL character (no file system or
+    store takes one) or cannot be encoded as UTF-8 (a name with bytes that Python
+    decoded to surrogates), which storage calls would otherwise fail on deep inside a
+    report or a copy. The path is shown with such characters escaped."""
+    shown = f"{call}(path={public_uri(text)!r})"
+    if "\0" in text:
+        raise ConfigError(
+            f"{shown}: path contains a NUL character, which no file system or store "
+            "accepts in a name. Pass the directory's path without it.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{shown}: path cannot be encoded as UTF-8 (it holds bytes that are not "
+            "UTF-8, shown as \\udcXX), and Cairn stores every path as UTF-8. Rename the "
+            "directory, or copy the checkpoint into one whose path is UTF-8.") from None
+
+
+def _refuse_cairn_data(real: str, shown: str) -> None:
+    """Raise :class:`ConfigError` when the local directory ``real`` (resolved, existing
+    or not) is, or lies inside, a run directory (it holds the run index) or a committed
+    checkpoint (it holds a manifest): Cairn's own data, which a copy there would change."""
+    directory = real
+    while True:
+        if os.path.lexists(os.path.join(directory, INDEX_NAME)):
+            raise ConfigError(
+                f"{shown}: path is the run directory {directory!r} or inside it (it holds "
+                f"the run index {INDEX_NAME}): Cairn's own data, which a copy there would "
+                "change. Pass a directory outside the run.")
+        if os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
+            raise ConfigError(
+                f"{shown}: path is the committed checkpoint {directory!r} or inside it "
+                f"(it holds the manifest {MANIFEST_NAME}), and a committed checkpoint is "
+                "never changed. Pass a directory outside it.")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def _create_directory(target: str, path: str) -> None:
+    """Create the local directory ``target`` (and its parents) when missing, or raise
+    :class:`ConfigError` naming ``to_directory``'s ``path`` and the system's reason."""
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"Checkpoint.to_directory(path={path!r}): the directory {target!r} "
+            f"cannot be created ({exc.strerror or exc}). Pass a directory that exists or "
+            "can be created.") from exc
