@@ -19,10 +19,12 @@ from cairn._src.config.checks import check_int, left_out
 from cairn._src.config.failure import FailureConfig
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
+from cairn._src.storage.location import uri_can_carry
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
-from cairn._src.storage.uris import public_uri
+from cairn._src.storage.uris import public_uri, scheme_of, strip_uri
+from cairn._src.text import printable
 
 # The hooks of cairn.Callback and cairn.UserCallback; a RunConfig callback must have one.
 HOOK_NAMES = ("on_report", "on_checkpoint", "on_failure", "on_run_end", "after_report",
@@ -134,8 +136,7 @@ class ScalingConfig:
         if self.tls is not None and not isinstance(self.tls, bool):
             raise ConfigError(
                 f"ScalingConfig.tls={self.tls!r} must be True (encrypt the control channel), "
-                "False, or None (the CAIRN_TLS environment variable decides; unset: off)."
-            )
+                "False, or None (the CAIRN_TLS environment variable decides; unset: off).")
         # Before the checks below read use_gpu: "false" is truthy.
         check_field_types(self)
         if self.accelerator_type is not None and not (
@@ -143,8 +144,7 @@ class ScalingConfig:
         ):
             raise ConfigError(
                 f"ScalingConfig.accelerator_type={self.accelerator_type!r} must be a non-empty "
-                "string (for example 'A100') or None."
-            )
+                "string (for example 'A100') or None.")
         if self.resources_per_worker is not None:
             if not isinstance(self.resources_per_worker, dict) or not all(
                 isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float))
@@ -153,42 +153,32 @@ class ScalingConfig:
                 raise ConfigError(
                     f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must "
                     "be a dict of resource names to finite numbers >= 0 (for example "
-                    "{'CPU': 2})."
-                )
+                    "{'CPU': 2}).")
             gpus = self.resources_per_worker.get("GPU", 0)
             if not self.use_gpu and gpus > 0:
                 raise ConfigError(
                     "`use_gpu` is False but `GPU` was found in `resources_per_worker`. "
                     "Either set `use_gpu` to True or remove `GPU` from "
                     "`resources_per_worker` (ScalingConfig.resources_per_worker="
-                    f"{self.resources_per_worker!r})."
-                )
+                    f"{self.resources_per_worker!r}).")
             if self.use_gpu and "GPU" in self.resources_per_worker and gpus == 0:
                 raise ConfigError(
                     "`use_gpu` is True but `GPU` is set to 0 in `resources_per_worker`. "
                     "Either set `use_gpu` to False or request a positive number of `GPU` "
-                    "in `resources_per_worker`."
-                )
+                    "in `resources_per_worker`.")
         if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"ScalingConfig.backend={self.backend!r} is not one of "
-                + ", ".join(repr(b) for b in BACKENDS)
-                + "."
-            )
+            raise ConfigError(f"ScalingConfig.backend={self.backend!r} is not one of "
+                              + ", ".join(repr(b) for b in BACKENDS) + ".")
         if self.local_mode and self.backend != "local":
             raise ConfigError(
                 f"ScalingConfig(num_workers=0, backend={self.backend!r}): num_workers=0 is "
                 "local mode, which runs the train function in this process and starts no "
                 "workers on any backend; drop backend= (or use 'local'), or ask for "
-                "num_workers >= 1 to run on Ray."
-            )
+                "num_workers >= 1 to run on Ray.")
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
-            raise ConfigError(
-                f"ScalingConfig.placement_strategy={self.placement_strategy!r} is not one of "
-                + ", ".join(repr(s) for s in strategies)
-                + "."
-            )
+            raise ConfigError(f"ScalingConfig.placement_strategy={self.placement_strategy!r} "
+                              "is not one of " + ", ".join(repr(s) for s in strategies) + ".")
 
     @property
     def local_mode(self) -> bool:
@@ -413,8 +403,7 @@ class RunConfig:
             if "/" in self.name or "\\" in self.name or self.name in (".", ".."):
                 raise ConfigError(
                     f"RunConfig.name={self.name!r} must be a single path component "
-                    "(no '/', '\\', '.' or '..')."
-                )
+                    "(no '/', '\\', '.' or '..').")
             if "\0" in self.name or not _encodable(self.name):
                 raise ConfigError(f"RunConfig.name={self.name!r} must be a str without NUL "
                                   "characters (or lone surrogates): it names a directory.")
@@ -422,10 +411,17 @@ class RunConfig:
                 raise ConfigError(
                     f"RunConfig.name={self.name!r} is {len(os.fsencode(self.name))} bytes "
                     "long; it names the run's directory, which can be at most 255 bytes.")
+            # As checkpoint_dir_name: a terminal obeys control characters, a newline forges logs.
+            control = next((char for char in self.name if printable(char) != char), None)
+            if control is not None or not self.name.strip():
+                held = (f"holds the control character {control!a}" if control is not None
+                        else "is only whitespace, which `cairn ls` shows as a blank name")
+                raise ConfigError(f"RunConfig.name={self.name!r} {held}; use printable "
+                                  "characters (no U+0000-U+001F, U+007F-U+009F), at least "
+                                  "one of them not whitespace.")
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise ConfigError(
-                f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string."
-            )
+                f"RunConfig.storage_path={self.storage_path!r} must be a path or URI string.")
         if self.storage_path is not None and "\0" in os.fsdecode(self.storage_path):
             raise ConfigError(f"RunConfig.storage_path={_public(self.storage_path)!r} must be "
                               "a path or URI without NUL characters.")
@@ -433,35 +429,30 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.storage_path={self.storage_path!r} is empty; pass a directory or "
                 "a URI such as 's3://bucket/runs', or leave it out (None) for the default "
-                "(the CAIRN_STORAGE_PATH environment variable, else ~/cairn_results)."
-            )
+                "(the CAIRN_STORAGE_PATH environment variable, else ~/cairn_results).")
+        if self.storage_filesystem is None and isinstance(self.storage_path, str):
+            _check_storage_uri(self.storage_path, self.name)
         if not isinstance(self.checkpoint_config, CheckpointConfig):
             raise ConfigError(
                 f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a "
-                "CheckpointConfig."
-            )
+                "CheckpointConfig.")
         if self.startup_retry is not None and not isinstance(self.startup_retry, RetryPolicy):
             raise ConfigError(
                 f"RunConfig.startup_retry={self.startup_retry!r} must be a cairn.RetryPolicy "
-                "or None (None: the start-up uses storage_retry)."
-            )
+                "or None (None: the start-up uses storage_retry).")
         if not isinstance(self.failure_config, FailureConfig):
-            raise ConfigError(
-                f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig."
-            )
+            raise ConfigError(f"RunConfig.failure_config={self.failure_config!r} must be a "
+                              "FailureConfig.")
         if self.progress is not None and (type(self.progress) is not int
                                           or self.progress not in (0, 1, 2)):
             raise ConfigError(
                 f"RunConfig.progress={self.progress!r} must be 0 (no live view), 1 (a status "
                 "line), 2 (a status line and a line per event) or None (the CAIRN_PROGRESS "
-                "environment variable, else 1)."
-            )
-        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks,
-                                                                       Sequence):
+                "environment variable, else 1).")
+        if isinstance(self.callbacks, (str, bytes)) or not isinstance(self.callbacks, Sequence):
             raise ConfigError(
                 f"RunConfig.callbacks={self.callbacks!r} must be a list of cairn.Callback or "
-                "cairn.UserCallback objects."
-            )
+                "cairn.UserCallback objects.")
         for callback in self.callbacks:
             if isinstance(callback, type):
                 raise ConfigError(
@@ -471,24 +462,20 @@ class RunConfig:
                 raise ConfigError(
                     f"RunConfig.callbacks contains {callback!r}, which has none of the "
                     f"callback hooks ({', '.join(HOOK_NAMES)}): pass cairn.Callback or "
-                    "cairn.UserCallback subclasses (Ray Tune callbacks do not apply)."
-                )
+                    "cairn.UserCallback subclasses (Ray Tune callbacks do not apply).")
         if not isinstance(self.storage_retry, RetryPolicy):
-            raise ConfigError(
-                f"RunConfig.storage_retry={self.storage_retry!r} must be a RetryPolicy."
-            )
+            raise ConfigError(f"RunConfig.storage_retry={self.storage_retry!r} must be a "
+                              "RetryPolicy.")
         if self.storage_transfer is not None and not isinstance(self.storage_transfer,
                                                                 TransferConfig):
             raise ConfigError(
                 f"RunConfig.storage_transfer={self.storage_transfer!r} must be a "
-                "cairn.storage.TransferConfig or None (None: the process's settings)."
-            )
+                "cairn.storage.TransferConfig or None (None: the process's settings).")
         if not isinstance(self.storage_fsync, bool):
             raise ConfigError(
                 f"RunConfig.storage_fsync={self.storage_fsync!r} must be True (the default: "
                 "commits are durable, data and manifests fsynced) or False (tmpfs or scratch "
-                "storage: no fsync)."
-            )
+                "storage: no fsync).")
         check_field_types(self)
         if self.worker_env is not None:
             # Checked here, not when a worker's process starts (after an attempt counted).
@@ -550,6 +537,28 @@ def _public(path: str | os.PathLike[str] | None) -> str | os.PathLike[str] | Non
     """``RunConfig.storage_path`` as a repr or a message may show it: a URI without its
     credentials."""
     return public_uri(path) if isinstance(path, str) else path
+
+
+def _check_storage_uri(storage_path: str, name: str | None) -> None:
+    """Refuse a remote ``storage_path`` URI with a ``.`` or ``..`` path component, and a run
+    ``name`` that no URI below it can carry (:func:`uri_can_carry`)."""
+    scheme = scheme_of(storage_path)
+    if scheme in (None, "file"):
+        return  # the local disk: '.' and '..' resolve, and its URIs carry any name
+    dots = [part for part in strip_uri(storage_path).split("/") if part in (".", "..")]
+    if dots and scheme != "local":  # fsspec's local:// is the disk too
+        raise ConfigError(
+            f"RunConfig.storage_path={_public(storage_path)!r} has the path component "
+            f"{dots[0]!r}: remote storage does not resolve it as a local disk does, and each "
+            "fit() could write over the run's metrics history and event log. Accepted: a URI "
+            "without '.' and '..' components, such as 's3://bucket/team/runs'.")
+    if name is not None and not uri_can_carry(scheme, name):
+        held = next(char for char in name if char in "?#")
+        raise ConfigError(
+            f"RunConfig.name={name!r} holds {held!r}, which ends the path of a {scheme}:// "
+            "URI (Cairn does not percent-encode paths of registered schemes and fsspec "
+            "protocols): Result.uri and Checkpoint.uri would name another run. Accepted "
+            f"with {scheme}:// storage: a name without '?' and '#'.")
 
 
 def checked_env(env: object, where: str) -> dict[str, str]:

@@ -56,20 +56,13 @@ from cairn._src.storage.uris import (
     without_userinfo,
 )
 
-__all__ = [
-    "StorageLocation",
-    "check_picklable",
-    "check_uri_typo",
-    "local_root",
-    "public_uri",
-    "redact",
-    "resolve",
-    "supports_atomic_rename",
-]
+__all__ = ["StorageLocation", "check_picklable", "check_uri_typo", "local_root", "public_uri",
+           "redact", "resolve", "supports_atomic_rename", "uri_can_carry"]
 
 logger = logging.getLogger(__name__)
 
 _PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})
+_PERCENT_DECODED_SCHEMES = frozenset({"file"}) | _PYARROW_SCHEMES
 # fsspec protocols that hold data in this process only.
 _IN_PROCESS_PROTOCOLS = frozenset({"memory"})
 
@@ -105,6 +98,7 @@ class StorageLocation:
     def join(self, *parts: str) -> StorageLocation:
         """The location ``parts`` (relative, ``/``-separated) below this one.
 
+        Its :attr:`uri` is ``None`` where no URI names that place (:func:`uri_can_carry`).
         Raises :class:`~cairn._src.errors.UnsafePathError` for parts that would leave it.
         """
         joined = "/".join(part for part in parts if part not in ("", "."))
@@ -116,12 +110,11 @@ class StorageLocation:
             scheme = scheme_of(self.uri)
             if scheme is None:
                 uri = join_path(self.uri, rel)
-            else:
+            elif uri_can_carry(scheme, rel):
                 base, question, query = self.uri.partition("?")
                 # pyarrow percent-decodes URI paths; fsspec and custom schemes do not.
-                quoted = rel
-                if scheme in _PERCENT_DECODED_SCHEMES:
-                    quoted = urllib.parse.quote(rel, safe="/")
+                quoted = (urllib.parse.quote(rel, safe="/")
+                          if scheme in _PERCENT_DECODED_SCHEMES else rel)
                 uri = f"{base.rstrip('/')}/{quoted}{question}{query}"
         path = join_path(self.path, rel)
         return StorageLocation(self.filesystem, path, uri, self._source, self._store_id)
@@ -245,7 +238,24 @@ class StorageLocation:
         return hash((self.path, self.uri))
 
 
-_PERCENT_DECODED_SCHEMES = frozenset({"file"}) | _PYARROW_SCHEMES
+def uri_can_carry(scheme: str | None, path: str) -> bool:
+    """Whether a URI of ``scheme`` (``None``: a local path) can name ``path`` below its own:
+    not when ``path`` holds ``?`` or ``#`` and ``scheme`` is an fsspec protocol or a
+    registered scheme, whose paths are never percent-decoded and end at ``?`` or ``#``."""
+    return scheme in _PERCENT_DECODED_SCHEMES or scheme is None or not {"?", "#"} & set(path)
+
+
+def _check_remote_path(text: str, fs: pafs.FileSystem, path: str) -> None:
+    """Refuse a ``.`` or ``..`` component in ``path`` on storage that is not a local disk:
+    a backend may resolve it for some requests and not others (pyarrow's S3 writes
+    ``a/../b/x`` as ``b/x`` but lists ``a/../b/`` as written), so a run would write over
+    what it cannot find."""
+    dots = [part for part in path.split("/") if part in (".", "..")]
+    if dots and local_root(fs) is None:
+        raise ConfigError(
+            f"location={redact(text)!r} has the path component {dots[0]!r}, which only a "
+            "local disk resolves reliably; accepted: a path without '.' and '..' "
+            "components, such as 's3://bucket/team/runs'.")
 
 
 def _store_key(uri: str) -> tuple[str | None, str, str]:
@@ -456,6 +466,7 @@ def _resolve_custom(text: str, scheme: str, factory: registry.Factory) -> Storag
     # it would otherwise be in every key written and in every display of the path.
     path = strip_uri(without_userinfo(text))
     path = path.strip("/") if is_object_store(made) else normalize_path(path)
+    _check_remote_path(text, fs, path)
     return StorageLocation(fs, path, normalize_uri(text), ("uri", normalize_uri(text)))
 
 
@@ -480,6 +491,7 @@ def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
             f"{backend_message(str(exc), text)}.{hint}"
         ) from None
     uri = normalize_uri(text)
+    _check_remote_path(text, fs, path)
     return StorageLocation(fs, normalize_path(path), uri, ("uri", uri))
 
 
@@ -517,9 +529,9 @@ def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:
             f"{fs_class.__name__}: {backend_message(str(exc), text)}"
         ) from None
     uri = normalize_uri(text)
-    return StorageLocation(
-        pafs.PyFileSystem(FSSpecHandler(fs)), normalize_path(path), uri, ("uri", uri)
-    )
+    wrapped = pafs.PyFileSystem(FSSpecHandler(fs))
+    _check_remote_path(text, wrapped, path)
+    return StorageLocation(wrapped, normalize_path(path), uri, ("uri", uri))
 
 
 def _package_hint(scheme: str) -> str | None:
@@ -530,26 +542,17 @@ def _package_hint(scheme: str) -> str | None:
 
 
 def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
-    source: tuple[str, Any]
+    source: tuple[str, Any] = ("fs", None)
     store_id = _store_id_of(filesystem)
-    if isinstance(filesystem, (pafs.FileSystem, fsspec.AbstractFileSystem)) or is_object_store(
-        filesystem
-    ):
-        made = filesystem
-        source = ("fs", None)
-    elif callable(filesystem):
+    made, what = filesystem, f"filesystem={filesystem!r}"
+    if callable(filesystem) and not (isinstance(filesystem, (
+            pafs.FileSystem, fsspec.AbstractFileSystem)) or is_object_store(filesystem)):
         try:
             made = filesystem()
         except Exception as exc:
             raise StorageError(f"The filesystem factory {filesystem!r} failed: {exc}") from exc
         source = ("factory", filesystem)
-    else:
-        made = filesystem
-        source = ("fs", None)
-    if source[0] == "factory":
         what = f"The filesystem factory {filesystem!r} returned {made!r}, which"
-    else:
-        what = f"filesystem={made!r}"
     fs = _as_pyarrow(made, what=what)
     if source[0] == "fs":
         source = ("fs", fs)
@@ -570,6 +573,7 @@ def _resolve_in_filesystem(text: str, filesystem: Any) -> StorageLocation:
         os_path = local_os_join(root, path)
         return _remember_store(StorageLocation(fs, path, os_path, source, store_id))
     path = text.strip("/") if is_object_store(made) else normalize_path(text)
+    _check_remote_path(text, fs, path)
     return _remember_store(StorageLocation(fs, path, None, source, store_id))
 
 
