@@ -12,7 +12,10 @@ Durability and ordering:
 
 * the request is in the run's event log (``validation_requested``, flushed) before the
   checkpoint is committed, so a driver killed while it is pending runs it again on the
-  next ``fit()`` (``validation_finished`` ends it);
+  next ``fit()`` (``validation_finished`` ends it). A ``fit()`` that ends before its
+  validations finished (the run failed, Ctrl-C) leaves them pending the same way:
+  :meth:`ValidationRunner.close` names them in one warning, and a result that comes later
+  is dropped, never applied once the commit thread may have stopped;
 * a request whose flush failed is withdrawn from the log: its report is never committed
   (``report_outcomes.not_handed_to_commit``), and a later report may commit a checkpoint
   of the same name. A request the log holds all the same (a crash before the flush that
@@ -105,7 +108,7 @@ class PendingValidations:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # Notified whenever a validation finishes.
+        # Notified whenever a validation finishes, and when the runner closes.
         self.idle = threading.Condition(self.lock)
         self.jobs: dict[str, _Job] = {}
         # Pending, but no longer protected: their result is being applied (and re-ranked).
@@ -150,6 +153,15 @@ class ValidationRunner:
         self._uncertain: dict[str, _Job] = {}
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        # Held while a result is handed to the commit thread, and by close(): a result is
+        # either handed before close() returns (the commit thread applies it before it
+        # stops) or not at all.
+        self._handing = threading.Lock()
+        # Set by close() (under _handing and the pending lock).
+        self._closed = False
+        # The validations whose result was handed to the commit thread and not yet
+        # applied (under the pending lock).
+        self._handed: set[str] = set()
 
     # --- state -------------------------------------------------------------------------
 
@@ -276,14 +288,42 @@ class ValidationRunner:
                     note_at = now + WAIT_NOTE_S
 
     def close(self) -> None:
+        """Stop the runner at the end of ``fit()``, also of a failed or interrupted one,
+        before the commit thread stops. Does not wait for a validation.
+
+        The validations not finished (running, queued) are named in one warning and stay
+        pending: the run's event log holds their request and no result, so the next
+        ``fit()`` of the run validates each of them once, and retention keeps their
+        checkpoints meanwhile. A result already handed to the commit thread is applied
+        there before it stops. The runner's thread hands nothing after this and ends
+        once the validation function it waits for returns or passes its ``timeout_s``;
+        the function runs on until it returns (Python cannot stop a thread) and its result
+        is ignored. After a successful run nothing is pending: ``fit()`` waited for it
+        (:meth:`wait_idle`)."""
+        with self._handing, self._pending.idle:
+            if self._closed:
+                return
+            self._closed = True
+            abandoned = [] if self.config is None else sorted(
+                (job for name, job in self._pending.jobs.items() if name not in self._handed),
+                key=lambda job: job.index)
+            # Ends the runner's wait for a result the commit thread may never apply.
+            self._pending.idle.notify_all()
         self._jobs.put(_STOP)
+        if abandoned:
+            logger.warning(
+                "fit() ended before these validations finished: %s. They stay pending "
+                "validation, with no result recorded, and the next fit() of this run "
+                "validates each of them once. A validation function still running runs on, "
+                "on its driver thread, until it returns (Python cannot stop a thread); its "
+                "result is ignored.", ", ".join(job.dir_name for job in abandoned))
 
     # --- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is _STOP:
+            if job is _STOP or self._closed:
                 return
             try:
                 status, metrics = self._validate(job)
@@ -291,9 +331,19 @@ class ValidationRunner:
                 logger.exception("Validation of %s failed", job.dir_name)
                 status, metrics = ReportedCheckpointStatus.VALIDATION_FAILED, {}
             done = threading.Event()
-            self._submit(functools.partial(self._apply, job, status, metrics, done))
-            # One at a time: the next validation starts after this one is applied.
-            done.wait()
+            with self._handing:
+                if self._closed:
+                    # fit() has ended: the commit thread may have stopped and the lease
+                    # be released. close() named this validation; the next fit() runs it.
+                    return
+                with self._pending.lock:
+                    self._handed.add(job.dir_name)
+                self._submit(functools.partial(self._apply, job, status, metrics, done))
+            # One at a time: the next validation starts after this one is applied. After
+            # close() the commit thread may stop before it applies it: no wait then.
+            with self._pending.idle:
+                while not done.is_set() and not self._closed:
+                    self._pending.idle.wait()
 
     def _validate(self, job: _Job) -> tuple[ReportedCheckpointStatus, dict[str, Any]]:
         assert self.config is not None
@@ -373,7 +423,8 @@ class ValidationRunner:
             with self._pending.idle:
                 self._pending.jobs.pop(job.dir_name, None)
                 self._pending.applying.discard(job.dir_name)
+                self._handed.discard(job.dir_name)
+                done.set()
                 self._pending.idle.notify_all()
-            done.set()
             self._wake()
         self._manager.delete_dropped(dropped)
