@@ -3,7 +3,8 @@
 The index is the run's source of truth for "which checkpoints exist". It is written
 atomically (write-then-rename on file systems, a single object write on object stores) and
 only ever after the manifest of a checkpoint it adds, so every checkpoint it names is
-committed. It can be rebuilt from the manifests alone (:func:`rebuild_index`).
+committed. It can be rebuilt from the manifests alone (:func:`rebuild_index`), which
+never takes in a user's copy of a checkpoint made inside the run directory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -22,9 +23,11 @@ from cairn._src.run.events import (
     AttemptStart,
     CheckpointDeleting,
     CheckpointDropped,
+    CheckpointStarted,
     Commit,
     Event,
     Failure,
+    ReferenceRegistered,
     UnknownEvent,
     read_events,
 )
@@ -34,6 +37,7 @@ from cairn._src.run.layout import (
     LAYOUT_VERSION,
     METRICS_DIR,
     RESERVED_NAMES,
+    default_checkpoint_dir_name,
     is_stored_dir_name,
 )
 from cairn._src.run.segment_log import read_log
@@ -356,6 +360,81 @@ def within_reports_made(run: StorageLocation, retry: RetryPolicy, index: RunInde
     return [r for r in adopted if r.report_index <= limit]
 
 
+def announced_dir_names(events: list[Event]) -> set[str]:
+    """The names the run's event log announced before an upload began, or registered a
+    reference under: besides the default names, the only ones this run writes a checkpoint
+    to."""
+    names = set()
+    for event in events:
+        if isinstance(event, CheckpointStarted) or (
+                isinstance(event, ReferenceRegistered)
+                and (event.target_uri is not None or event.target_path is not None)):
+            if isinstance(event.dir_name, str):
+                names.add(event.dir_name)
+    return names
+
+
+def copy_reason(dir_name: str, report_index: int, *, indexed: Mapping[int, str],
+                announced: Collection[str]) -> str | None:
+    """Why the manifest of report ``report_index`` in ``<run>/<dir_name>``, a directory the
+    index does not name, is not a checkpoint this run wrote but a copy of one, or None
+    when this run can have written it: under the report's default name or a name in
+    ``announced`` (:func:`announced_dir_names`), for a report the index does not name
+    (``indexed``: report index -> directory).
+
+    A copy (a user's backup inside the run, manifest included) is neither adopted nor
+    deleted: adopted, retention would delete it with whatever the user added to it.
+    """
+    holder = indexed.get(report_index)
+    if holder is not None:
+        return f"the index names {holder} as the checkpoint of report {report_index}"
+    if dir_name != default_checkpoint_dir_name(report_index) and dir_name not in announced:
+        return (f"this run writes the checkpoint of report {report_index} only to "
+                f"{default_checkpoint_dir_name(report_index)} or to a name its event log "
+                "records before the upload, and it records none for this one")
+    return None
+
+
+def copy_reasons(records: list[CheckpointRecord], announced: Collection[str], *,
+                 indexed: Mapping[int, str] | None = None) -> dict[str, str]:
+    """The copies among ``records`` (manifests the index does not name; ``indexed``: the
+    index's report index -> directory), each with why (:func:`copy_reason`); of two or
+    more of one report that this run can have written, all are copies (one is, and which
+    one cannot be told)."""
+    reasons: dict[str, str] = {}
+    own: dict[int, list[str]] = {}
+    for record in records:
+        reason = copy_reason(record.dir_name, record.report_index, indexed=indexed or {},
+                             announced=announced)
+        if reason is None:
+            own.setdefault(record.report_index, []).append(record.dir_name)
+        else:
+            reasons[record.dir_name] = reason
+    for report_index, names in own.items():
+        if len(names) > 1:
+            for name in names:
+                others = ", ".join(n for n in names if n != name)
+                reasons[name] = f"{others} holds a manifest of report {report_index} too"
+    return reasons
+
+
+def without_copies(records: list[CheckpointRecord],
+                   announced: Collection[str]) -> list[CheckpointRecord]:
+    """``records``, read from the manifests under the run for a rebuilt index, without the
+    copies of a checkpoint (:func:`copy_reasons`), each left in place, neither taken in nor
+    deleted, with a warning: taken in, retention would delete it with whatever the user
+    added to it."""
+    reasons = copy_reasons(records, announced)
+    for record in records:
+        if record.dir_name in reasons:
+            logger.warning(
+                "Skipping %s while rebuilding the index: its manifest is of report %d, but "
+                "%s. It is taken for a copy of a checkpoint, and a run deletes only the "
+                "checkpoint directories it created; it is left in place.",
+                record.dir_name, record.report_index, reasons[record.dir_name])
+    return [r for r in records if r.dir_name not in reasons]
+
+
 def read_or_rebuild_index(run: StorageLocation, retry: RetryPolicy,
                           events: Callable[[], list[Event]]) -> tuple[RunIndex | None, str]:
     """The run's index as ``fit()`` and ``Result.from_path`` take it, and why it was
@@ -381,7 +460,9 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy,
 
     Directories without a valid manifest are not checkpoints and are left out, and so are
     the checkpoints a resume found damaged and dropped, or retention dropped for deletion
-    (the event log says so; their manifests may still read). Attempt, failure and
+    (the event log says so; their manifests may still read), and copies of a checkpoint
+    (:func:`without_copies`: a manifest under a name that is neither its report's default
+    name nor one the event log announced). Attempt, failure and
     preemption counts are the previous index's when it can still be read, and never fewer
     than the event log counts, so a rebuild (by ``fit()`` or ``cairn rebuild-index``)
     keeps the run's failure budget and attempt numbering.
@@ -417,6 +498,7 @@ def rebuild_index(run: StorageLocation, retry: RetryPolicy,
             continue
         records.append(adoption_record(name, manifest))
     records.sort(key=lambda r: r.report_index)
+    records = without_copies(records, announced_dir_names(events))
     base = previous or RunIndex()
     base = base.with_changes(
         attempts=max(base.attempts, sum(isinstance(e, AttemptStart) for e in events)),

@@ -112,28 +112,6 @@ def beyond_reports_made(dir_name: str, reports_made: int) -> bool:
     return report_index is not None and report_index > reports_made + 1
 
 
-def copy_reason(dir_name: str, report_index: int, *, indexed: Mapping[int, str],
-                announced: Collection[str]) -> str | None:
-    """Why the manifest of report ``report_index`` in ``<run>/<dir_name>``, a directory the
-    index does not name, is not a checkpoint this run wrote but a copy of one, or None
-    when this run can have written it: under the report's default name or a name in
-    ``announced`` (those its event log announced before their upload began or registered
-    a reference under), for a report the index does not name (``indexed``: report index
-    -> directory).
-
-    A copy (a user's backup inside the run, manifest included) is neither adopted nor
-    deleted: adopted, retention would delete it with whatever the user added to it.
-    """
-    holder = indexed.get(report_index)
-    if holder is not None:
-        return f"the index names {holder} as the checkpoint of report {report_index}"
-    if dir_name != default_checkpoint_dir_name(report_index) and dir_name not in announced:
-        return (f"this run writes the checkpoint of report {report_index} only to "
-                f"{default_checkpoint_dir_name(report_index)} or to a name its event log "
-                "records before the upload, and it records none for this one")
-    return None
-
-
 @dataclass(frozen=True)
 class DeletionPlan:
     """What may be deleted of one dropped checkpoint, and why the rest stays."""

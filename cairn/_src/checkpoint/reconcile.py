@@ -18,6 +18,7 @@ from cairn._src.checkpoint.index import (
     RunIndex,
     adopt_records,
     adoption_record,
+    copy_reasons,
     reports_made,
     within_reports_made,
     write_index,
@@ -32,7 +33,6 @@ from cairn._src.checkpoint.own_files import (
 from cairn._src.checkpoint.ownership import (
     Target,
     beyond_reports_made,
-    copy_reason,
     default_name_report,
     manifest_target,
     may_delete_partial,
@@ -162,28 +162,19 @@ def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
 def without_copies(index: RunIndex, adopted: list[CheckpointRecord],
                    announced: Collection[str]) -> list[CheckpointRecord]:
     """``adopted`` without the manifests that are copies of a checkpoint
-    (:func:`~.ownership.copy_reason`; ``announced``: the names the run's event log
-    announced before an upload or registered a reference under), nor two or more of the
-    same report (all but one are copies, and which one cannot be told). Those are left in
-    place, neither adopted nor deleted, with a warning each."""
-    indexed = {r.report_index: r.dir_name for r in index.checkpoints}
-    reasons = {r.dir_name: copy_reason(r.dir_name, r.report_index, indexed=indexed,
-                                       announced=announced) for r in adopted}
-    own = [r for r in adopted if reasons[r.dir_name] is None]
-    for record in own:
-        others = [r.dir_name for r in own
-                  if r.report_index == record.report_index and r is not record]
-        if others:
-            reasons[record.dir_name] = (f"{', '.join(others)} holds a manifest of report "
-                                        f"{record.report_index} too")
+    (:func:`~.index.copy_reasons`; ``announced``: the names the run's event log announced
+    before an upload or registered a reference under). Those are left in place, neither
+    adopted nor deleted, with a warning each."""
+    reasons = copy_reasons(adopted, announced,
+                           indexed={r.report_index: r.dir_name for r in index.checkpoints})
     for record in adopted:
-        reason = reasons[record.dir_name]
-        if reason is not None:
+        if record.dir_name in reasons:
             logger.warning(
                 "Not adopting %s: its manifest is of report %d, but %s. It is taken for a "
                 "copy of a checkpoint, and a run deletes only the checkpoint directories it "
-                "created; it is left in place.", record.dir_name, record.report_index, reason)
-    return [r for r in adopted if reasons[r.dir_name] is None]
+                "created; it is left in place.", record.dir_name, record.report_index,
+                reasons[record.dir_name])
+    return [r for r in adopted if r.dir_name not in reasons]
 
 
 def adopt(run: StorageLocation, index: RunIndex, adopted: list[CheckpointRecord],
