@@ -12,7 +12,9 @@ The controller then runs on a thread of its own (``cairn-controller``, started b
 thread: :meth:`InProcessBackend.start` queues it, :meth:`InProcessBackend.serve` (the
 calling thread) runs it and marks the worker's exit on a pipe the controller waits on,
 as it waits on a process's pidfd. The backend owns nothing else; each object keeps one
-owner: the controller thread its controller, the calling thread the worker session.
+owner: the controller thread its controller, the calling thread the worker session. The
+session answers the function and the threads it starts, never the controller's thread,
+which runs the callbacks (:mod:`cairn._src.worker.session_owner`).
 
 What a process backend does by killing the process, this one does by raising
 :class:`TrainFunctionStopped` in the calling thread: from the handler of a real-time signal

@@ -62,6 +62,7 @@ from cairn._src.worker.preemption import WorkerPreemption
 from cairn._src.worker.references import reference_intent, reference_location
 from cairn._src.worker.report_handle import ReportHandle
 from cairn._src.worker.reported_client import ReportedCheckpointsClient
+from cairn._src.worker.session_owner import driver_thread_runs, outside_worker
 from cairn._src.worker.upload_errors import upload_failure
 from cairn._src.worker.upload_job import (
     BACKGROUND_NICENESS,
@@ -592,9 +593,7 @@ def set_session(session: WorkerSession | None) -> None:
 
 
 def get_session(function: str) -> WorkerSession:
-    if _session is None:
-        raise ReportError(
-            f"cairn.{function}() was called outside a Cairn worker. Call it inside the "
-            "train_loop_per_worker function that Trainer(...).fit() runs."
-        )
+    """This process's session for ``cairn.<function>()``; see :mod:`.session_owner`."""
+    if _session is None or driver_thread_runs() is not None:
+        raise outside_worker(function)
     return _session
