@@ -51,12 +51,16 @@ def _first_table(text: str) -> list[str]:
     return lines[start:end]
 
 
-def _section_rows(page: str, heading: str) -> dict[str, list[str]]:
+def _section_rows(page: str, heading: str) -> dict[str, list[list[str]]]:
     marker = f"## {heading}\n"
     assert marker in page, f"docs/benchmarks.md has no section {heading!r}"
     section = page[page.index(marker) + len(marker):].split("\n## ", 1)[0]
-    return {cells(line)[1]: cells(line) for line in section.splitlines()
-            if line.startswith("|") and not line.startswith("|--")}
+    # A metric may have several rows, one per reference it is compared with.
+    rows: dict[str, list[list[str]]] = {}
+    for line in section.splitlines():
+        if line.startswith("|") and not line.startswith("|--"):
+            rows.setdefault(cells(line)[1], []).append(cells(line))
+    return rows
 
 
 def test_the_at_scale_headlines_match_the_sections_they_name() -> None:
@@ -69,12 +73,11 @@ def test_the_at_scale_headlines_match_the_sections_they_name() -> None:
     for metric, heading, cairn, reference, ratio in rows:
         found = _section_rows(page, heading)
         assert metric in found, f"{metric!r} is not a metric of section {heading!r}"
-        row = found[metric]
-        assert ratio == row[6], f"{metric}: README says {ratio}, the page {row[6]}"
-        # The figures as the page prints them, with the unit after them.
-        assert cairn.rsplit(" ", 1)[0] == row[2], (metric, cairn, row[2])
-        assert reference.rsplit(" ", 1)[0].rsplit(" ", 1)[-1] == row[3], (
-            metric, reference, row[3])
+        # The row of the reference the README names: its ratio, and the figures as the
+        # page prints them (with the unit after them).
+        shown = (ratio, cairn.rsplit(" ", 1)[0], reference.rsplit(" ", 1)[0].rsplit(" ", 1)[-1])
+        rows = [(row[6], row[2], row[3]) for row in found[metric]]
+        assert shown in rows, f"{metric}: README says {shown}, the page {rows}"
 
 
 def test_a_newcomer_reads_the_commands_then_the_tour_then_the_contract_then_the_figures() -> None:
