@@ -70,7 +70,7 @@ def test_a_run_steps_from_initializing_to_finished(make) -> None:
     assert harness.backend.shutdowns == 1
     assert harness.manager.index.attempts == 1 and harness.manager.index.failures == 0
     assert harness.event_types() == ["session_start", "attempt_start", "workers_ready",
-                                     "train_start"]
+                                     "train_start", "train_end"]
     with pytest.raises(RuntimeError, match=r"state FINISHED: the run is over"):
         harness.controller.step()
 

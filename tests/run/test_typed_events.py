@@ -57,6 +57,7 @@ RECORDS: list[dict[str, Any]] = [
     {"type": "failure", "attempt": 0, "t": 8.5, "ranks": [0, 1], "reason": "deadline passed",
      "last_commit_t": 4.0, "errors": [], "counted": False, "preemption": True},
     {"type": "deletions_failed", "dir_names": ["checkpoint_000001"], "t": 10.0},
+    {"type": "train_end", "attempt": 1, "t": 10.5},
     {"type": "validation_requested", "t": 4.5, "dir_name": "checkpoint_000002", "index": 2,
      "task": {"fn": "val"}},
     {"type": "validation_finished", "t": 5.0, "dir_name": "checkpoint_000002", "index": 2,

@@ -495,7 +495,7 @@ def _ls_entry(storage: StorageLocation, name: str) -> dict[str, Any] | None:
     activity = max([t for t in (history.last_event_at,
                                 last.committed_at if last else None) if t], default=None)
     return {"name": name, "status": history.status, "attempts": int(history.attempts),
-            "failures": len(history.failures),
+            "failures": sum(f.counted for f in history.failures),
             "last_report": int(last.report_index) if last else None,
             "last_activity": activity,
             "last_metrics": dict(last.metrics) if last else {},

@@ -59,6 +59,7 @@ from cairn._src.run.events import (
     FirstReport,
     PreemptionNotice,
     Restored,
+    TrainEnd,
     TrainStart,
     WorkersReady,
 )
@@ -443,6 +444,8 @@ class AttemptLoop:
             self._on_upload_failed(message)
         elif isinstance(message, DoneMessage):
             attempt.done[message.rank] = message
+            if len(attempt.done) == len(attempt.workers):  # every train function returned
+                parts.events.emit(TrainEnd(t=self._clock.time(), attempt=attempt.number))
         elif isinstance(message, StoppedMessage):
             if message.attempt == attempt.number:
                 self.stopped.add(message.rank)

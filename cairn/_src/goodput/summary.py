@@ -8,10 +8,12 @@ run resumed by a new driver is summarized whole. The event types
 * ``attempt_start`` (``attempt``), ``workers_ready`` (``attempt``): a worker group was
   started and every worker connected;
 * ``train_start`` (``attempt``): the train function started on the first rank;
+* ``train_end`` (``attempt``): the train function returned on every rank;
 * ``first_report`` (``attempt``): the first report of the attempt arrived;
 * ``blocked`` (``rank``, ``kind``, ``seconds``): a rank was blocked in ``report()``;
 * ``commit`` (``index``, ``seconds``, ``bytes``);
-* ``failure`` (``attempt``, ``ranks``, ``reason``, ``last_commit_t``).
+* ``failure`` (``attempt``, ``ranks``, ``reason``, ``last_commit_t``);
+* ``validation_finished`` (``dir_name``): the validation of a checkpoint finished.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from cairn._src.text import plural
 
 @dataclass(frozen=True)
 class GoodputSummary:
-    """Seconds of wall time by category; ``productive`` is what is left for training."""
+    """Seconds of wall time by category; ``productive`` is what is left for training.
+    ``validation_wait_s``: the driver waited for validations after the train function had
+    returned on every rank (0 for logs written before Cairn recorded that return)."""
 
     wall_s: float
     startup_s: float
@@ -45,10 +49,12 @@ class GoodputSummary:
     attempts: int
     failures: int
     uploaded_bytes: int
+    validation_wait_s: float = 0.0
 
     @property
     def productive_s(self) -> float:
-        lost = self.startup_s + self.checkpoint_blocked_s + self.recovery_s + self.lost_work_s
+        lost = (self.startup_s + self.checkpoint_blocked_s + self.recovery_s + self.lost_work_s
+                + self.validation_wait_s)
         return max(0.0, self.wall_s - lost)
 
     @property
@@ -65,6 +71,7 @@ class GoodputSummary:
             "checkpoint_blocked_s": self.checkpoint_blocked_s,
             "recovery_s": self.recovery_s,
             "lost_work_s": self.lost_work_s,
+            "validation_wait_s": self.validation_wait_s,
             "attempts": float(self.attempts),
             "failures": float(self.failures),
             "uploaded_bytes": float(self.uploaded_bytes),
@@ -83,6 +90,7 @@ class GoodputSummary:
             f"  checkpoint stall {share(self.checkpoint_blocked_s)}",
             f"  recovery         {share(self.recovery_s)}",
             f"  lost work        {share(self.lost_work_s)}",
+            f"  validation wait  {share(self.validation_wait_s)}",
             f"uploaded           {self.uploaded_bytes / 2**20:.1f} MiB",
         ]
         return "\n".join(lines)
@@ -96,11 +104,13 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
     them, so the summary and the chart agree: start-up or recovery lasts until training
     starts (up to the attempt's end when it never does, as in a crash loop); a failure
     loses the work from its last commit or, if later, the train start; a rank's stall in
-    that lost work is lost work, not a stall too."""
+    that lost work is lost work, not a stall too. Once the train function has returned on
+    every rank, the wait for the validations that finish after that is validation wait,
+    not training."""
     typed = as_events(events)
     ordered = ordered_events(typed)
     found = walk(ordered)
-    startup = recovery = lost = 0.0
+    startup = recovery = lost = waited = 0.0
     blocked: dict[int, float] = defaultdict(float)
     for span in found.spans:
         begin, trained, lost_from, end = span.phases()
@@ -109,10 +119,14 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
         else:
             recovery += trained - begin
         lost += end - lost_from
+        wait_from, wait_until = span.validation_wait()
+        waited += wait_until - wait_from
         for rank, start, stop in span.stalls:
-            # A rank's stall that overlaps the lost work is counted once, as lost work.
+            # A rank's stall that overlaps the lost work (or the validation wait, which a
+            # rank whose train function returned cannot be blocked in) is counted once.
             in_lost = max(0.0, min(stop, end) - max(start, lost_from))
-            blocked[rank] += stop - start - in_lost
+            in_wait = max(0.0, min(stop, wait_until) - max(start, wait_from))
+            blocked[rank] += stop - start - in_lost - in_wait
     mean_blocked = sum(blocked.values()) / len(blocked) if blocked else 0.0
     return GoodputSummary(
         wall_s=_wall(ordered),
@@ -121,8 +135,10 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
         recovery_s=recovery,
         lost_work_s=lost,
         attempts=sum(isinstance(e, AttemptStart) for e in typed),
-        failures=sum(isinstance(e, Failure) for e in typed),
+        # Against max_failures: not preemptions, nor a restart after damage at resume.
+        failures=sum(isinstance(e, Failure) and e.counted for e in typed),
         uploaded_bytes=sum(e.bytes or 0 for e in typed if isinstance(e, Commit)),
+        validation_wait_s=waited,
     )
 
 

@@ -12,6 +12,9 @@ The categories are those of the goodput summary:
 * ``training``: the rest of an attempt's time;
 * ``checkpoint_stall``: a rank blocked in ``report()`` (a ``blocked`` event: it ends at
   ``t`` and lasted ``seconds``);
+* ``validation_wait``: the driver waiting for validations after the train function
+  returned on every rank (``train_end`` to the last ``validation_finished`` after it;
+  nothing in logs written before ``train_end``);
 * ``lost_work``: the work of a failed attempt after its last commit, which the next
   attempt redoes (``last_commit_t``, or the train start if later, to the failure).
 
@@ -37,11 +40,14 @@ from cairn._src.run.events import (
     Restored,
     SessionEnd,
     SessionStart,
+    TrainEnd,
     TrainStart,
+    ValidationFinished,
     as_events,
 )
 
-CATEGORIES = ("training", "checkpoint_stall", "lost_work", "startup", "recovery")
+CATEGORIES = ("training", "checkpoint_stall", "validation_wait", "lost_work", "startup",
+              "recovery")
 _PRIORITY = {category: rank for rank, category in enumerate(CATEGORIES)}
 _DETAIL_CHARS = 120
 _MAX_RANKS = 4096  # lanes of one attempt
@@ -183,6 +189,10 @@ class AttemptSpan:
     train_start: float | None = None
     end: float | None = None
     lost_from: float | None = None
+    # When the train function had returned on every rank, and when the last validation
+    # that finished after that did.
+    train_end: float | None = None
+    waited_until: float | None = None
     # (rank, start, end) of each time a rank was blocked in report().
     stalls: list[tuple[int, float, float]] = field(default_factory=list)
     restored: dict[int, str] = field(default_factory=dict)
@@ -200,6 +210,16 @@ class AttemptSpan:
         trained = min(max(trained, begin), end)
         lost = end if self.lost_from is None else min(max(self.lost_from, trained), end)
         return begin, trained, lost, end
+
+    def validation_wait(self) -> tuple[float, float]:
+        """``(start, stop)``: the driver waited for validations once the train function had
+        returned on every rank, up to the last one that finished; inside the training of
+        :meth:`phases`, before its lost work (``start == stop``: it did not wait)."""
+        _, trained, lost, _ = self.phases()
+        if self.train_end is None or self.waited_until is None:
+            return lost, lost
+        start = min(max(self.train_end, trained), lost)
+        return start, min(max(self.waited_until, start), lost)
 
 
 @dataclass
@@ -247,6 +267,12 @@ def walk(ordered: Iterable[tuple[float, Event]]) -> Walk:
             if current is not None and current.train_start is None:
                 current.train_start = t
                 failed_at = None
+        elif isinstance(event, TrainEnd):
+            if current is not None and current.train_end is None:
+                current.train_end = t
+        elif isinstance(event, ValidationFinished):
+            if current is not None and current.train_end is not None:
+                current.waited_until = t
         elif isinstance(event, Blocked):
             rank, seconds = event.rank, event.seconds
             if rank is not None and seconds is not None and current is not None:
@@ -329,7 +355,8 @@ def _paints(span: AttemptSpan,
             stalls: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
     begin, trained, lost, end = span.phases()
     paints = [(begin, trained, "startup" if span.recovering_from is None else "recovery"),
-              (trained, end, "training"), (lost, end, "lost_work")]
+              (trained, end, "training"), (*span.validation_wait(), "validation_wait"),
+              (lost, end, "lost_work")]
     paints.extend((max(a, begin), min(b, end), "checkpoint_stall") for a, b in stalls)
     return [(a, b, c) for a, b, c in paints if b > a]
 

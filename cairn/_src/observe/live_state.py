@@ -16,7 +16,9 @@ from cairn._src.run.events import (
     Failure,
     SessionEnd,
     SessionStart,
+    TrainEnd,
     TrainStart,
+    ValidationFinished,
     as_events,
 )
 from cairn._src.text import plural
@@ -133,6 +135,7 @@ class LiveState:
         self.finished = False
         self._failure_reason: str | None = None
         self._validations: dict[str, int] = {}
+        self._train_ended = False  # every rank's train function of the attempt returned
         earlier = as_events(earlier_events)
         self._earlier = summarize(earlier) if earlier else None
         # This session's events, in the form summary.py reads; blocked time and bytes are
@@ -150,6 +153,7 @@ class LiveState:
 
     def on_attempt_start(self, number: int, at: float, resume: str | None) -> list[str]:
         self.attempt = number
+        self._train_ended = False
         self._events.append(AttemptStart(t=at, attempt=number))
         self.pending.clear()
         if self._failure_reason is None:
@@ -162,6 +166,11 @@ class LiveState:
 
     def on_train_start(self, at: float) -> list[str]:
         self._events.append(TrainStart(t=at))
+        return []
+
+    def on_train_end(self, at: float) -> list[str]:
+        self._train_ended = True
+        self._events.append(TrainEnd(t=at))
         return []
 
     def on_blocked(self, rank: int, seconds: float, at: float) -> list[str]:
@@ -240,10 +249,12 @@ class LiveState:
     def pending_validations(self) -> list[str]:
         return sorted(self._validations)
 
-    def on_validation_finished(self, dir_name: str, status: str) -> list[str]:
+    def on_validation_finished(self, dir_name: str, status: str, at: float) -> list[str]:
         index = self._validations.pop(dir_name, None)
         if index is None:
             return []
+        if self._train_ended:  # the driver waited for it: validation wait, not training
+            self._events.append(ValidationFinished(t=at, dir_name=dir_name))
         return [f"validation of {dir_name} (report {index}) finished: {status}"]
 
     # --- views ---------------------------------------------------------------------------
@@ -258,6 +269,8 @@ class LiveState:
             ongoing.append(AttemptStart(t=now))
         if isinstance(last, (Failure, AttemptStart)):
             ongoing.append(TrainStart(t=now))
+        if self._train_ended and self._validations:
+            ongoing.append(ValidationFinished(t=now))
         summary = summarize([*self._events, *ongoing, Commit(t=now, bytes=self._uploaded),
                              SessionEnd(t=now)])
         ranks = set(self._blocked) | set(self._blocked_since_commit)

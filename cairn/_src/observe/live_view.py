@@ -46,7 +46,7 @@ from cairn._src.observe.driver_events import (
 )
 from cairn._src.observe.live_state import LiveState
 from cairn._src.observe.observer import ObservedEvent
-from cairn._src.run.events import AttemptStart, Blocked, TrainStart
+from cairn._src.run.events import AttemptStart, Blocked, TrainEnd, TrainStart
 
 PROGRESS_ENV = "CAIRN_PROGRESS"
 INTERVAL_ENV = "CAIRN_PROGRESS_INTERVAL"
@@ -304,6 +304,8 @@ class LiveView:
             self._apply("on_upload_failed", failed.rank, failed.index, failed.error)
         elif isinstance(event, TrainStart):
             self._apply("on_train_start", event.t)
+        elif isinstance(event, TrainEnd):
+            self._apply("on_train_end", event.t)
         elif isinstance(event, Blocked):
             self._apply("on_blocked", event.rank, event.seconds, event.t)
         elif isinstance(event, AttemptStart):
@@ -422,7 +424,7 @@ class LiveView:
             value = status(name)
             text = str(getattr(value, "value", value))
             if text != "PENDING_VALIDATION":
-                self._apply("on_validation_finished", name, text)
+                self._apply("on_validation_finished", name, text, self._clock())
 
     def _print_event(self, line: str, interactive: bool) -> None:
         if interactive:

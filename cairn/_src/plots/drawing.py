@@ -34,6 +34,7 @@ _RESTART_COLOR = "#c62828"
 _CATEGORY_STYLE = {
     "training": ("#66bb6a", "training"),
     "checkpoint_stall": ("#ffa726", "checkpoint stall (blocked in report())"),
+    "validation_wait": ("#4fc3f7", "validation wait (training done, validations running)"),
     "lost_work": ("#e53935", "lost work (redone after the restart)"),
     "startup": ("#90a4ae", "start-up"),
     "recovery": ("#7e57c2", "recovery (failure to training again)"),
@@ -263,7 +264,8 @@ def draw_timeline(timeline: Timeline, summary: GoodputSummary, run: str, path: s
     shares = ", ".join(f"{name} {seconds:.1f}s ({100 * seconds / wall:.0f}%)" for name, seconds in (
         ("productive", summary.productive_s), ("start-up", summary.startup_s),
         ("checkpoint stall", summary.checkpoint_blocked_s),
-        ("recovery", summary.recovery_s), ("lost work", summary.lost_work_s)))
+        ("recovery", summary.recovery_s), ("lost work", summary.lost_work_s),
+        ("validation wait", summary.validation_wait_s)))
     figure.suptitle(f"{run}: goodput {100 * summary.goodput:.1f}% "
                     f"({plural(summary.attempts, 'attempt')}, "
                     f"{plural(summary.failures, 'failure')}, wall {summary.wall_s:.1f}s)\n"

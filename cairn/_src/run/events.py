@@ -12,11 +12,7 @@ readers always were: a field an older Cairn did not write is None (or its old de
 value the schema does not cover and that has the wrong type (an ``errors`` entry that is
 not an error, a ``status`` that is not a string) is dropped, and a record of a type this
 Cairn does not know (a newer writer) is kept as :class:`UnknownEvent`, so that its time
-still counts.
-
-Plain dataclasses rather than ``msgspec`` Structs: the checks and their messages live in
-:mod:`cairn._src.run.schema`, which every file read back shares, and a second decoder
-would either duplicate them or lose them.
+still counts. (Plain dataclasses, not ``msgspec``: :mod:`cairn._src.run.schema` checks.)
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ def _is_int(value: object) -> bool:
 
 
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
-        else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _text(value: object) -> str | None:
@@ -195,6 +190,13 @@ class TrainStart(_AttemptEvent):
     """The train function started on the first rank."""
 
     TYPE: ClassVar[str] = "train_start"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainEnd(_AttemptEvent):
+    """The train function returned on every rank of the attempt."""
+
+    TYPE: ClassVar[str] = "train_end"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -540,9 +542,7 @@ EVENT_TYPES: dict[str, type[Event]] = {kind.TYPE: kind for kind in (
     SessionStart, SessionEnd, AttemptStart, WorkersReady, TrainStart, FirstReport, Blocked,
     CheckpointStarted, Commit, Failure, DeletionsFailed, ValidationRequested,
     ValidationFinished, CheckpointDropped, ReferenceRegistered, CheckpointDeleting,
-    PreemptionNotice,
-    RestorePlanned, Restored,
-)}
+    PreemptionNotice, RestorePlanned, Restored, TrainEnd)}
 
 
 def parse_event(record: object, *, where: str) -> Event:

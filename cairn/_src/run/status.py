@@ -44,6 +44,9 @@ class FailureInfo:
     ranks: tuple[int, ...]
     reason: str
     errors: tuple[ErrorInfo, ...] = ()
+    # Against max_failures: not a preemption, nor the restart after a rank found its resume
+    # checkpoint damaged (contract item 10). A log that does not say counts it.
+    counted: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "t": self.t, "ranks": list(self.ranks),
@@ -87,7 +90,8 @@ def run_history(events: Iterable[object], *, driver_live: bool = False) -> RunHi
                 restarts.append(t)
         elif isinstance(event, Failure):
             failures.append(FailureInfo(attempt=event.attempt, t=t, ranks=event.ranks,
-                                        reason=event.reason or "", errors=event.errors))
+                                        reason=event.reason or "", errors=event.errors,
+                                        counted=event.counted))
         elif isinstance(event, SessionEnd):
             session_open = False
             status = event.status
