@@ -42,6 +42,7 @@ from cairn._src.controller.attempt_loop import FINISHED, AttemptLoop, LoopParts,
 from cairn._src.controller.datasets import DataIngest
 from cairn._src.controller.failure_errors import (
     DAMAGE,
+    NotStarted,
     damaged_resume,
     error_summary,
     failure_records,
@@ -197,7 +198,7 @@ class Controller:
                                               "starting a worker group")
             try:
                 self._loop = self._start_attempt()
-            except _NotStarted as exc:
+            except NotStarted as exc:
                 return self._not_started(exc.error)
             return change
         loop = self._loop
@@ -323,7 +324,7 @@ class Controller:
         try:
             number, resume, used, index = parts.commits.call_on_commit_thread(prepare)
         except (StorageError, OSError) as exc:  # the driver's own; no worker started yet
-            raise _NotStarted(exc) from exc
+            raise NotStarted(exc) from exc
         attempt = Attempt(
             number=number,
             tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used,
@@ -575,6 +576,11 @@ class Controller:
             try:
                 parts.backend.kill()
             finally:
+                # Each worker's receiver sees its connection end, which ends the train
+                # function's waits: a local-mode SYNC report off the main thread, say,
+                # which the kill (an asynchronous exception there) cannot interrupt.
+                for connection in self.attempt.connections.values() if self.attempt else ():
+                    connection.close()
                 parts.backend.stop_standby()
                 if self._data is not None:
                     self._data.close()
@@ -589,11 +595,3 @@ class Controller:
             if self._storage_token is not None:
                 remove_storage_marker(parts.manager.run, parts.manager.retry)
             parts.channels.close()
-
-
-class _NotStarted(Exception):
-    """The attempt's start failed on the driver's storage before any worker started."""
-
-    def __init__(self, error: StorageError | OSError) -> None:
-        super().__init__(str(error))
-        self.error = error

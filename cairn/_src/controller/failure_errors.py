@@ -1,7 +1,8 @@
 """The error ``fit()`` raises when workers fail: a :class:`WorkerGroupError` carrying each
 failed rank's own exception, as Ray Train's ``worker_failures``; the error a failed run
-reads back with; whether a failure was damage of the resume checkpoint; and the failure
-counts written to the run index."""
+reads back with; whether a failure was damage of the resume checkpoint; the failure
+counts written to the run index; and :class:`NotStarted`, the controller's signal that an
+attempt's start failed on the driver's storage."""
 
 from __future__ import annotations
 
@@ -138,3 +139,11 @@ def save_counts(manager: CheckpointManager, **counts: int) -> None:
     except (StorageError, OSError) as exc:
         logger.warning("The run index could not be written (%s); the failure is counted "
                        "and recorded by the next index write", exc)
+
+
+class NotStarted(Exception):
+    """The attempt's start failed on the driver's storage before any worker started."""
+
+    def __init__(self, error: StorageError | OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
