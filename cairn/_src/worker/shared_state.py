@@ -100,20 +100,23 @@ def serialize(value: Any, sink: BinaryIO | Any) -> None:
         save(value, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
         writer.write_end_of_file()
     except BaseException:
-        if guarded.failed:
-            # The sink raised mid-file (a peer that went away, a full disk). A writer left
-            # unfinished ends the process when it is freed (its destructor finishes the
-            # file and throws in C++): finish it now, into nothing.
-            try:
-                writer.write_end_of_file()
-            except Exception:
-                pass
+        # A writer left unfinished finishes its file when it is freed, which can be long
+        # after this (the traceback holds it), into a sink the caller has closed by then:
+        # its destructor throws in C++ and ends the process. Whatever raised (the pickler,
+        # on a leaf it cannot pickle; the sink, mid-file: a peer that went away, a full
+        # disk), finish it now, into nothing.
+        guarded.failed = True
+        try:
+            writer.write_end_of_file()
+        except Exception:
+            pass
         raise
 
 
 class _FailOnce:
-    """``sink``, until a write to it raises: that error goes to the zip writer, and every
-    later write is dropped (so the writer can still be finished, see :func:`serialize`)."""
+    """``sink``, until a write to it raises (that error goes to the zip writer) or
+    ``failed`` is set: every later write is dropped, so that the writer can still be
+    finished (see :func:`serialize`)."""
 
     def __init__(self, sink: BinaryIO) -> None:
         self._sink = sink
