@@ -13,16 +13,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_reconcile_copies import _contents, _fit, _indexed, _put
 
 import cairn
-from cairn import Checkpoint, CheckpointConfig
-from cairn._src.checkpoint.index import read_index
 from cairn._src.checkpoint.manifest import MANIFEST_NAME
 from cairn._src.run.layout import INDEX_NAME
-from cairn._src.storage.fileio import create_parents, list_files, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, resolve
 from cairn._src.storage.retry import RetryPolicy
 
@@ -33,44 +30,6 @@ KEEP = {"num_to_keep": 2, "checkpoint_score_attribute": "loss",
 COPY_WARNING = ("Skipping best_backup while rebuilding the index: its manifest is of report "
                 "3, but this run writes the checkpoint of report 3 only to checkpoint_000003 "
                 "or to a name its event log records before the upload")
-
-
-def _train(config: dict[str, Any]) -> None:
-    """One checkpoint a step up to ``steps``, resuming after the step it restores;
-    ``names``: step (as text) -> its ``checkpoint_dir_name``."""
-    start = 0
-    resumed = cairn.get_checkpoint()
-    if resumed is not None:
-        with resumed.as_directory() as directory:
-            with open(os.path.join(directory, "step"), encoding="utf-8") as f:
-                start = int(f.read()) + 1
-    for step in range(start, config["steps"]):
-        directory = os.path.join(config["scratch"], f"attempt_{start}_step_{step}")
-        os.makedirs(directory)
-        with open(os.path.join(directory, "step"), "w", encoding="utf-8") as f:
-            f.write(str(step))
-        cairn.report({"step": step, "loss": 10 - step}, Checkpoint.from_directory(directory),
-                     checkpoint_dir_name=config.get("names", {}).get(str(step)))
-
-
-def _fit(storage: str, scratch: str, steps: int, names: dict[str, str] | None = None,
-         **checkpoint: Any) -> cairn.Result:
-    return cairn.Trainer(
-        _train, train_loop_config={"steps": steps, "scratch": scratch, "names": names or {}},
-        scaling_config=cairn.ScalingConfig(num_workers=1),
-        run_config=cairn.RunConfig(name="run", storage_path=storage,
-                                   checkpoint_config=CheckpointConfig(**checkpoint)),
-    ).fit()
-
-
-def _put(directory: StorageLocation, rel: str, data: bytes) -> None:
-    create_parents(directory, [rel], RETRY)
-    write_bytes_atomic(directory.join(*rel.split("/")), data, RETRY)
-
-
-def _contents(directory: StorageLocation) -> dict[str, bytes]:
-    return {rel: read_bytes(directory.join(*rel.split("/")), RETRY)
-            for rel in list_files(directory, RETRY)}
 
 
 def _copy(run: StorageLocation, source: str, copy: str) -> dict[str, bytes]:
@@ -91,12 +50,6 @@ def _damage_index(storage: str, how: str) -> None:
     else:
         with open(path, "w", encoding="utf-8") as f:
             f.write('{"torn')
-
-
-def _indexed(run: StorageLocation) -> list[str]:
-    index = read_index(run, RETRY)
-    assert index is not None
-    return [r.dir_name for r in index.checkpoints]
 
 
 def test_cairn_rebuild_index_leaves_a_copy_out_and_retention_leaves_it(
