@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_local_mode_callbacks import fit_on_a_thread
 
 import cairn
 from cairn import Checkpoint, ControllerError, ScalingConfig, Trainer, UserCallback
@@ -53,25 +54,6 @@ def save_twice(config: dict[str, Any]) -> None:
             cairn.report({"step": step}, checkpoint=Checkpoint.from_directory(directory),
                          checkpoint_upload_mode="SYNC")
             seen.append(f"returned {step}")
-
-
-def fit_on_a_thread(trainer: Trainer) -> dict[str, Any]:
-    """``trainer.fit()``'s result or error, called on a thread that is not the main one; a
-    hang fails the test instead of blocking it (a daemon thread does not keep pytest from
-    exiting)."""
-    outcome: dict[str, Any] = {}
-
-    def fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as exc:  # checked by the caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=fit, name="test-fit", daemon=True)
-    thread.start()
-    thread.join(120)
-    assert not thread.is_alive(), "fit() hung"
-    return outcome
 
 
 def fit_on_this_thread(trainer: Trainer) -> dict[str, Any]:
