@@ -78,6 +78,12 @@ def report_snapshot(
       files in a checkpoint directory (the manifest, the metadata file, a name with the
       temporary-file mark): those raise :class:`ReportError` here.
 
+    ``checkpoint_dir_name`` applies to both forms. An argument of the other form (given
+    a value other than its default) raises :class:`ReportError` before anything is
+    copied or reported: ``file_name`` or ``per_rank`` with ``model=``, or
+    ``optimizer``, ``scheduler``, ``data_loader``, ``step``, ``epoch`` or ``extra``
+    with a state dict.
+
     It returns once the tensors are copied to CPU memory (buffers reused across calls:
     no allocation when shapes match; pinned, and asynchronous, for CUDA tensors), or
     later only when ``CheckpointConfig.max_pending_uploads`` snapshots are already
@@ -95,6 +101,14 @@ def report_snapshot(
             "state_dict)) or a training state (report_snapshot(metrics, model=..., "
             f"optimizer=...)), not {'both' if model is not None else 'neither'}."
         )
+    if model is not None:
+        _refuse_other_form(training_state=True, given={
+            "file_name": (file_name, STATE_FILE), "per_rank": (per_rank, False)})
+    else:
+        _refuse_other_form(training_state=False, given={
+            "optimizer": (optimizer, None), "scheduler": (scheduler, None),
+            "data_loader": (data_loader, None), "step": (step, 0), "epoch": (epoch, 0),
+            "extra": (extra, None)})
     rank = session.context.get_world_rank()
     if model is not None:
         check_state_arguments("report_snapshot", model=model, optimizer=optimizer,
@@ -124,6 +138,39 @@ def report_snapshot(
                  buffer_set.nbytes / 2**20, copy_s)
     session.send(TimingMessage(rank, "snapshot_copy", copy_s, time.time(), handle.index))
     return handle
+
+
+def _refuse_other_form(*, training_state: bool,
+                       given: Mapping[str, tuple[object, object]]) -> None:
+    """:class:`ReportError` naming the arguments of ``given`` (name -> (value, default))
+    set to anything but their default: the other form's arguments, which this form would
+    drop. A default passed explicitly is the same call as one left out."""
+    names = [name for name, (value, default) in given.items()
+             if not (value is default or (type(value) is type(default) and value == default))]
+    if not names:
+        return
+    shown = ", ".join(f"{name}={_short_repr(given[name][0])}" for name in names)
+    them = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    verb, it = ("is an argument", "it") if len(names) == 1 else ("are arguments", "them")
+    if training_state:
+        raise ReportError(
+            f"report_snapshot(metrics, model=..., {shown}): {them} {verb} of the state-dict "
+            "form, report_snapshot(metrics, state_dict, file_name=..., per_rank=...). The "
+            "training-state form writes its own files (rank 0 model.pt, optimizer.pt, "
+            "scheduler.pt and progress.pt, every rank rank_<r>/rank_state.pt) and would "
+            f"ignore {it}; leave {it} out, or pass a state dict instead of model=.")
+    raise ReportError(
+        f"report_snapshot(metrics, state_dict, {shown}): {them} {verb} of the training-state "
+        "form, report_snapshot(metrics, model=..., optimizer=..., scheduler=..., "
+        "data_loader=..., step=..., epoch=..., extra=...). The state-dict form saves only the "
+        f"state dict and would drop {it}; put what you want saved into the state dict, or "
+        "pass model=... instead of a state dict.")
+
+
+def _short_repr(value: object) -> str:
+    # An optimizer's or a data loader's repr spans lines; the type then names it.
+    text = repr(value)
+    return f"<{type(value).__name__}>" if "\n" in text or len(text) > 80 else text
 
 
 def _state_dict_files(

@@ -32,6 +32,7 @@ from torch import nn
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
 from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError
+from cairn._src.storage.uris import public_uri, scheme_of
 from cairn._src.torch.data_loader import resharded_position, samples_per_batch
 from cairn._src.torch.placement import rank_and_world_size
 from cairn._src.torch.rng import capture_rng_state, restore_rng_state
@@ -105,6 +106,46 @@ def _check_stateful(function: str, name: str, value: object) -> None:
 def _check_counter(function: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{function}({name}={value!r}) must be an integer >= 0.")
+
+
+def _check_flag(function: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{function}({name}={value!r}) must be True or False.")
+
+
+def _local_path(function: str, name: str, value: object, *, remote_hint: str) -> str:
+    """``value``, the path of a local directory, as a ``str``; or :class:`ConfigError`
+    naming ``function``'s ``name`` when it is not a non-empty ``str`` or ``os.PathLike``
+    of one, or is a URI (``remote_hint`` says what to do instead)."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"{function}({name}={value!r}) must be the path of a local directory, as a str "
+            f"or os.PathLike (for example pathlib.Path), not {type(value).__name__}.")
+    if not text.strip():
+        raise ConfigError(
+            f"{function}({name}={text!r}) names no directory; pass one (for the current "
+            "directory, '.').")
+    if scheme_of(text) is not None:
+        raise ConfigError(
+            f"{function}({name}={public_uri(text)!r}) is a URI, and {name} is a local "
+            f"directory: {remote_hint}")
+    return text
+
+
+def _check_map_location(value: object) -> None:
+    """:class:`ConfigError` for a ``map_location`` that ``torch.load`` does not take."""
+    accepted = ("a device (such as 'cpu', 'cuda:0' or a torch.device), a dict of device "
+                "names, a function, or None, as torch.load takes")
+    if isinstance(value, str):
+        try:
+            torch.device(value)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(
+                f"load_training_state(map_location={value!r}) is not a device; pass "
+                f"{accepted}.") from exc
+    elif not (value is None or isinstance(value, (torch.device, dict)) or callable(value)):
+        raise ConfigError(f"load_training_state(map_location={value!r}) must be {accepted}.")
 
 
 def check_state_arguments(
@@ -193,29 +234,51 @@ def save_training_state(
     CUDA) and its ``data_loader``'s position. Then ``cairn.report(...,
     checkpoint=Checkpoint.from_directory(directory))`` on every rank merges them. Assumes
     the model and optimizer are replicated (DDP), as they are after every step.
+
+    Raises :class:`ConfigError` for an argument it does not take: a ``directory`` that is
+    not the path of a local directory (a ``str`` or ``os.PathLike``; not a URI, not a file).
     """
+    path = _local_path(
+        "save_training_state", "directory", directory,
+        remote_hint="save into one (such as tempfile.mkdtemp()), then cairn.report(..., "
+                    "checkpoint=cairn.Checkpoint.from_directory(directory)) uploads it to "
+                    "the run's storage.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(
+            f"save_training_state(directory={path!r}) is a file, not a directory; pass a "
+            "directory (it is created when missing).")
     check_state_arguments("save_training_state", model=model, optimizer=optimizer,
                           scheduler=scheduler, data_loader=data_loader, step=step, epoch=epoch,
                           extra=extra)
     files = collect_training_state(model=model, optimizer=optimizer, scheduler=scheduler,
                                    data_loader=data_loader, step=step, epoch=epoch, extra=extra)
-    write_files(os.fspath(directory), files)
+    write_files(path, files)
     return sorted(files)
 
 
-@contextlib.contextmanager
-def _local_directory(checkpoint: object) -> Iterator[str]:
+def _checked_checkpoint(checkpoint: object) -> Checkpoint | str:
+    """``checkpoint`` itself when a :class:`Checkpoint`, else the local directory it names;
+    :class:`ConfigError` when it is neither."""
     if isinstance(checkpoint, Checkpoint):
-        with checkpoint.as_directory() as directory:
-            yield directory
-        return
+        return checkpoint
     if isinstance(checkpoint, (str, os.PathLike)):
-        yield os.fspath(checkpoint)
-        return
+        return _local_path("load_training_state", "checkpoint", checkpoint,
+                           remote_hint="for a checkpoint on storage pass "
+                                       "cairn.Checkpoint(uri) (or cairn.get_checkpoint()), "
+                                       "which downloads it.")
     raise ConfigError(
         f"load_training_state(checkpoint={checkpoint!r}) must be a cairn.Checkpoint or the "
         "path of a local directory."
     )
+
+
+@contextlib.contextmanager
+def _local_directory(checkpoint: Checkpoint | str) -> Iterator[str]:
+    if isinstance(checkpoint, Checkpoint):
+        with checkpoint.as_directory() as directory:
+            yield directory
+    else:
+        yield checkpoint
 
 
 def _load(directory: str, name: str, map_location: Any, weights_only: bool) -> Any:
@@ -251,10 +314,15 @@ def load_training_state(
     returns the :class:`TrainingState` with the step, the epoch and ``extra``. Call it
     after building the model, optimizer and data loader (building draws random numbers;
     restoring the RNGs comes last). Raises :class:`CheckpointNotFoundError` when the
-    directory holds no training state.
+    directory holds no training state, and :class:`ConfigError` for an argument it does
+    not take (``restore_rng`` and ``weights_only`` are True or False).
     """
+    source = _checked_checkpoint(checkpoint)
     check_state_arguments("load_training_state", model=model, optimizer=optimizer,
                           scheduler=scheduler, data_loader=data_loader)
+    _check_flag("load_training_state", "restore_rng", restore_rng)
+    _check_map_location(map_location)
+    _check_flag("load_training_state", "weights_only", weights_only)
     rank, world_size = rank_and_world_size()
     names = [PROGRESS_FILE, MODEL_FILE, rank_state_file(rank)] + [
         name for name, target in ((OPTIMIZER_FILE, optimizer), (SCHEDULER_FILE, scheduler))
@@ -269,7 +337,7 @@ def load_training_state(
         return _restore(held.get, held.__contains__, str, checkpoint, model=model,
                         optimizer=optimizer, scheduler=scheduler, data_loader=data_loader,
                         restore_rng=restore_rng, shared_model=True)
-    with _local_directory(checkpoint) as directory:
+    with _local_directory(source) as directory:
         return _restore(
             lambda name: _load(directory, name, "cpu" if name.endswith(RANK_STATE_NAME)
                                else map_location, weights_only),
