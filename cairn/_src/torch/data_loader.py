@@ -3,10 +3,17 @@ remember where it is, so a restored run reads exactly the batches it would have 
 
 Data order is a pure function of ``(seed, epoch, rank, world size)``: the sampler is a
 :class:`~torch.utils.data.DistributedSampler` reseeded with the epoch at the start of every
-pass, and the loader's own generator (which seeds DataLoader worker processes) is reseeded
-from ``(seed, epoch, rank)``, so iterating never draws from the global torch RNG. The
-position (epoch, batches handed out) is saved with the training state, and a restored
-loader skips the batches already seen at the sampler, without loading them.
+pass (with the seed, shuffle, drop_last and ranks of a DistributedSampler the user passed
+in, else ``seed`` over the run's ranks), and the loader's own generator (which seeds
+DataLoader worker processes) is reseeded from ``(seed, epoch, rank)``, so iterating never
+draws from the global torch RNG. A loader kept as it is (``add_dist_sampler=False``) that
+has no generator is given one, reseeded the same way. The position (epoch, batches handed
+out) is saved with the training state, and a restored loader skips the batches already
+seen at the sampler, without loading them.
+
+The epoch of a pass is the one after the pass before, unless the user picked it: an
+explicit ``set_epoch(epoch)`` on the loader, on ``loader.sampler`` (Ray Train's idiom) or
+on a DistributedSampler the user passed in makes the next pass that epoch.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
@@ -25,6 +33,8 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 
 from cairn._src.errors import ConfigError
@@ -35,10 +45,41 @@ logger = logging.getLogger(__name__)
 POSITION_KEYS = ("epoch", "batch")
 
 
-class _ResumableSampler(DistributedSampler):  # type: ignore[type-arg]
-    """A DistributedSampler that can start a pass part-way (``start`` indices in)."""
+def _checked_epoch(epoch: object) -> int:
+    """``epoch`` as an int, for ``set_epoch(epoch)``: an integer (also a NumPy one) >= 0."""
+    try:
+        value = -1 if isinstance(epoch, bool) else operator.index(epoch)  # type: ignore[arg-type]
+    except TypeError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"set_epoch(epoch={epoch!r}) must be an integer >= 0.")
+    return value
 
-    start: int = 0
+
+class _ResumableSampler(DistributedSampler):  # type: ignore[type-arg]
+    """A DistributedSampler that can start a pass part-way (``start`` indices in).
+
+    Its ``set_epoch(epoch)`` (Ray Train's ``loader.sampler.set_epoch(epoch)``) is the
+    user's choice of the next pass's epoch: it is kept in ``requested_epoch``, which the
+    :class:`PreparedDataLoader` takes as its own ``set_epoch(epoch)`` before its next use.
+    The loader sets each pass's epoch with :meth:`begin_pass`.
+    """
+
+    def __init__(self, dataset: Sized, *, num_replicas: int, rank: int, shuffle: bool,
+                 seed: int, drop_last: bool) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank,  # type: ignore[arg-type]
+                         shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.start = 0
+        self.requested_epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.requested_epoch = _checked_epoch(epoch)
+        super().set_epoch(self.requested_epoch)
+
+    def begin_pass(self, epoch: int, start: int) -> None:
+        """The pass that starts now is ``epoch``, from ``start`` indices in."""
+        super().set_epoch(epoch)
+        self.start = start
 
     def __iter__(self) -> Iterator[int]:
         return itertools.islice(super().__iter__(), self.start, None)
@@ -62,7 +103,9 @@ class PreparedDataLoader:
     closed (a ``for`` loop left by ``break`` releases it; so does dropping the last
     reference to an explicit ``iter(loader)``), or else when the next ``iter()`` starts.
     An iterator still held is a pass in progress. ``set_epoch(n)`` makes the next pass
-    epoch ``n``.
+    epoch ``n``, and so does ``loader.sampler.set_epoch(n)`` (Ray Train's idiom), or
+    ``set_epoch(n)`` on a DistributedSampler passed to :func:`prepare_data_loader` (seen
+    when it changes that sampler's epoch); the passes after it count on from ``n``.
 
     ``state_dict()`` is the position (``{"epoch": e, "batch": b}``: ``b`` batches of epoch
     ``e`` handed out); ``load_state_dict()`` makes the next pass continue from there.
@@ -74,6 +117,7 @@ class PreparedDataLoader:
         loader: DataLoader[Any],
         *,
         sampler: _ResumableSampler | None,
+        users_sampler: DistributedSampler | None,  # type: ignore[type-arg]
         generator: torch.Generator | None,
         seed: int,
         rank: int,
@@ -81,6 +125,9 @@ class PreparedDataLoader:
     ) -> None:
         self._loader = loader
         self._sampler = sampler
+        # The user's own DistributedSampler: a set_epoch on it shows as a new epoch.
+        self._users_sampler = users_sampler
+        self._users_epoch = 0
         self._generator = generator
         self._seed = seed
         self._rank = rank
@@ -98,23 +145,43 @@ class PreparedDataLoader:
     @property
     def epoch(self) -> int:
         """The epoch of the pass in progress, or of the next pass."""
+        self._take_requested_epoch()
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass epoch ``epoch``.
+        """Make the next pass epoch ``epoch`` (a pass in progress counts as done).
 
         A restored mid-epoch position is kept when ``epoch`` is its epoch, so calling
         ``set_epoch(epoch)`` before every pass (the DistributedSampler habit) is harmless.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch(epoch={epoch!r}) must be an integer >= 0.")
+        epoch = _checked_epoch(epoch)
+        self._take_requested_epoch()
+        self._set_epoch(epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
+        if self._active:
+            self._pass += 1  # the held iterator no longer moves the position
         if self._active or epoch != self._epoch:
             self._batch = 0
         self._active = False
         self._epoch = epoch
 
+    def _take_requested_epoch(self) -> None:
+        """Apply, as :meth:`set_epoch`, an epoch the user set on a sampler since the last
+        look: on ``loader.sampler`` (it keeps the request), or on their own
+        DistributedSampler (its ``epoch`` changed)."""
+        requested: object = None
+        users = self._users_sampler
+        if users is not None and users.epoch != self._users_epoch:
+            requested = self._users_epoch = users.epoch
+        if self._sampler is not None and self._sampler.requested_epoch is not None:
+            requested, self._sampler.requested_epoch = self._sampler.requested_epoch, None
+        if requested is not None:
+            self._set_epoch(_checked_epoch(requested))
+
     def state_dict(self) -> dict[str, int]:
         """Where this loader is: ``{"epoch": e, "batch": b}`` (``b`` batches handed out)."""
+        self._take_requested_epoch()
         return {"epoch": self._epoch, "batch": self._batch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -128,6 +195,9 @@ class PreparedDataLoader:
                 f"load_state_dict(state={state!r}) must be {{'epoch': int >= 0, "
                 "'batch': int >= 0}, as state_dict() returns."
             )
+        self._take_requested_epoch()
+        if self._active:
+            self._pass += 1
         self._epoch, self._batch, self._active = state["epoch"], state["batch"], False
 
     def __len__(self) -> int:
@@ -141,6 +211,7 @@ class PreparedDataLoader:
         return samples // size if self._loader.drop_last else -(-samples // size)
 
     def __iter__(self) -> Iterator[Any]:
+        self._take_requested_epoch()
         if self._active:
             # The previous pass was abandoned part-way: it counts as done.
             self._epoch, self._batch = self._epoch + 1, 0
@@ -150,13 +221,14 @@ class PreparedDataLoader:
         if self._generator is not None:
             self._generator.manual_seed(_pass_seed(self._seed, self._epoch, self._rank))
         if self._sampler is not None:
-            self._sampler.set_epoch(self._epoch)
-            self._sampler.start = skip * (self._loader.batch_size or 1)
+            self._sampler.begin_pass(self._epoch, skip * (self._loader.batch_size or 1))
             iterator = iter(self._loader)
         else:
             set_epoch = getattr(self._loader.sampler, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(self._epoch)
+                if self._users_sampler is not None:
+                    self._users_epoch = self._users_sampler.epoch
             iterator = iter(self._loader)
             for _ in range(skip):  # no sampler of ours: skip by reading
                 if next(iterator, _END) is _END:
@@ -186,6 +258,7 @@ class PreparedDataLoader:
         return getattr(self._loader, name)
 
     def __repr__(self) -> str:
+        self._take_requested_epoch()
         return (f"PreparedDataLoader(epoch={self._epoch}, batch={self._batch}, "
                 f"batches_per_epoch={len(self)})")
 
@@ -241,13 +314,44 @@ def _shuffle_of(sampler: object) -> bool:
         return True
     if isinstance(sampler, SequentialSampler):
         return False
-    if isinstance(sampler, DistributedSampler):
-        return bool(sampler.shuffle)
     raise ConfigError(
         f"prepare_data_loader(data_loader=...) uses the sampler {type(sampler).__name__}; "
-        "add_dist_sampler=True replaces only RandomSampler (shuffle=True), SequentialSampler "
-        "(shuffle=False) and DistributedSampler. Pass add_dist_sampler=False to keep yours."
+        "add_dist_sampler=True replaces only RandomSampler (shuffle=True) and "
+        "SequentialSampler (shuffle=False), and takes over the settings of a "
+        "DistributedSampler (not of a subclass). Pass add_dist_sampler=False to keep yours."
     )
+
+
+def _sampler_settings(sampler: object, *, seed: int, rank: int,
+                      world_size: int) -> dict[str, Any]:
+    """The DistributedSampler settings that stand for ``sampler``: those of a
+    DistributedSampler (as Ray Train keeps one the user added), else ``seed`` over the
+    run's ranks with the shuffle of a RandomSampler or SequentialSampler."""
+    if isinstance(sampler, DistributedSampler) and type(sampler) in (DistributedSampler,
+                                                                    _ResumableSampler):
+        return {"num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank),
+                "shuffle": bool(sampler.shuffle), "seed": int(sampler.seed),
+                "drop_last": bool(sampler.drop_last)}
+    return {"num_replicas": world_size, "rank": rank, "shuffle": _shuffle_of(sampler),
+            "seed": seed, "drop_last": False}
+
+
+def _kept_loaders_generator(loader: DataLoader[Any]) -> torch.Generator | None:
+    """A generator for a loader kept as it is, when it has none: it is set as the loader's
+    (the seed of its worker processes, drawn at every ``iter()``) and as that of its
+    random sampler without one, so that a pass draws from it, reseeded from ``(seed,
+    epoch, rank)``, and not from the global torch RNG, which the resume restores as of
+    the checkpoint and not as of the start of the pass."""
+    if loader.generator is not None:
+        return None
+    generator = torch.Generator()
+    loader.generator = generator
+    batch_sampler = loader.batch_sampler
+    for sampler in (loader.sampler, getattr(batch_sampler, "sampler", None)):
+        if (isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler))
+                and sampler.generator is None):
+            sampler.generator = generator
+    return generator
 
 
 def prepare_data_loader(
@@ -262,29 +366,50 @@ def prepare_data_loader(
     With ``add_dist_sampler`` (the default) the loader is rebuilt with the same settings
     and a :class:`~torch.utils.data.DistributedSampler` over this rank's shard (also with
     one worker: the order then comes from ``seed`` and the epoch alone); its shuffle is the
-    original loader's (``shuffle=True`` stays shuffled). ``seed`` fixes the order of every
+    original loader's (``shuffle=True`` stays shuffled). A DistributedSampler of the
+    user's is kept in effect: its ``num_replicas``, ``rank``, ``shuffle``, ``seed`` and
+    ``drop_last`` carry over (its seed, not ``seed``, fixes the order), and a
+    ``set_epoch`` on it picks the next pass's epoch. ``seed`` fixes the order of every
     epoch; the loader's ``generator`` is replaced by one seeded from ``(seed, epoch,
     rank)``. With ``move_to_device``, batches (tensors nested in tuples, lists, dicts)
     are moved to :func:`get_device`. With ``add_dist_sampler=False`` the loader is kept
-    as is (the sampler's ``set_epoch`` is still called every pass, when it has one).
+    as is (the sampler's ``set_epoch`` is still called every pass, when it has one), but
+    for a loader without a generator: it is given one (also its ``RandomSampler``,
+    ``SubsetRandomSampler`` or ``WeightedRandomSampler`` without one), reseeded every pass
+    from ``(seed, epoch, rank)``, so that a restored position reads the same batches.
 
     A ``batch_sampler=BatchSampler(sampler, batch_size, drop_last)`` is read as the
     ``batch_size``, ``drop_last`` and shuffle (a ``RandomSampler``) or order (a
     ``SequentialSampler``) it stands for. Raises :class:`ConfigError` for loaders the
-    sampler cannot replace (an iterable dataset, a custom sampler or batch sampler) unless
-    ``add_dist_sampler=False``.
+    sampler cannot replace (an iterable dataset, a custom sampler or batch sampler, a
+    subclass of DistributedSampler) unless ``add_dist_sampler=False``, and for arguments
+    of the wrong type.
     """
     if not isinstance(data_loader, DataLoader):
         raise ConfigError(
             f"prepare_data_loader(data_loader={data_loader!r}) must be a "
             "torch.utils.data.DataLoader."
         )
+    for name, flag in (("add_dist_sampler", add_dist_sampler),
+                       ("move_to_device", move_to_device)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"prepare_data_loader({name}={flag!r}) must be True or False.")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"prepare_data_loader(seed={seed!r}) must be an integer >= 0.")
     rank, world_size = rank_and_world_size()
+    if data_loader.persistent_workers and data_loader.num_workers > 0:
+        logger.warning(
+            "prepare_data_loader: persistent_workers=True keeps the same %d worker processes "
+            "for every epoch, so random draws in them (augmentation) continue from the "
+            "epoch before and are not reproduced after a restart; pass "
+            "persistent_workers=False for an exact resume", data_loader.num_workers)
     if not add_dist_sampler:
-        return PreparedDataLoader(data_loader, sampler=None, generator=None, seed=seed,
-                                  rank=rank, move_to_device=move_to_device)
+        kept_sampler = data_loader.sampler
+        return PreparedDataLoader(
+            data_loader, sampler=None,
+            users_sampler=kept_sampler if type(kept_sampler) is DistributedSampler else None,
+            generator=_kept_loaders_generator(data_loader), seed=seed, rank=rank,
+            move_to_device=move_to_device)
     if isinstance(data_loader.dataset, IterableDataset):
         raise ConfigError(
             "prepare_data_loader(data_loader=...) reads an IterableDataset, which has no "
@@ -305,18 +430,9 @@ def prepare_data_loader(
         if batch_sampler is None
         else (batch_sampler.sampler, batch_sampler.batch_size, batch_sampler.drop_last))
     sampler = _ResumableSampler(
-        data_loader.dataset,
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=_shuffle_of(source),
-        seed=seed,
+        data_loader.dataset,  # type: ignore[arg-type]
+        **_sampler_settings(source, seed=seed, rank=rank, world_size=world_size),
     )
-    if data_loader.persistent_workers and data_loader.num_workers > 0:
-        logger.warning(
-            "prepare_data_loader: persistent_workers=True keeps the same %d worker processes "
-            "for every epoch, so random draws in them (augmentation) continue from the "
-            "epoch before and are not reproduced after a restart; pass "
-            "persistent_workers=False for an exact resume", data_loader.num_workers)
     generator = torch.Generator()
     rebuilt: DataLoader[Any] = DataLoader(
         data_loader.dataset,
@@ -335,5 +451,7 @@ def prepare_data_loader(
         pin_memory_device=data_loader.pin_memory_device,
         in_order=getattr(data_loader, "in_order", True),
     )
-    return PreparedDataLoader(rebuilt, sampler=sampler, generator=generator, seed=seed,
-                              rank=rank, move_to_device=move_to_device)
+    return PreparedDataLoader(
+        rebuilt, sampler=sampler,
+        users_sampler=source if type(source) is DistributedSampler else None,
+        generator=generator, seed=seed, rank=rank, move_to_device=move_to_device)
