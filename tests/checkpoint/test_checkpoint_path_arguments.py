@@ -54,11 +54,11 @@ def _non_utf8_directory(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize(("value", "shown"), [
-    (None, "path=None): path must be a local directory as a str or os.PathLike"),
-    (5, "path=5): path must be a local directory as a str or os.PathLike"),
-    (b"/tmp/x", "path=b'/tmp/x'): path must be a local directory as a str or os.PathLike"),
-    ("", "path=''): path is empty"),
-    ("  ", "path='  '): path is empty"),
+    (None, "path=None) must be the path of a local directory, as a str or os.PathLike"),
+    (5, "path=5) must be the path of a local directory, as a str or os.PathLike"),
+    (b"/tmp/x", "path=b'/tmp/x') must be the path of a local directory, as a str or os.PathLike"),
+    ("", "path='') names no directory"),
+    ("  ", "path='  ') names no directory"),
 ])
 def test_from_directory_refuses_what_is_not_a_directory_path(value: Any, shown: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(f"Checkpoint.from_directory({shown}")):
@@ -127,8 +127,8 @@ def test_a_report_of_a_nul_or_non_utf8_path_gets_a_config_error_and_registers_no
 
 
 @pytest.mark.parametrize(("value", "shown"), [
-    (5, "path=5): path must be a local directory as a str or os.PathLike"),
-    ("", "path=''): path is empty"),
+    (5, "path=5) must be the path of a local directory, as a str or os.PathLike"),
+    ("", "path='') names no directory"),
     ("out\0x", "path='out\\x00x'): path contains a NUL character"),
     ("memory://x/y", "path='memory://x/y'): path is a URI, but to_directory() copies into "
                      "a local directory"),

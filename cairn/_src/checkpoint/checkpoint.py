@@ -29,6 +29,7 @@ from cairn._src.checkpoint.manifest import (
     write_manifest,
 )
 from cairn._src.checkpoint.verified import verify_local_once
+from cairn._src.config.checks import directory_text
 from cairn._src.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -474,15 +475,7 @@ class Checkpoint:
 def _path_text(path: object, *, call: str) -> str:
     """``path`` as a ``str``, or :class:`ConfigError` naming ``call``'s ``path`` when it
     is not a non-empty ``str`` or ``os.PathLike`` of one, or cannot be stored."""
-    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"{call}(path={path!r}): path must be a local directory as a str or "
-            f"os.PathLike (for example pathlib.Path), got {type(path).__name__}.")
-    if not text.strip():
-        raise ConfigError(
-            f"{call}(path={text!r}): path is empty; pass a directory (for the current "
-            "directory, '.').")
+    text = directory_text(path, shown=f"{call}(path={path!r})")
     _check_storable(text, call=call)
     return text
 

@@ -4,6 +4,7 @@ value received and what is accepted."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Sequence
 
@@ -44,3 +45,17 @@ def check_finite_seconds(name: str, value: int | float) -> None:
         raise ConfigError(f"{name}={value!r} must be a finite number of seconds, at most "
                           f"{threading.TIMEOUT_MAX:.0f}.")
 
+
+def directory_text(value: object, *, shown: str) -> str:
+    """``value``, the path of a local directory, as a ``str``; or :class:`ConfigError`
+    starting with ``shown`` (the call and its argument: ``"f(path=None)"``) when it is not
+    a non-empty ``str`` or ``os.PathLike`` of one."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"{shown} must be the path of a local directory, as a str or os.PathLike (for "
+            f"example pathlib.Path), not {type(value).__name__}.")
+    if not text.strip():
+        raise ConfigError(
+            f"{shown} names no directory; pass one (for the current directory, '.').")
+    return text

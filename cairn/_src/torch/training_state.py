@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
+from cairn._src.config.checks import directory_text
 from cairn._src.errors import CheckpointNotFoundError, ConfigError, ManifestError
 from cairn._src.storage.uris import public_uri, scheme_of
 from cairn._src.torch.data_loader import resharded_position, samples_per_batch
@@ -117,15 +118,7 @@ def _local_path(function: str, name: str, value: object, *, remote_hint: str) ->
     """``value``, the path of a local directory, as a ``str``; or :class:`ConfigError`
     naming ``function``'s ``name`` when it is not a non-empty ``str`` or ``os.PathLike``
     of one, or is a URI (``remote_hint`` says what to do instead)."""
-    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"{function}({name}={value!r}) must be the path of a local directory, as a str "
-            f"or os.PathLike (for example pathlib.Path), not {type(value).__name__}.")
-    if not text.strip():
-        raise ConfigError(
-            f"{function}({name}={text!r}) names no directory; pass one (for the current "
-            "directory, '.').")
+    text = directory_text(value, shown=f"{function}({name}={value!r})")
     if scheme_of(text) is not None:
         raise ConfigError(
             f"{function}({name}={public_uri(text)!r}) is a URI, and {name} is a local "
