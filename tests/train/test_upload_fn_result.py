@@ -91,6 +91,7 @@ def test_a_wrong_upload_fn_result_is_refused_and_the_run_resumes(
     with pytest.raises(WorkerGroupError) as raised:
         fit()
     assert "ReportError: The checkpoint_upload_fn of report 2 returned" in str(raised.value)
+    assert "after retries" not in str(raised.value), "a mistake is never retried"
     assert re.search(expected, str(raised.value)) is not None, str(raised.value)
 
     assert config.storage_path is not None and config.name is not None

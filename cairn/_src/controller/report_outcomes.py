@@ -1,8 +1,8 @@
 """What an attempt's loop does with a report that will not commit (the loop's thread).
 
-* :func:`upload_failed`: a rank's upload failed after retries; under
-  ``upload_failure_policy="skip"`` the report is skipped (its directory deleted, when
-  Cairn's own uploads wrote it), otherwise the attempt fails;
+* :func:`upload_failed`: a rank's upload failed (after retries, or at once for a
+  mistake); under ``upload_failure_policy="skip"`` the report is skipped (its directory
+  deleted, when Cairn's own uploads wrote it), otherwise the attempt fails;
 * :func:`not_handed_to_commit`: the driver could not record a ready report's validation
   request (a storage error), so the report is never committed: the attempt fails with
   that error, and the directory is left for the cleanup of uncommitted reports;
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 def upload_failed(attempt: Attempt, parts: LoopParts, message: UploadFailedMessage, *,
                   send_verdicts: Callable[[list[Verdict]], None],
                   delete: Callable[[str], None]) -> None:
-    """A rank's upload of report ``message.index`` failed after retries."""
+    """A rank's upload of report ``message.index`` failed."""
     parts.events.emit(UploadFailed(message))
     if parts.run_config.checkpoint_config.upload_failure_policy != "skip":
         # Fail now: an ASYNC upload's error would otherwise surface only at that rank's
@@ -41,8 +41,10 @@ def upload_failed(attempt: Attempt, parts: LoopParts, message: UploadFailedMessa
         if not attempt.has_failure(message.rank):
             attempt.failures.append(WorkerFailure(
                 rank=message.rank, traceback="",
-                summary=f"The upload of report {message.index}'s checkpoint failed "
-                f"after retries: {message.error}"))
+                # (Not "after retries": a mistake such as a wrong checkpoint_upload_fn
+                # result is never retried; a storage error says how often it was tried.)
+                summary=f"The upload of report {message.index}'s checkpoint failed: "
+                f"{message.error}"))
         return
     reason = (f"The checkpoint of report {message.index} was skipped: rank "
               f"{message.rank}: {message.error}")
