@@ -36,7 +36,7 @@ from cairn._src.errors import (
     ManifestError,
     NotADirectoryCheckpointError,
 )
-from cairn._src.run.layout import INDEX_NAME
+from cairn._src.run.layout import INDEX_NAME, nearest_marked
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, _known_scheme_set, local_root, resolve
@@ -503,22 +503,19 @@ def _refuse_cairn_data(real: str, shown: str) -> None:
     """Raise :class:`ConfigError` when the local directory ``real`` (resolved, existing
     or not) is, or lies inside, a run directory (it holds the run index) or a committed
     checkpoint (it holds a manifest): Cairn's own data, which a copy there would change."""
-    directory = real
-    while True:
-        if os.path.lexists(os.path.join(directory, INDEX_NAME)):
-            raise ConfigError(
-                f"{shown}: path is the run directory {directory!r} or inside it (it holds "
-                f"the run index {INDEX_NAME}): Cairn's own data, which a copy there would "
-                "change. Pass a directory outside the run.")
-        if os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
-            raise ConfigError(
-                f"{shown}: path is the committed checkpoint {directory!r} or inside it "
-                f"(it holds the manifest {MANIFEST_NAME}), and a committed checkpoint is "
-                "never changed. Pass a directory outside it.")
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return
-        directory = parent
+    found = nearest_marked(real, (INDEX_NAME, MANIFEST_NAME))
+    if found is None:
+        return
+    directory, name = found
+    if name == INDEX_NAME:
+        raise ConfigError(
+            f"{shown}: path is the run directory {directory!r} or inside it (it holds "
+            f"the run index {INDEX_NAME}): Cairn's own data, which a copy there would "
+            "change. Pass a directory outside the run.")
+    raise ConfigError(
+        f"{shown}: path is the committed checkpoint {directory!r} or inside it "
+        f"(it holds the manifest {MANIFEST_NAME}), and a committed checkpoint is "
+        "never changed. Pass a directory outside it.")
 
 
 def _create_directory(target: str, path: str) -> None:

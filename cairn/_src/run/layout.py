@@ -18,7 +18,9 @@ report could need.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 
 from cairn._src.storage.fileio import TEMPORARY_MARK
 
@@ -94,3 +96,18 @@ def is_stored_dir_name(name: str) -> bool:
         and name not in RESERVED_NAMES
         and TEMPORARY_MARK not in name
     )
+
+
+def nearest_marked(directory: str, names: Sequence[str]) -> tuple[str, str] | None:
+    """The nearest of the local ``directory`` and its parents that holds an entry named
+    one of ``names`` (tried in that order at each level), with that name; None when none
+    does. A run directory holds :data:`INDEX_NAME`, a committed checkpoint
+    :data:`MANIFEST_NAME`."""
+    while True:
+        for name in names:
+            if os.path.lexists(os.path.join(directory, name)):
+                return directory, name
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent

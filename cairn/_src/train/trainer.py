@@ -31,7 +31,7 @@ from cairn._src.errors import (
     TrainingFailedError,
 )
 from cairn._src.observe.callbacks import call_hooks
-from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
+from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR, nearest_marked
 from cairn._src.run.lease import RunLease
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.durability import fsync_path
@@ -414,13 +414,9 @@ def _enclosing_run(path: str) -> str | None:
     permission may refuse the requests above the storage path.
     """
     for start in dict.fromkeys((path, os.path.realpath(path))):
-        parent = os.path.dirname(start)
-        while True:
-            if os.path.lexists(os.path.join(parent, INDEX_NAME)):
-                return parent
-            if os.path.dirname(parent) == parent:
-                break
-            parent = os.path.dirname(parent)
+        found = nearest_marked(os.path.dirname(start), (INDEX_NAME,))
+        if found is not None:
+            return found[0]
     return None
 
 
