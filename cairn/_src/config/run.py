@@ -23,7 +23,7 @@ from cairn._src.storage.location import uri_can_carry
 from cairn._src.storage.options import StorageOptions
 from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.tuning import TransferConfig
-from cairn._src.storage.uris import public_uri, scheme_of, strip_uri
+from cairn._src.storage.uris import dot_component, public_uri, scheme_of, strip_uri
 from cairn._src.text import printable
 
 # The hooks of cairn.Callback and cairn.UserCallback; a RunConfig callback must have one.
@@ -545,11 +545,11 @@ def _check_storage_uri(storage_path: str, name: str | None) -> None:
     scheme = scheme_of(storage_path)
     if scheme in (None, "file"):
         return  # the local disk: '.' and '..' resolve, and its URIs carry any name
-    dots = [part for part in strip_uri(storage_path).split("/") if part in (".", "..")]
-    if dots and scheme != "local":  # fsspec's local:// is the disk too
+    dot = dot_component(strip_uri(storage_path))
+    if dot is not None and scheme != "local":  # fsspec's local:// is the disk too
         raise ConfigError(
             f"RunConfig.storage_path={_public(storage_path)!r} has the path component "
-            f"{dots[0]!r}: remote storage does not resolve it as a local disk does, and each "
+            f"{dot!r}: remote storage does not resolve it as a local disk does, and each "
             "fit() could write over the run's metrics history and event log. Accepted: a URI "
             "without '.' and '..' components, such as 's3://bucket/team/runs'.")
     if name is not None and not uri_can_carry(scheme, name):

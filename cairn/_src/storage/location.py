@@ -41,6 +41,7 @@ from cairn._src.storage.object_store import is_object_store, object_store_filesy
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.uris import (
     backend_message,
+    dot_component,
     fsspec_filesystem,
     join_path,
     local_os_join,
@@ -246,14 +247,12 @@ def uri_can_carry(scheme: str | None, path: str) -> bool:
 
 
 def _check_remote_path(text: str, fs: pafs.FileSystem, path: str) -> None:
-    """Refuse a ``.`` or ``..`` component in ``path`` on storage that is not a local disk:
-    a backend may resolve it for some requests and not others (pyarrow's S3 writes
-    ``a/../b/x`` as ``b/x`` but lists ``a/../b/`` as written), so a run would write over
-    what it cannot find."""
-    dots = [part for part in path.split("/") if part in (".", "..")]
-    if dots and local_root(fs) is None:
+    """Refuse a :func:`~.uris.dot_component` in ``path`` on storage that is not a local
+    disk."""
+    dot = dot_component(path)
+    if dot is not None and local_root(fs) is None:
         raise ConfigError(
-            f"location={redact(text)!r} has the path component {dots[0]!r}, which only a "
+            f"location={redact(text)!r} has the path component {dot!r}, which only a "
             "local disk resolves reliably; accepted: a path without '.' and '..' "
             "components, such as 's3://bucket/team/runs'.")
 

@@ -283,6 +283,14 @@ def strip_uri(text: str) -> str:
     return re.split(r"[?#]", rest, maxsplit=1)[0]
 
 
+def dot_component(path: str) -> str | None:
+    """The first ``.`` or ``..`` component of ``path``, or None. Storage that is not a
+    local disk may resolve one for some requests and not others (pyarrow's S3 writes
+    ``a/../b/x`` as ``b/x`` but lists ``a/../b/`` as written), so a run there would write
+    over what it cannot find."""
+    return next((part for part in path.split("/") if part in (".", "..")), None)
+
+
 def normalize_path(path: str) -> str:
     """``path`` without trailing slashes, except the root ``/`` itself."""
     stripped = path.rstrip("/")
