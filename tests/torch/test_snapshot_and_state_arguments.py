@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -227,3 +228,29 @@ def test_save_training_state_still_takes_a_path_and_creates_it(tmp_path: Path) -
                                   data_loader=loader, step=2)
     assert written == ["model.pt", "progress.pt", "rank_0/rank_state.pt"]
     assert load_training_state(tmp_path / "new" / "state", model=nn.Linear(2, 2)).step == 2
+
+
+@pytest.mark.parametrize("value, cause", [
+    (lambda: 1, "PicklingError: Can't pickle <function"),
+    (threading.Lock(), "TypeError: cannot pickle '_thread.lock' object"),
+])
+def test_save_training_state_names_an_extra_torch_save_cannot_pickle(
+        tmp_path: Path, value: object, cause: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+            f"save_training_state(extra=...) holds something torch.save cannot pickle "
+            f"({cause}")) as caught:
+        save_training_state(tmp_path, model=nn.Linear(2, 2), extra={"step_fn": value})
+    assert "pass tensors, plain values and objects of importable classes" in str(caught.value)
+    assert not (tmp_path / "progress.pt").exists(), "no partial progress.pt is left"
+    # An error of another argument than extra is not said to be extra's.
+    with pytest.raises(TypeError, match=re.escape("_thread.lock")):
+        save_training_state(tmp_path, model=nn.Linear(2, 2), optimizer=_LockedOptimizer(),
+                            extra={"fine": 1})
+
+
+class _LockedOptimizer(torch.optim.SGD):
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(2, 2).parameters(), lr=0.1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lock": threading.Lock()}

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import itertools
 import logging
 import os
+import pickle
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -229,7 +231,8 @@ def save_training_state(
     the model and optimizer are replicated (DDP), as they are after every step.
 
     Raises :class:`ConfigError` for an argument it does not take: a ``directory`` that is
-    not the path of a local directory (a ``str`` or ``os.PathLike``; not a URI, not a file).
+    not the path of a local directory (a ``str`` or ``os.PathLike``; not a URI, not a file),
+    or an ``extra`` that ``torch.save`` cannot pickle (its partial ``progress.pt`` removed).
     """
     path = _local_path(
         "save_training_state", "directory", directory,
@@ -245,8 +248,28 @@ def save_training_state(
                           extra=extra)
     files = collect_training_state(model=model, optimizer=optimizer, scheduler=scheduler,
                                    data_loader=data_loader, step=step, epoch=epoch, extra=extra)
-    write_files(path, files)
+    try:
+        write_files(path, files)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if not extra or _pickles(extra):
+            raise
+        with contextlib.suppress(OSError):  # what torch.save began of it
+            os.remove(os.path.join(path, PROGRESS_FILE))
+        raise ConfigError(
+            f"save_training_state(extra=...) holds something torch.save cannot pickle "
+            f"({type(exc).__name__}: {str(exc)[:200]}); pass tensors, plain values and "
+            "objects of importable classes (not lambdas, local functions, open files or "
+            "locks).") from exc
     return sorted(files)
+
+
+def _pickles(value: object) -> bool:
+    """Whether ``torch.save`` takes ``value``."""
+    try:
+        torch.save(value, io.BytesIO())
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def _checked_checkpoint(checkpoint: object) -> Checkpoint | str:
