@@ -59,7 +59,11 @@ class KeepBest:
 
     def ranking(self, records: Sequence[CheckpointRecord]) -> list[int]:
         """Indices of ``records`` from best to worst; a record without a usable score
-        ranks last whatever the order."""
+        (NaN, which report() accepts, or one planted in the index) ranks last whatever the
+        order, below ``-inf`` too, the later report first among them, as Ray Train's
+        checkpoint manager ranks NaN. The same ranking before and after a driver restart:
+        the index keeps NaN and the infinities as JSON's ``NaN``/``Infinity``, read back as
+        the same floats."""
         sign = 1.0 if self.order == "max" else -1.0
         scores = [score_of(r, self.attribute) for r in records]
         return sorted(

@@ -53,7 +53,7 @@ from cairn._src.controller.failure_errors import (
 from cairn._src.controller.failure_policy import AttemptFailure, FailureDecision, FailurePolicy
 from cairn._src.controller.payload import SetupFactory, TrainSpec, WorkerPayload
 from cairn._src.controller.preemption import preemption_error
-from cairn._src.controller.reports import ReportTracker
+from cairn._src.controller.reports import NanScoreWarning, ReportTracker
 from cairn._src.controller.services import AttemptServices
 from cairn._src.controller.state import ControllerState, StateMachine, Transition
 from cairn._src.controller.survivors import (
@@ -137,6 +137,7 @@ class Controller:
         # The ranks kept across the restart in progress (None: the whole group restarts).
         self._kept: KeptRanks | None = None
         self._score_attribute = parts.run_config.checkpoint_config.checkpoint_score_attribute
+        self._nan_warning = NanScoreWarning()  # once per run: its attempts' trackers share it
 
     @property
     def state(self) -> ControllerState:
@@ -327,9 +328,7 @@ class Controller:
             raise NotStarted(exc) from exc
         attempt = Attempt(
             number=number,
-            tracker=ReportTracker(self._scaling.max_workers, used_dir_names=used,
-                                  score_attribute=self._score_attribute,
-                                  first_index=next_report_index),
+            tracker=self._tracker(self._scaling.max_workers, used, next_report_index),
             resume=resume,
             first_report_index=next_report_index,
             started_at=clock.time(),
@@ -371,9 +370,7 @@ class Controller:
         # The world of this attempt is the group the backend started: an elastic range
         # (ScalingConfig.min_workers .. max_workers) may get fewer than it asked for.
         world_size = len(attempt.workers)
-        attempt.tracker = ReportTracker(world_size, used_dir_names=used,
-                                        score_attribute=self._score_attribute,
-                                        first_index=next_report_index)
+        attempt.tracker = self._tracker(world_size, used, next_report_index)
         services = AttemptServices(world_size, manager, parts.validations,
                                    parts.run_config.checkpoint_config)
         parts.events.emit(WorkerGroupStarted(number, world_size))
@@ -399,6 +396,11 @@ class Controller:
                            setup_message=setup.message)
 
     # --- ends of attempts ----------------------------------------------------------------
+
+    def _tracker(self, world_size: int, used: set[str], first_index: int) -> ReportTracker:
+        return ReportTracker(world_size, used_dir_names=used, first_index=first_index,
+                             score_attribute=self._score_attribute,
+                             nan_warning=self._nan_warning)
 
     def _end_failed_attempt(
             self, loop: AttemptLoop, failure: AttemptFailure,

@@ -34,7 +34,7 @@ from cairn._src.errors import (
     CheckpointSkippedError,
     ReportError,
 )
-from cairn._src.run.report_checks import check_score_attribute
+from cairn._src.run.report_checks import check_score_attribute, is_nan_score
 from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.transfer import FileEntry
@@ -115,11 +115,33 @@ def describe_ranks(ranks: list[int] | set[int]) -> str:
     return f"{label} {', '.join(str(r) for r in ordered)}"
 
 
+class NanScoreWarning:
+    """Logs one warning, the first time a checkpoint's score attribute is NaN: the
+    checkpoint is committed and ranks as the worst, as in Ray Train (a diverged fp16 step
+    reports a NaN loss; the run goes on). One object per run, which the trackers of its
+    attempts share; a tracker given none makes its own (one warning per attempt). Not
+    thread-safe: the controller loop owns it."""
+
+    def __init__(self) -> None:
+        self.warned = False
+
+    def note(self, ready: ReadyCheckpoint, attribute: str | None) -> None:
+        if self.warned or not is_nan_score(ready.metrics, attribute):
+            return
+        self.warned = True
+        logger.warning(
+            "The checkpoint_score_attribute %r of %s (report %d) is NaN: the checkpoint is "
+            "committed and ranks as the worst, whatever checkpoint_score_order (num_to_keep "
+            "drops it first; it is never the best checkpoint), as in Ray Train. Later NaN "
+            "scores of this run are not logged.", attribute, ready.dir_name, ready.index)
+
+
 class ReportTracker:
     """Follows the reports of one attempt. Not thread-safe: the controller loop owns it."""
 
     def __init__(self, world_size: int, *, used_dir_names: set[str],
-                 score_attribute: str | None = None, first_index: int = 1) -> None:
+                 score_attribute: str | None = None, first_index: int = 1,
+                 nan_warning: NanScoreWarning | None = None) -> None:
         self.world_size = world_size
         # The attempt's first report index: a rank that has not reported yet in this
         # attempt has reached the report before it (resumed there), not report 0.
@@ -127,6 +149,8 @@ class ReportTracker:
         # CheckpointConfig.checkpoint_score_attribute: rank 0's metrics, those a checkpoint
         # keeps, must hold it (_score_missing).
         self._score_attribute = score_attribute
+        # The run's (shared by its attempts): warns of the first NaN score.
+        self._nan_warning = nan_warning if nan_warning is not None else NanScoreWarning()
         self._used = set(used_dir_names)
         self._pending: dict[int, PendingReport] = {}
         self.report_counts: dict[int, int] = dict.fromkeys(range(world_size), 0)
@@ -360,7 +384,10 @@ class ReportTracker:
                 # Kept as failed: its directory is among pending_dir_names() for cleanup.
                 self._refused.extend(self._refuse(pending, error, first=min(pending.intents)))
                 continue
-            ready.append(self._merge(pending))
+            merged = self._merge(pending)
+            if merged.validation is None:  # else the validation may replace the score
+                self._nan_warning.note(merged, self._score_attribute)
+            ready.append(merged)
             del self._pending[index]
             self._committing[index] = pending.dir_name if pending.own_upload else None
         return ready
@@ -402,7 +429,7 @@ class ReportTracker:
         """A checkpoint keeps rank 0's metrics (as in Ray Train): without the score
         attribute there (rank 0 may pass no checkpoint, another rank the checkpoint and
         the score), retention could not rank it and would keep the latest instead of the
-        best. Not when a validation may give the score."""
+        best. A NaN score is one (the worst). Not when a validation may give the score."""
         if self._score_attribute is None or any(
                 intent.validation is not None for intent in pending.intents.values()):
             return None

@@ -379,8 +379,8 @@ class ValidationRunner:
             logger.error("The validation function returned %s for %s; it must return a dict "
                          "of metrics", type(value).__name__, job.dir_name)
             return ReportedCheckpointStatus.VALIDATION_FAILED, {}
-        # The checks report() makes of metrics: a score retention cannot rank by (NaN, a
-        # string) would otherwise re-rank the checkpoints with it.
+        # The checks report() makes of metrics: a score retention cannot rank by (a
+        # string) would otherwise re-rank the checkpoints with it (NaN ranks as the worst).
         name = getattr(fn, "__qualname__", None) or repr(fn)
         what = f"The validation function {name} returned metrics for {job.dir_name} that"
         try:

@@ -245,6 +245,9 @@ def _lookup(metrics: Mapping[str, Any], attribute: str) -> Any:
 
 def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None, *,
                           what: str = "report(metrics=...)") -> None:
+    """:class:`ReportError` unless ``metrics`` hold ``attribute`` as a number (not a bool)
+    within a double's range. NaN is accepted, as Ray Train accepts it (a diverged step's
+    loss): retention ranks it as the worst score whatever the order (:func:`is_nan_score`)."""
     if attribute is None:
         return
     value = score_value(metrics, attribute)
@@ -254,18 +257,31 @@ def check_score_attribute(metrics: Mapping[str, Any], attribute: str | None, *,
             f"this run's CheckpointConfig; a checkpoint report must include it. "
             f"Metrics given: {sorted(metrics)}."
         )
-    if rankable(value) is None:
+    if rankable(value) is None and not _is_nan(value):
         beyond = isinstance(value, int) and not isinstance(value, bool)
         raise ReportError(
             f"{what} has {attribute!r}={short_repr(value)}; the checkpoint_score_attribute "
-            "must be a number (" + ("within a double's range, below 1.8e+308 in magnitude"
-                                    if beyond else "not NaN") + ")."
+            "must be a number (" + ("within a double's range, below 1.8e+308 in magnitude)"
+                                    if beyond else "an int or a float, NaN included), not "
+                                    f"{type(value).__name__}") + "."
         )
+
+
+def is_nan_score(metrics: Mapping[str, Any], attribute: str | None) -> bool:
+    """Whether ``metrics``' value of ``attribute`` is NaN: a score report() accepts and
+    retention ranks as the worst, below every number (-inf included) in both orders, as
+    Ray Train's checkpoint manager ranks it."""
+    return attribute is not None and _is_nan(score_value(metrics, attribute))
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def rankable(value: object) -> float | None:
     """``value`` as a score retention can rank by: a number (not a bool), not NaN, that a
-    float holds (an int of 400 digits does not); None otherwise."""
+    float holds (an int of 400 digits does not); None otherwise (retention ranks those,
+    NaN included, below every number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -286,7 +302,9 @@ def check_merged_score(reported: Mapping[str, Any], validated: Mapping[str, Any]
         return
     merged = {**reported, **validated}
     if score_present(validated, attribute):
-        if _lookup(merged, attribute) != _lookup(validated, attribute):
+        found, given = _lookup(merged, attribute), _lookup(validated, attribute)
+        # By identity first: a NaN the validation gave is not equal to itself.
+        if found is not given and found != given:
             raise ReportError(
                 f"{what} give {attribute!r} nested, while the checkpoint's reported metrics "
                 f"have the flat key {attribute!r}, which retention reads first: return it "
