@@ -129,8 +129,9 @@ def test_the_ray_name_is_the_same_class() -> None:
 
 
 def test_bad_callback_arguments_name_the_argument_and_the_accepted_values() -> None:
-    with pytest.raises(ConfigError, match=r"CairnReportCallback\(checkpoint_upload_mode\)="
-                                          r"'fast' is not one of 'SYNC', 'ASYNC', 'NO_UPLOAD'"):
+    with pytest.raises(ConfigError, match=r"CairnReportCallback\(checkpoint_upload_mode="
+                                          r"'fast'\) is not one of 'SYNC', 'ASYNC' \(a name or a "
+                                          r"cairn.CheckpointUploadMode\)\.$"):
         CairnReportCallback(checkpoint_upload_mode="fast")
     with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='NO_UPLOAD'\) is not "
                                           r"accepted.*use 'SYNC' \(the default\) or 'ASYNC'"):
@@ -156,9 +157,7 @@ def test_prepare_trainer_warns_when_nothing_would_be_reported(
                       train_dataset=hf_workloads.LinearData())
     with caplog.at_level(logging.WARNING, logger="cairn"):
         assert prepare_trainer(trainer) is trainer
-    text = caplog.text
-    assert "has no cairn.huggingface.CairnReportCallback" in text
-    assert "save_strategy='no'" in text
+    assert "save_strategy='no'" in caplog.text
 
     # As Ray's: the same object, of a subclass of its class; preparing again adds none.
     prepared_class = type(trainer)
@@ -226,3 +225,33 @@ def test_prepare_trainer_feeds_ray_data_shards_to_the_trainer(
     assert _trainer_state(result.checkpoint)["global_step"] == 4
     steps = sorted(_trainer_state(c)["global_step"] for c, _ in result.best_checkpoints)
     assert steps == [2, 4]
+
+
+class _Untrained:
+    """A Trainer mixin whose train() only records the call (the check before it is real)."""
+
+    def train(self, *args: object, **kwargs: object) -> str:
+        return "trained"
+
+
+@pytest.mark.parametrize("add_after_prepare", [False, True])
+def test_the_missing_callback_is_told_when_training_starts(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, add_after_prepare: bool) -> None:
+    # Ray's docs add the callback either before or after prepare_trainer; only a Trainer
+    # that starts training without one is warned about.
+    from transformers import Trainer, TrainingArguments
+
+    class Recorded(_Untrained, Trainer):
+        pass
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                             disable_tqdm=True)
+    trainer = prepare_trainer(Recorded(
+        model=hf_workloads.TinyRegressor(hf_workloads.TinyConfig()), args=args,
+        train_dataset=hf_workloads.LinearData()))
+    with caplog.at_level(logging.WARNING, logger="cairn"):
+        if add_after_prepare:
+            trainer.add_callback(CairnReportCallback())
+        assert trainer.train() == "trained"
+    warned = "has no cairn.huggingface.CairnReportCallback" in caplog.text
+    assert warned is not add_after_prepare

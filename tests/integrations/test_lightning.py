@@ -148,8 +148,9 @@ def test_the_strategy_shards_over_its_world_and_trains_on_the_worker_device() ->
 
 
 def test_bad_callback_arguments_name_the_argument_and_the_accepted_values() -> None:
-    with pytest.raises(ConfigError, match=r"CairnReportCallback\(checkpoint_upload_mode\)="
-                                          r"'fast' is not one of 'SYNC', 'ASYNC', 'NO_UPLOAD'"):
+    with pytest.raises(ConfigError, match=r"CairnReportCallback\(checkpoint_upload_mode="
+                                          r"'fast'\) is not one of 'SYNC', 'ASYNC' \(a name or a "
+                                          r"cairn.CheckpointUploadMode\)\.$"):
         CairnReportCallback(checkpoint_upload_mode="fast")
     with pytest.raises(ConfigError, match=r"checkpoint_upload_mode='NO_UPLOAD'\) is not "
                                           r"accepted"):

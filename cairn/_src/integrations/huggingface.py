@@ -216,6 +216,17 @@ def _prepared_class(base: type[Any]) -> type[Any]:
             return _batch_loader(chosen)
         return base.get_eval_dataloader(self, eval_dataset)
 
+    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Checked when training starts: a callback may be added after prepare_trainer.
+        if not any(isinstance(callback, CairnReportCallback)
+                   for callback in self.callback_handler.callbacks):
+            logger.warning(
+                "The Trainer has no cairn.huggingface.CairnReportCallback, so it reports "
+                "nothing to Cairn and a restart starts from scratch; pass "
+                "callbacks=[CairnReportCallback()] or call trainer.add_callback(...) before "
+                "trainer.train().")
+        return base.train(self, *args, **kwargs)
+
     return type(base.__name__, (base,), {
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
@@ -223,6 +234,7 @@ def _prepared_class(base: type[Any]) -> type[Any]:
         "_cairn_ray_data": True,
         "get_train_dataloader": get_train_dataloader,
         "get_eval_dataloader": get_eval_dataloader,
+        "train": train,
     })
 
 
@@ -242,9 +254,9 @@ def prepare_trainer(trainer: Any) -> Any:
       worker where ``torch.distributed`` is not initialized (the function must run under
       :class:`cairn.torch.TorchTrainer`: without a process group every rank would train
       alone), with a :class:`cairn.ConfigError`;
-    * warns when no :class:`CairnReportCallback` is among the Trainer's callbacks, or when
-      ``save_strategy`` is ``"no"``: nothing would be checkpointed, and a restart would
-      start from scratch.
+    * warns when ``save_strategy`` is ``"no"``, or when no :class:`CairnReportCallback` is
+      among the Trainer's callbacks as ``train()`` starts (it may be added after this
+      call): nothing would be checkpointed, and a restart would start from scratch.
     """
     if not isinstance(trainer, transformers.Trainer):
         raise ConfigError(
@@ -257,13 +269,6 @@ def prepare_trainer(trainer: Any) -> Any:
             f"prepare_trainer: this run has {world_size} workers but torch.distributed is not "
             "initialized in them, so each would train alone; run the train function with "
             "cairn.torch.TorchTrainer, which sets up the process group the Trainer uses."
-        )
-    callbacks = trainer.callback_handler.callbacks
-    if not any(isinstance(callback, CairnReportCallback) for callback in callbacks):
-        logger.warning(
-            "prepare_trainer: the Trainer has no cairn.huggingface.CairnReportCallback, so "
-            "it reports nothing to Cairn and a restart starts from scratch; pass "
-            "callbacks=[CairnReportCallback()] or call trainer.add_callback(...)."
         )
     if str(getattr(trainer.args.save_strategy, "value", trainer.args.save_strategy)) == "no":
         logger.warning(

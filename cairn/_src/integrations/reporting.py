@@ -42,11 +42,13 @@ class ReportOptions:
     def parse(cls, owner: str, checkpoint_upload_mode: object,
               validation: object) -> ReportOptions:
         """Checked options; a :class:`ConfigError` naming ``owner``'s argument otherwise."""
-        if checkpoint_upload_mode is None:
-            mode = CheckpointUploadMode.SYNC
-        else:
-            mode = CheckpointUploadMode.parse(
-                checkpoint_upload_mode, argument=f"{owner}(checkpoint_upload_mode)")
+        accepted = "is not one of 'SYNC', 'ASYNC' (a name or a cairn.CheckpointUploadMode)"
+        try:
+            mode = (CheckpointUploadMode.SYNC if checkpoint_upload_mode is None
+                    else CheckpointUploadMode.parse(checkpoint_upload_mode))
+        except ConfigError:
+            raise ConfigError(f"{owner}(checkpoint_upload_mode={checkpoint_upload_mode!r}) "
+                              f"{accepted}.") from None
         if mode is CheckpointUploadMode.NO_UPLOAD:
             raise ConfigError(
                 f"{owner}(checkpoint_upload_mode={checkpoint_upload_mode!r}) is not accepted: "
