@@ -39,21 +39,45 @@ from torch.utils.data import (
 
 from cairn._src.errors import ConfigError
 from cairn._src.torch.placement import get_device, move_to_device, rank_and_world_size
+from cairn._src.torch.reproducibility import reproducibility_seed
 
 logger = logging.getLogger(__name__)
 
 POSITION_KEYS = ("epoch", "batch")
 
 
+MAX_SEED = 2**63 - 1
+"""The largest seed and the largest epoch: a DistributedSampler seeds torch's generator
+with ``seed + epoch``, which torch takes below ``2**64``."""
+
+
 def _checked_epoch(epoch: object) -> int:
-    """``epoch`` as an int, for ``set_epoch(epoch)``: an integer (also a NumPy one) >= 0."""
+    """``epoch`` as an int, for ``set_epoch(epoch)``: an integer (also a NumPy one) from 0
+    to :data:`MAX_SEED`."""
     try:
         value = -1 if isinstance(epoch, bool) else operator.index(epoch)  # type: ignore[arg-type]
     except TypeError:
         value = -1
-    if value < 0:
-        raise ConfigError(f"set_epoch(epoch={epoch!r}) must be an integer >= 0.")
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(
+            f"set_epoch(epoch={epoch!r}) must be an integer from 0 to 2**63 - 1.")
     return value
+
+
+def _checked_seed(seed: object) -> int:
+    """``prepare_data_loader``'s seed: ``seed`` when given (an integer from 0 to
+    :data:`MAX_SEED`), else :func:`enable_reproducibility`'s of this attempt modulo
+    ``2**63``, else 0."""
+    if seed is None:
+        inherited = reproducibility_seed()
+        return 0 if inherited is None else inherited % (MAX_SEED + 1)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(
+            f"prepare_data_loader(seed={seed!r}) must be an integer from 0 to 2**63 - 1 "
+            "(torch seeds the sampler with seed + epoch, which must stay below 2**64), or "
+            "None for the seed of enable_reproducibility() (else 0)."
+        )
+    return seed
 
 
 class _ResumableSampler(DistributedSampler):  # type: ignore[type-arg]
@@ -329,6 +353,12 @@ def _sampler_settings(sampler: object, *, seed: int, rank: int,
     run's ranks with the shuffle of a RandomSampler or SequentialSampler."""
     if isinstance(sampler, DistributedSampler) and type(sampler) in (DistributedSampler,
                                                                     _ResumableSampler):
+        if sampler.shuffle and not -(MAX_SEED + 1) <= int(sampler.seed) <= MAX_SEED:
+            raise ConfigError(
+                f"prepare_data_loader(data_loader=...) has a DistributedSampler with "
+                f"seed={sampler.seed!r}, which torch cannot take with the epoch added "
+                "(seed + epoch must stay below 2**64); give it a seed from 0 to 2**63 - 1."
+            )
         return {"num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank),
                 "shuffle": bool(sampler.shuffle), "seed": int(sampler.seed),
                 "drop_last": bool(sampler.drop_last)}
@@ -356,10 +386,10 @@ def _kept_loaders_generator(loader: DataLoader[Any]) -> torch.Generator | None:
 
 def prepare_data_loader(
     data_loader: DataLoader[Any],
-    *,
     add_dist_sampler: bool = True,
     move_to_device: bool = True,
-    seed: int = 0,
+    *,
+    seed: int | None = None,
 ) -> PreparedDataLoader:
     """``data_loader`` sharded across the run's ranks, reseeded every epoch, resumable.
 
@@ -371,12 +401,17 @@ def prepare_data_loader(
     ``drop_last`` carry over (its seed, not ``seed``, fixes the order), and a
     ``set_epoch`` on it picks the next pass's epoch. ``seed`` fixes the order of every
     epoch; the loader's ``generator`` is replaced by one seeded from ``(seed, epoch,
-    rank)``. With ``move_to_device``, batches (tensors nested in tuples, lists, dicts)
-    are moved to :func:`get_device`. With ``add_dist_sampler=False`` the loader is kept
-    as is (the sampler's ``set_epoch`` is still called every pass, when it has one), but
-    for a loader without a generator: it is given one (also its ``RandomSampler``,
-    ``SubsetRandomSampler`` or ``WeightedRandomSampler`` without one), reseeded every pass
-    from ``(seed, epoch, rank)``, so that a restored position reads the same batches.
+    rank)``. ``seed`` is an integer from 0 to ``2**63 - 1`` (the sampler seeds torch with
+    ``seed + epoch``, which must stay below ``2**64``); without it, the seed given to
+    :func:`enable_reproducibility` earlier in this attempt of the train function (modulo
+    ``2**63``), else 0. The first three arguments may be passed by position, in Ray
+    Train's order; ``seed`` is keyword-only. With ``move_to_device``, batches (tensors
+    nested in tuples, lists, dicts) are moved to :func:`get_device`. With
+    ``add_dist_sampler=False`` the loader is kept as is (the sampler's ``set_epoch`` is
+    still called every pass, when it has one), but for a loader without a generator: it
+    is given one (also its ``RandomSampler``, ``SubsetRandomSampler`` or
+    ``WeightedRandomSampler`` without one), reseeded every pass from ``(seed, epoch,
+    rank)``, so that a restored position reads the same batches.
 
     A ``batch_sampler=BatchSampler(sampler, batch_size, drop_last)`` is read as the
     ``batch_size``, ``drop_last`` and shuffle (a ``RandomSampler``) or order (a
@@ -394,8 +429,7 @@ def prepare_data_loader(
                        ("move_to_device", move_to_device)):
         if not isinstance(flag, bool):
             raise ConfigError(f"prepare_data_loader({name}={flag!r}) must be True or False.")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"prepare_data_loader(seed={seed!r}) must be an integer >= 0.")
+    seed = _checked_seed(seed)
     rank, world_size = rank_and_world_size()
     if data_loader.persistent_workers and data_loader.num_workers > 0:
         logger.warning(

@@ -19,7 +19,6 @@ PARALLEL_STRATEGIES = ("ddp", None)
 
 def prepare_model(
     model: nn.Module,
-    *,
     move_to_device: bool | torch.device = True,
     parallel_strategy: str | None = "ddp",
     parallel_strategy_kwargs: dict[str, Any] | None = None,
@@ -29,6 +28,7 @@ def prepare_model(
 
     ``move_to_device`` may also name the device; ``parallel_strategy=None`` skips the
     wrapper; ``parallel_strategy_kwargs`` go to DDP (``find_unused_parameters=...``).
+    The arguments may be passed by position, in Ray Train's order.
     DDP makes every rank start from rank 0's parameters. With one worker the model is
     returned unwrapped. Raises :class:`ConfigError` when DDP is asked for with several
     workers but ``torch.distributed`` is not initialized (use ``cairn.torch.TorchTrainer``).
@@ -36,9 +36,12 @@ def prepare_model(
     if not isinstance(model, nn.Module):
         raise ConfigError(f"prepare_model(model={model!r}) must be a torch.nn.Module.")
     if parallel_strategy not in PARALLEL_STRATEGIES:
+        hint = (" Cairn has no FSDP wrapper: wrap the model with torch.distributed.fsdp "
+                "yourself (TorchTrainer has initialized the process group) and pass "
+                "parallel_strategy=None." if parallel_strategy == "fsdp" else "")
         raise ConfigError(
             f"prepare_model(parallel_strategy={parallel_strategy!r}) is not one of 'ddp', "
-            "None."
+            f"None.{hint}"
         )
     if parallel_strategy_kwargs is not None and not isinstance(parallel_strategy_kwargs, dict):
         raise ConfigError(

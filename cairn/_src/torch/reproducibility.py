@@ -5,14 +5,29 @@ from __future__ import annotations
 import logging
 import os
 import random
+import weakref
+from typing import Any
 
 import torch
 
-from cairn._src.errors import ConfigError
+from cairn._src.errors import ConfigError, ReportError
+from cairn._src.worker.session import get_session
 
 logger = logging.getLogger(__name__)
 
-_seed: int | None = None
+# (the attempt it was set in, the seed), set by a call in a train function: the attempt is
+# a weak reference to that function's worker session (a new one every attempt, also in a
+# process kept for the next attempt or in a local-mode driver), so a seed never outlives
+# the attempt that set it.
+_seed: tuple[weakref.ref[Any], int] | None = None
+
+
+def _attempt() -> Any:
+    """The session of the train function running here, or None outside one."""
+    try:
+        return get_session("enable_reproducibility")
+    except ReportError:
+        return None
 
 
 def enable_reproducibility(seed: int = 0) -> None:
@@ -23,14 +38,17 @@ def enable_reproducibility(seed: int = 0) -> None:
     algorithms (an operation without one then raises); turns cuDNN benchmarking off; and
     sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which deterministic cuBLAS needs, unless it is
     already set. Call it at the top of the train function, before any CUDA work.
-    ``prepare_data_loader`` orders data from its own ``seed`` argument, whatever this one.
+    In a train function, ``prepare_data_loader`` called later in the same attempt without
+    its own ``seed`` orders data (and seeds DataLoader worker processes) from this seed
+    (modulo 2**63).
     Results can still differ across machines and library versions (see PyTorch's notes
     on randomness).
     """
     global _seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"enable_reproducibility(seed={seed!r}): the seed must be an integer.")
-    _seed = seed
+    attempt = _attempt()
+    _seed = (weakref.ref(attempt), seed) if attempt is not None else None
     random.seed(seed)
     try:
         import numpy
@@ -48,5 +66,13 @@ def enable_reproducibility(seed: int = 0) -> None:
 
 
 def reproducibility_seed() -> int | None:
-    """The seed given to :func:`enable_reproducibility` in this process, or None."""
-    return _seed
+    """The seed given to :func:`enable_reproducibility` by the train function running
+    here, in this attempt; None outside a train function or when it gave none. A seed set
+    in an earlier attempt, which a process kept for the next attempt
+    (``FailureConfig(keep_survivors=True)``) or a local-mode driver still holds, does not
+    count: a fresh process would not have it."""
+    if _seed is None:
+        return None
+    attempt, seed = _seed
+    current = _attempt()
+    return seed if current is not None and attempt() is current else None
