@@ -81,7 +81,7 @@ def test_an_overflow_that_still_happens_is_one_line_and_exit_2(
     out, err = capsys.readouterr()
     assert code == 2
     [line] = err.splitlines()
-    assert line == ("cairn lease: error: a number in the run's files is out of range: they "
+    assert line == ("cairn lease break: error: a number in the run's files is out of range: they "
                     "are not files Cairn wrote (OverflowError: int too large to convert to "
                     "float)")
     if as_json:

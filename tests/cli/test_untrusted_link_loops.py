@@ -59,7 +59,7 @@ def test_lease_break_leaves_a_directory_in_the_leases_place(
     (run / "_cairn_lease.3").touch()
     assert main(["lease", "break", "--force", str(run)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cairn lease: error: ") and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("cairn lease break: error: ") and len(err.strip().splitlines()) == 1, err
     assert "lease.json is a directory, not a lease a driver wrote" in err
     assert "nothing was removed" in err
     assert (run / LEASE_NAME / "notes.txt").read_text() == "someone's"

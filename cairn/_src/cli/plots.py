@@ -55,18 +55,28 @@ _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: Sequence[float], width: int = 72) -> str:
-    """A one-line chart of ``values`` (bucketed to ``width`` by averaging)."""
+    """A one-line chart of ``values`` (bucketed to ``width`` by averaging). Any finite
+    values are drawn, ±1.7e308 included; a bucket holding a NaN or an infinity is a gap."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return ""
     if len(values) > width:
         size = len(values) / width
-        values = [sum(values[int(i * size): int((i + 1) * size)])
-                  / max(1, int((i + 1) * size) - int(i * size)) for i in range(width)]
+        buckets = [values[int(i * size): int((i + 1) * size)] for i in range(width)]
+        # Each value divided first: a sum of huge values would overflow to inf.
+        values = [sum(v / len(bucket) for v in bucket) for bucket in buckets]
     low, high = min(finite), max(finite)
-    span = high - low or 1.0
-    return "".join(_BLOCKS[round((v - low) / span * (len(_BLOCKS) - 1))]
+    return "".join(_BLOCKS[round(_position(v, low, high) * (len(_BLOCKS) - 1))]
                    if math.isfinite(v) else " " for v in values)
+
+
+def _position(value: float, low: float, high: float) -> float:
+    """Where ``value`` lies from ``low`` (0) to ``high`` (1), all finite; 0 when they are
+    equal. Halved first when ``high - low`` overflows (``-1e308`` to ``1e308``)."""
+    span = high - low
+    if math.isinf(span):
+        value, low, span = value / 2, low / 2, high / 2 - low / 2
+    return min(1.0, max(0.0, (value - low) / span)) if span else 0.0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -76,7 +86,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     metrics = list(dict.fromkeys(args.metric))
     events = read_events(run.join(EVENTS_DIR), RETRY)
     kept = {r.dir_name: r.report_index for r in index.checkpoints}
-    plot = build_plot(_run_name(run), records, events, kept, metrics, args.x, log=args.log)
+    plot = build_plot(_run_name(run), records, events, kept, metrics, args.x, log=args.log,
+                      resumed_from=index.resumed_from)
     if args.out:
         drawing.draw_metric_plot(plot, args.out)
     if args.json:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from cairn._src.checkpoint.deletion_log import DeletionLog
@@ -59,9 +59,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
     records = [r for r in index.checkpoints if not args.checkpoint or r.dir_name in args.checkpoint]
     unknown = set(args.checkpoint or ()) - {r.dir_name for r in records}
-    if unknown:
-        raise CairnError(f"--checkpoint {sorted(unknown)} not in the run; known: "
-                         f"{sorted(r.dir_name for r in index.checkpoints)}")
+    if unknown:  # A checkpoint a resume dropped as damaged may be named: listed below.
+        known = {r.dir_name for r in index.checkpoints}.union(dropped_on_storage(run, ()))
+        if unknown - known:
+            raise CairnError(f"--checkpoint {sorted(unknown - known)} not in the run; known: "
+                             f"{sorted(known)}")
     records.sort(key=lambda r: r.report_index)
     results: list[dict[str, Any]] = []
     gone: set[str] = set()
@@ -103,22 +105,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             entry.update(files=len(manifest.files), size_bytes=int(manifest.total_bytes))
             say(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
                 f"{manifest.total_bytes / 2**20:.2f} MiB)")
-    # Checkpoints a resume dropped as damaged: no longer in the index, still on storage.
-    indexed = {r.dir_name for r in index.checkpoints} - gone
-    for event in read_events(run.join(EVENTS_DIR), RETRY):
-        if not isinstance(event, CheckpointDropped):
-            continue
-        name = event.dir_name
-        if (name is None or name in indexed or not could_have_created(name)
-                or (args.checkpoint and name not in args.checkpoint)
-                or not is_dir(run.join(name), RETRY)):
-            continue
-        indexed.add(name)
-        reason = redact_text(event.reason)[:200]
+    dropped = dropped_on_storage(run, {r.dir_name for r in index.checkpoints} - gone)
+    for name in [n for n in dropped if not args.checkpoint or n in args.checkpoint]:
         results.append({"dir_name": name, "report_index": None, "status": "dropped",
-                        "files": None, "size_bytes": None, "error": reason})
-        say(f"DROPPED {name}: damaged, dropped from the index at resume ({reason}); delete "
-            "it by hand when inspected")
+                        "files": None, "size_bytes": None, "error": dropped[name]})
+        say(f"DROPPED {name}: damaged, dropped from the index at resume ({dropped[name]}); "
+            "delete it by hand when inspected")
     counts = {status: sum(r["status"] == status for r in results)
               for status in ("ok", "failed", "dropped")}
     if args.json:
@@ -128,6 +120,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{counts['ok']} verified, {counts['failed']} failed"
               + (f", {counts['dropped']} dropped as damaged" if counts["dropped"] else ""))
     return 1 if counts["failed"] or counts["dropped"] else 0
+
+
+def dropped_on_storage(run: StorageLocation, indexed: Collection[str]) -> dict[str, str]:
+    """The checkpoints a resume dropped as damaged, not in ``indexed``, on storage: why."""
+    dropped: dict[str, str] = {}
+    for event in read_events(run.join(EVENTS_DIR), RETRY):
+        if (isinstance(event, CheckpointDropped) and (name := event.dir_name) is not None
+                and name not in indexed and name not in dropped and could_have_created(name)
+                and is_dir(run.join(name), RETRY)):
+            dropped[name] = redact_text(event.reason)[:200]
+    return dropped
 
 
 def no_longer_indexed(run: StorageLocation, record: CheckpointRecord) -> bool:
@@ -594,4 +597,4 @@ def register(commands: Any) -> None:
     lease_break.add_argument("run", help="the run directory: a path or URI")
     lease_break.add_argument("--force", action="store_true", help=FORCE_HELP)
     lease_break.add_argument("--json", action="store_true", help="print the result as JSON")
-    lease_break.set_defaults(func=cmd_lease_break)
+    lease_break.set_defaults(func=cmd_lease_break, command="lease break")

@@ -8,7 +8,10 @@ thread.
 
 from __future__ import annotations
 
+import math
 import textwrap
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cairn._src.errors import CairnError
@@ -41,6 +44,9 @@ _CATEGORY_STYLE = {
 }
 _X_LABELS = {"report": "report", "step": "step",
              "time": "wall time since the run started (s)"}
+# Past about 1e306, matplotlib's margins, spans and ticks overflow ("arange: cannot compute
+# length"): values beyond this are drawn divided by a power of ten, which the label names.
+_DRAWABLE_MAGNITUDE = 1e300
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -113,9 +119,45 @@ def timeline_notes(timeline: Timeline) -> list[str]:
             for number, f in enumerate(timeline.failures, start=1)]
 
 
+def _divisor(values: Iterable[float]) -> float:
+    """1, or the power of ten that brings the largest of ``values`` (finite) to 1-10 when
+    it passes what matplotlib draws."""
+    largest = max((abs(v) for v in values), default=0.0)
+    return 1.0 if largest < _DRAWABLE_MAGNITUDE else 10.0 ** math.floor(math.log10(largest))
+
+
+def _scaled(label: str, divisor: float) -> str:
+    return label if divisor == 1.0 else f"{label} / {divisor:.0e}"
+
+
+def drawable(plot: MetricPlot) -> tuple[MetricPlot, float, dict[str, float]]:
+    """``plot`` with its x values and, per metric, its y values divided by
+    :func:`_divisor`, and those divisors (all 1 for a plot matplotlib draws as it is). On a
+    log scale a value over 1e323 times smaller than the largest becomes 0 and is not
+    drawn (matplotlib masks it), as it is not drawn on 600 decades anyway."""
+    x_divisor = _divisor([*(x for s in plot.series for x in s.x),
+                          *(c.x for c in plot.checkpoints if c.x is not None),
+                          *(r.x for r in plot.restarts if r.x is not None)])
+    y_divisors = {m: _divisor(y for s in plot.series_of(m) for y in s.y) for m in plot.metrics}
+    if x_divisor == 1.0 and set(y_divisors.values()) <= {1.0}:
+        return plot, x_divisor, y_divisors
+
+    def x_of(x: float | None) -> float | None:
+        return None if x is None else x / x_divisor
+
+    series = tuple(replace(s, x=tuple(x / x_divisor for x in s.x),
+                           y=tuple(y / y_divisors.get(s.metric, 1.0) for y in s.y))
+                   for s in plot.series)
+    return (replace(plot, series=series,
+                    checkpoints=tuple(replace(c, x=x_of(c.x)) for c in plot.checkpoints),
+                    restarts=tuple(replace(r, x=x_of(r.x)) for r in plot.restarts)),
+            x_divisor, y_divisors)
+
+
 def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     """Write ``plot`` to ``path`` (PNG, SVG or PDF by its extension): one axis per metric,
     one line per attempt, restarts as vertical lines, checkpoints as markers."""
+    plot, x_divisor, y_divisors = drawable(plot)
     count = len(plot.metrics)
     notes = metric_notes(plot)
     figure = _figure(10.0, 1.3 + 2.6 * count + 0.3 * min(len(notes), _MAX_NOTES))
@@ -123,9 +165,10 @@ def draw_metric_plot(plot: MetricPlot, path: str) -> None:
     attempts = sorted({s.attempt for s in plot.series})
     for axes, metric in zip((row[0] for row in axes_grid), plot.metrics, strict=True):
         _draw_metric(axes, plot, metric)
+        axes.set_ylabel(_scaled(metric, y_divisors[metric]))
     top, bottom = axes_grid[0][0], axes_grid[-1][0]
     _mark_labels(top, [(f"R{r.number}", r.x) for r in plot.restarts if r.x is not None])
-    bottom.set_xlabel(_X_LABELS[plot.x_axis])
+    bottom.set_xlabel(_scaled(_X_LABELS[plot.x_axis], x_divisor))
     if plot.x_axis != "time":
         from matplotlib.ticker import MaxNLocator
 
@@ -190,7 +233,6 @@ def _draw_metric(axes: Axes, plot: MetricPlot, metric: str) -> None:
                          alpha=0.8, zorder=1)
     if plot.log:
         axes.set_yscale("log")
-    axes.set_ylabel(metric)
     axes.grid(True, color="#e0e0e0", linewidth=0.7)
     axes.set_axisbelow(True)
 

@@ -24,6 +24,8 @@ from cairn._src.errors import ConfigError
 from cairn._src.goodput.timeline import cause_first, describe_failure
 from cairn._src.run.events import (
     AttemptStart,
+    CheckpointDeleting,
+    CheckpointDropped,
     Commit,
     ErrorInfo,
     Event,
@@ -59,7 +61,8 @@ class Series:
 class CheckpointMark:
     """A report that carried a checkpoint. ``status``: ``kept`` (in the run index now),
     ``deleted`` (committed, then dropped by retention or as damaged) or ``uncommitted``
-    (its attempt failed before the commit)."""
+    (its attempt failed before the commit: no record proves a commit, see
+    :func:`_committed`)."""
 
     dir_name: str
     report: int
@@ -217,9 +220,11 @@ def build_plot(
     x_axis: str = "report",
     *,
     log: bool = False,
+    resumed_from: str | None = None,
 ) -> MetricPlot:
     """The :class:`MetricPlot` of ``metrics`` from a run's metrics ``records``, its
-    ``events`` and ``kept``, the run index's checkpoints (directory name to report index).
+    ``events`` and ``kept``, the run index's checkpoints (directory name to report index);
+    ``resumed_from`` is the run index's (the checkpoint the last attempt resumed from).
 
     Raises :class:`ConfigError` for a metric the run lacks (see :func:`check_request`).
     """
@@ -256,13 +261,14 @@ def build_plot(
         if log and lowest <= 0:
             raise ConfigError(f"--log needs values > 0, and --metric={metric!r} has "
                               f"{lowest:.4g}; drop --log for this metric")
-    committed = {e.index for _, e in ordered if isinstance(e, Commit) and e.index is not None}
+    committed_reports, committed_names = _committed([e for _, e in ordered], resumed_from)
     checkpoints = []
     for row in rows:
         if row.dir_name is None:
             continue
+        committed = row.report in committed_reports or row.dir_name in committed_names
         status = ("kept" if row.dir_name in kept
-                  else "deleted" if row.report in committed else "uncommitted")
+                  else "deleted" if committed else "uncommitted")
         checkpoints.append(CheckpointMark(row.dir_name, row.report, row.attempt, x_of(row),
                                           status))
     report_of = {**{r.dir_name: r.report for r in rows if r.dir_name is not None}, **kept}
@@ -270,6 +276,32 @@ def build_plot(
     return MetricPlot(run=run, x_axis=x_axis, log=log, metrics=tuple(metrics),
                       series=tuple(series), checkpoints=tuple(checkpoints),
                       restarts=tuple(restarts), started_at=started_at)
+
+
+def _committed(events: Iterable[Event], resumed_from: str | None
+               ) -> tuple[set[int], set[str]]:
+    """The report indexes and directory names of the checkpoints that records prove were
+    committed: a ``commit``; an attempt (or the run index) that resumed from it; retention
+    deleting it (``checkpoint_deleting``) or a resume dropping it as damaged
+    (``checkpoint_dropped``), both of which only ever drop what the index held.
+
+    Not the ``commit`` events alone: a driver killed with ``kill -9`` loses the events it
+    had not flushed yet (about a second's), its last commits among them, while the index
+    it wrote, and so what the next driver resumed from and retention deleted, still
+    names those checkpoints."""
+    reports: set[int] = set()
+    names: set[str] = {resumed_from} if isinstance(resumed_from, str) else set()
+    for event in events:
+        if isinstance(event, Commit) and (index := _count(event.index)) is not None:
+            reports.add(index)
+        elif isinstance(event, AttemptStart) and isinstance(event.resume, str):
+            names.add(event.resume)
+        elif isinstance(event, (CheckpointDeleting, CheckpointDropped)):
+            if isinstance(event.dir_name, str):
+                names.add(event.dir_name)
+            if event.report_index is not None:
+                reports.add(event.report_index)
+    return reports, names
 
 
 def masked_failure(errors: Iterable[ErrorInfo], reason: str
