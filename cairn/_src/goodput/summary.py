@@ -18,11 +18,10 @@ run resumed by a new driver is summarized whole. The event types
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cairn._src.goodput.timeline import ordered_events, walk
+from cairn._src.goodput.timeline import AttemptSpan, ordered_events, walk
 from cairn._src.run.events import (
     AttemptStart,
     Commit,
@@ -38,8 +37,12 @@ from cairn._src.text import plural
 @dataclass(frozen=True)
 class GoodputSummary:
     """Seconds of wall time by category; ``productive`` is what is left for training.
-    ``validation_wait_s``: the driver waited for validations after the train function had
-    returned on every rank (0 for logs written before Cairn recorded that return)."""
+    ``checkpoint_blocked_s``: the wall time during which at least one rank was blocked in
+    ``report()`` (the job's stall: ranks in step, as in data-parallel training, wait at
+    their next collective for a rank that is blocked; a stall of several ranks at once
+    counts once). ``validation_wait_s``: the driver waited for validations after the train
+    function had returned on every rank (0 for logs written before Cairn recorded that
+    return)."""
 
     wall_s: float
     startup_s: float
@@ -106,12 +109,12 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
     loses the work from its last commit or, if later, the train start; a rank's stall in
     that lost work is lost work, not a stall too. Once the train function has returned on
     every rank, the wait for the validations that finish after that is validation wait,
-    not training."""
+    not training. The checkpoint stall is the time that some rank's lane of the timeline
+    shows as a stall (:func:`_stalled`)."""
     typed = as_events(events)
     ordered = ordered_events(typed)
     found = walk(ordered)
     startup = recovery = lost = waited = 0.0
-    blocked: dict[int, float] = defaultdict(float)
     for span in found.spans:
         begin, trained, lost_from, end = span.phases()
         if span.recovering_from is None:
@@ -121,17 +124,10 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
         lost += end - lost_from
         wait_from, wait_until = span.validation_wait()
         waited += wait_until - wait_from
-        for rank, start, stop in span.stalls:
-            # A rank's stall that overlaps the lost work (or the validation wait, which a
-            # rank whose train function returned cannot be blocked in) is counted once.
-            in_lost = max(0.0, min(stop, end) - max(start, lost_from))
-            in_wait = max(0.0, min(stop, wait_until) - max(start, wait_from))
-            blocked[rank] += stop - start - in_lost - in_wait
-    mean_blocked = sum(blocked.values()) / len(blocked) if blocked else 0.0
     return GoodputSummary(
         wall_s=_wall(ordered),
         startup_s=startup,
-        checkpoint_blocked_s=mean_blocked,
+        checkpoint_blocked_s=_stalled(found.spans),
         recovery_s=recovery,
         lost_work_s=lost,
         attempts=sum(isinstance(e, AttemptStart) for e in typed),
@@ -140,6 +136,34 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
         uploaded_bytes=sum(e.bytes or 0 for e in typed if isinstance(e, Commit)),
         validation_wait_s=waited,
     )
+
+
+def _stalled(spans: Iterable[AttemptSpan]) -> float:
+    """The seconds during which at least one rank was blocked in ``report()``: the union
+    of the ranks' stalls, each within its attempt's training (:meth:`AttemptSpan.phases`)
+    and outside its validation wait, as the timeline paints them. Within start-up or
+    lost work, or in the validation wait (which a rank whose train function returned
+    cannot be blocked in), a stall is counted as that, once."""
+    pieces: list[tuple[float, float]] = []
+    for span in spans:
+        _, trained, lost_from, _ = span.phases()
+        wait_from, wait_until = span.validation_wait()
+        for _rank, start, stop in span.stalls:
+            pieces += [(max(a, trained), min(b, lost_from)) for a, b in
+                       ((start, min(stop, wait_from)), (max(start, wait_until), stop))]
+    return sum(b - a for a, b in merged_stretches(pieces))
+
+
+def merged_stretches(pieces: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the ``(start, end)`` stretches ``pieces``, as disjoint stretches in
+    time order (an empty or reversed piece covers nothing)."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(piece for piece in pieces if piece[1] > piece[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def _wall(ordered: Iterable[tuple[float, Event]]) -> float:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cairn._src.goodput.summary import GoodputSummary, summarize
+from cairn._src.goodput.summary import GoodputSummary, merged_stretches, summarize
 from cairn._src.run.events import (
     AttemptStart,
     Commit,
@@ -141,11 +141,12 @@ class LiveState:
         # This session's events, in the form summary.py reads; blocked time and bytes are
         # kept as running totals so the list stays short however long the run.
         self._events: list[Event] = [SessionStart(t=started_at)]
-        # Seconds each rank was blocked in report(): up to the last commit (kept), and
+        # The stretches in which some rank was blocked in report(): up to the last commit
+        # (kept, merged at each commit: one a report however many ranks blocked), and
         # since (lost work, not a stall, if the attempt fails before the next commit; as
         # summary.py counts it).
-        self._blocked: dict[int, float] = {}
-        self._blocked_since_commit: dict[int, float] = {}
+        self._stalls: list[tuple[float, float]] = []
+        self._stalls_since_commit: list[tuple[float, float]] = []
         self._last_commit_at = started_at
         self._uploaded = 0
 
@@ -175,10 +176,9 @@ class LiveState:
 
     def on_blocked(self, rank: int, seconds: float, at: float) -> list[str]:
         start = at - max(0.0, seconds)
-        kept = max(0.0, min(at, self._last_commit_at) - start)
-        self._blocked[rank] = self._blocked.get(rank, 0.0) + kept
-        self._blocked_since_commit[rank] = (self._blocked_since_commit.get(rank, 0.0)
-                                            + (at - start) - kept)
+        cut = min(at, max(start, self._last_commit_at))
+        self._stalls.append((start, cut))
+        self._stalls_since_commit.append((cut, at))
         return []
 
     def on_report(self, rank: int, index: int, metrics: dict[str, Any],
@@ -222,9 +222,8 @@ class LiveState:
                    and pending.uploaded_seconds > 0 else commit_seconds)
         self.last_commit = LastCommit(dir_name, index, bytes_uploaded, seconds, at)
         self.commits += 1
-        for rank, blocked in self._blocked_since_commit.items():
-            self._blocked[rank] = self._blocked.get(rank, 0.0) + blocked
-        self._blocked_since_commit.clear()
+        self._stalls = merged_stretches([*self._stalls, *self._stalls_since_commit])
+        self._stalls_since_commit.clear()
         self._last_commit_at = max(self._last_commit_at, at)
         self._uploaded += bytes_uploaded
         if validation:
@@ -241,7 +240,7 @@ class LiveState:
         self._failure_reason = _first_line(reason)
         self.pending.clear()
         # The attempt's stalls since its last commit are in the work it lost.
-        self._blocked_since_commit = dict.fromkeys(self._blocked_since_commit, 0.0)
+        self._stalls_since_commit.clear()
         self._events.append(Failure(t=at, attempt=attempt, last_commit_t=last_commit_t))
         return [f"attempt {attempt} failed{'' if counted else ' (not counted)'}: "
                 f"{self._failure_reason}"]
@@ -273,12 +272,11 @@ class LiveState:
             ongoing.append(ValidationFinished(t=now))
         summary = summarize([*self._events, *ongoing, Commit(t=now, bytes=self._uploaded),
                              SessionEnd(t=now)])
-        ranks = set(self._blocked) | set(self._blocked_since_commit)
-        if not ranks:
+        stalls = merged_stretches([*self._stalls, *self._stalls_since_commit])
+        if not stalls:
             return summary
-        blocked = sum(self._blocked.get(rank, 0.0) + self._blocked_since_commit.get(rank, 0.0)
-                      for rank in ranks)
-        return dataclasses.replace(summary, checkpoint_blocked_s=blocked / len(ranks))
+        return dataclasses.replace(summary,
+                                   checkpoint_blocked_s=sum(b - a for a, b in stalls))
 
     def goodput_share(self, now: float) -> float | None:
         """Productive fraction of wall time so far, earlier sessions of the run included."""

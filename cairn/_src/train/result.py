@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from cairn._src.checkpoint.checkpoint import Checkpoint
-from cairn._src.checkpoint.index import RunIndex, read_or_rebuild_index
+from cairn._src.checkpoint.index import CheckpointRecord, RunIndex, read_or_rebuild_index
 from cairn._src.checkpoint.manager import checkpoint_view
 from cairn._src.checkpoint.retention import ray_order
-from cairn._src.checkpoint.views import checkpoint_from_view
+from cairn._src.checkpoint.views import ReferencedCheckpoint, checkpoint_from_view
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import (
     ConfigDeprecationError,
@@ -211,7 +211,10 @@ class Result:
         Raises :class:`RunNotFoundError` (a ``RuntimeError`` and a ``FileNotFoundError``)
         when the directory does not exist or is not a Cairn run, and :class:`ConfigError`
         when ``path`` is no str or path object or ``checkpoint_config`` no
-        :class:`CheckpointConfig`.
+        :class:`CheckpointConfig`. A checkpoint registered by reference to a URI (a
+        NO_UPLOAD report) resolves it when first used, not here: one on a scheme this
+        process has not registered raises :class:`~cairn.UnknownSchemeError` then, and the
+        rest of the run reads.
 
         Only reads: nothing under the run is written and no lease is taken, so it is safe
         while a driver runs the run. A damaged run index (not JSON, a field of the wrong
@@ -305,10 +308,10 @@ def build_result(
                         config.checkpoint_score_order)
     return Result(
         metrics=metrics,
-        checkpoint=checkpoint_from_view(checkpoint_view(run, latest)) if latest else None,
+        checkpoint=_committed_checkpoint(run, latest) if latest else None,
         error=error,
         path=run.path,
-        best_checkpoints=[(checkpoint_from_view(checkpoint_view(run, r)), dict(r.metrics))
+        best_checkpoints=[(_committed_checkpoint(run, r), dict(r.metrics))
                           for r in ordered],
         _storage_filesystem=run.filesystem,
         return_value=return_value,
@@ -316,3 +319,12 @@ def build_result(
         _run=run,
         _retry=retry,
     )
+
+
+def _committed_checkpoint(run: StorageLocation, record: CheckpointRecord) -> Checkpoint:
+    """The checkpoint ``record`` names. One registered by reference to a URI resolves it
+    when first used (:class:`ReferencedCheckpoint`): a run opens, its metrics, history and
+    goodput read, where its references do not resolve."""
+    if record.target_uri is not None:
+        return ReferencedCheckpoint(record.target_uri, run.join(record.dir_name))
+    return checkpoint_from_view(checkpoint_view(run, record))
