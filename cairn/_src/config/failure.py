@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from cairn._src import migration
@@ -16,7 +16,7 @@ from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class FailureConfig:
     """What to do when a worker fails.
 
@@ -52,9 +52,17 @@ class FailureConfig:
       deadline); Ray Train assumes 120 s too.
     * ``relax_collectives_on_preemption``: accepted for Ray scripts; Cairn commits a
       checkpoint only with every rank, so it has no effect (see docs/fault-tolerance.md).
+
+    The positional arguments are Ray Train 2.60's, in its order: ``max_failures``, then the
+    removed ``fail_fast`` (given, by position or by keyword: :class:`ConfigDeprecationError`,
+    as Ray raises). Ray's third, ``controller_failure_limit``, is not supported, so the
+    rest are keyword-only: a third positional argument is a TypeError rather than a value
+    taken for another field.
     """
 
     max_failures: int = 0
+    fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    _: KW_ONLY
     collective_timeout_s: float = 600.0
     warm_standby: bool = False
     keep_survivors: bool = False
@@ -63,7 +71,6 @@ class FailureConfig:
     preemption_grace_s: float = 0.0
     preemption_deadline_s: float = 120.0
     relax_collectives_on_preemption: bool = False
-    fail_fast: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not left_out(self.fail_fast):

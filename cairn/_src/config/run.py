@@ -1,22 +1,24 @@
 """User-facing configuration dataclasses.
 
-They follow Ray Train 2.x names and arguments. Every config is frozen and keyword-only and
-validates in ``__post_init__``: a bad value raises :class:`ConfigError` naming the field,
-the value received and what is accepted, at the line where the config is built.
+They follow Ray Train 2.x names and arguments. Every config is frozen and validates in
+``__post_init__``: a bad value raises :class:`ConfigError` naming the field, the value
+received and what is accepted, at the line where the config is built. The positional
+arguments are Ray Train 2.60's, in Ray's order, up to the first one Cairn does not support;
+the arguments only Cairn has are keyword-only (``ScalingConfig``: ``config/scaling.py``).
 """
 
 from __future__ import annotations
 
 import enum
-import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any, Literal
 
 from cairn._src import migration
 from cairn._src.config.checks import check_int, left_out
 from cairn._src.config.failure import FailureConfig
+from cairn._src.config.scaling import ScalingConfig as ScalingConfig
 from cairn._src.errors import ConfigDeprecationError, ConfigError
 from cairn._src.field_types import check_field_types
 from cairn._src.storage.location import uri_can_carry
@@ -55,192 +57,10 @@ class CheckpointUploadMode(enum.Enum):
         raise ConfigError(f"{argument}={value!r} is not one of {accepted}.")
 
 
-BACKENDS = ("local", "ray")
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_num_workers(value: object) -> None:
-    accepted = ("an integer >= 1, 0 (local mode: the train function runs in this process), "
-                "or a (min_workers, max_workers) tuple of integers with "
-                "1 <= min_workers <= max_workers, such as (2, 4)")
-    # Each message ends with Ray Train's words for the mistake, for ported tests' match=.
-    counts = value if isinstance(value, tuple) else (value,)
-    if counts and all(map(_is_count, counts)) and min(counts) < 0:
-        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted} (Ray Train: "
-                          f"Invalid ScalingConfig(num_workers={value!r}): Number of workers "
-                          "cannot be negative.)")
-    if isinstance(value, int) and _is_count(value):
-        return
-    if not (isinstance(value, tuple) and len(value) == 2 and all(map(_is_count, value))):
-        hint = (" (a tuple, not a list)" if isinstance(value, list) and len(value) == 2
-                else "")
-        raise ConfigError(f"ScalingConfig.num_workers={value!r} must be {accepted}{hint} (Ray "
-                          "Train: ScalingConfig(num_workers) must be an int or a tuple of two "
-                          "ints.)")
-    low, high = value
-    if low < 1:
-        raise ConfigError(
-            f"ScalingConfig.num_workers={value!r}: min_workers={low} must be >= 1; "
-            f"num_workers must be {accepted}."
-        )
-    if low > high:
-        raise ConfigError(
-            f"ScalingConfig.num_workers={value!r}: min_workers={low} is greater than "
-            f"max_workers={high}; num_workers must be {accepted} (Ray Train: Invalid "
-            f"ScalingConfig(num_workers={value!r}): min_workers={low} must be <= "
-            f"max_workers={high}.)"
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScalingConfig:
-    """How many workers to run, and where.
-
-    ``backend`` picks who starts the worker processes: ``"local"`` (processes on this
-    machine, the default) or ``"ray"`` (actors on a Ray cluster).
-
-    ``accelerator_type`` (for example ``"A100"``) names the accelerator the workers' nodes
-    must have, as in Ray Train: it becomes the resource ``accelerator_type:<type>`` (0.001
-    per worker) in :attr:`additional_resources_per_worker` and :attr:`total_resources`, for
-    a cluster scheduler. The ``local`` backend runs on this machine, whatever its
-    accelerator: the value is accepted and recorded, and selects nothing.
-
-    ``num_workers`` is a number of workers, or a ``(min_workers, max_workers)`` tuple for
-    an elastic run, as in Ray Train: a backend starts as many workers as fit within the
-    bounds at each (re)start, and ``get_context().get_world_size()`` says how many it
-    got. The ``local`` backend always starts ``max_workers``. What is restored when the
-    world size changes: ``docs/elastic.md``. ``num_workers=0`` is Ray Train's local mode
-    (:attr:`local_mode`, ``docs/local-mode.md``).
-
-    ``tls`` encrypts the control channel between the driver and its workers (TLS 1.3,
-    a certificate made per run); ``None`` reads the ``CAIRN_TLS`` environment variable
-    (``1`` on, ``0`` off; unset: off). See ``docs/security.md``.
-    """
-
-    num_workers: int | tuple[int, int] = 1
-    use_gpu: bool = False
-    resources_per_worker: dict[str, float] | None = None
-    placement_strategy: str = "PACK"
-    accelerator_type: str | None = None
-    backend: str = "local"
-    tls: bool | None = None
-    trainer_resources: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not left_out(self.trainer_resources):
-            raise ConfigDeprecationError(migration.TRAINER_RESOURCES)
-        _check_num_workers(self.num_workers)
-        if self.tls is not None and not isinstance(self.tls, bool):
-            raise ConfigError(
-                f"ScalingConfig.tls={self.tls!r} must be True (encrypt the control channel), "
-                "False, or None (the CAIRN_TLS environment variable decides; unset: off).")
-        # Before the checks below read use_gpu: "false" is truthy.
-        check_field_types(self)
-        if self.accelerator_type is not None and not (
-            isinstance(self.accelerator_type, str) and self.accelerator_type
-        ):
-            raise ConfigError(
-                f"ScalingConfig.accelerator_type={self.accelerator_type!r} must be a non-empty "
-                "string (for example 'A100') or None.")
-        if self.resources_per_worker is not None:
-            if not isinstance(self.resources_per_worker, dict) or not all(
-                isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float))
-                and 0 <= v < math.inf for k, v in self.resources_per_worker.items()
-            ):
-                raise ConfigError(
-                    f"ScalingConfig.resources_per_worker={self.resources_per_worker!r} must "
-                    "be a dict of resource names to finite numbers >= 0 (for example "
-                    "{'CPU': 2}).")
-            gpus = self.resources_per_worker.get("GPU", 0)
-            if not self.use_gpu and gpus > 0:
-                raise ConfigError(
-                    "`use_gpu` is False but `GPU` was found in `resources_per_worker`. "
-                    "Either set `use_gpu` to True or remove `GPU` from "
-                    "`resources_per_worker` (ScalingConfig.resources_per_worker="
-                    f"{self.resources_per_worker!r}).")
-            if self.use_gpu and "GPU" in self.resources_per_worker and gpus == 0:
-                raise ConfigError(
-                    "`use_gpu` is True but `GPU` is set to 0 in `resources_per_worker`. "
-                    "Either set `use_gpu` to False or request a positive number of `GPU` "
-                    "in `resources_per_worker`.")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"ScalingConfig.backend={self.backend!r} is not one of "
-                              + ", ".join(repr(b) for b in BACKENDS) + ".")
-        if self.local_mode and self.backend != "local":
-            raise ConfigError(
-                f"ScalingConfig(num_workers=0, backend={self.backend!r}): num_workers=0 is "
-                "local mode, which runs the train function in this process and starts no "
-                "workers on any backend; drop backend= (or use 'local'), or ask for "
-                "num_workers >= 1 to run on Ray.")
-        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-        if self.placement_strategy not in strategies:
-            raise ConfigError(f"ScalingConfig.placement_strategy={self.placement_strategy!r} "
-                              "is not one of " + ", ".join(repr(s) for s in strategies) + ".")
-
-    @property
-    def local_mode(self) -> bool:
-        """Whether ``num_workers`` is 0: the train function runs in the driver's process, on
-        the thread that called ``fit()``, as rank 0 of a world of 1 (Ray Train's local
-        mode), with checkpoints committed as in any run."""
-        return self.num_workers == 0
-
-    @property
-    def elasticity_enabled(self) -> bool:
-        """Whether ``num_workers`` is a ``(min_workers, max_workers)`` range."""
-        return isinstance(self.num_workers, tuple)
-
-    @property
-    def min_workers(self) -> int:
-        """The fewest workers a (re)start may run with (``num_workers`` when fixed)."""
-        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
-
-    @property
-    def max_workers(self) -> int:
-        """The most workers a (re)start asks for (``num_workers`` when fixed)."""
-        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
-
-    @property
-    def num_cpus_per_worker(self) -> float:
-        return self._resources_per_worker_not_none.get("CPU", 0)
-
-    @property
-    def num_gpus_per_worker(self) -> float:
-        return self._resources_per_worker_not_none.get("GPU", 0)
-
-    @property
-    def additional_resources_per_worker(self) -> dict[str, float]:
-        """Resources per worker besides CPU and GPU (the accelerator-type constraint too)."""
-        return {k: v for k, v in self._resources_per_worker_not_none.items()
-                if k not in ("CPU", "GPU")}
-
-    @property
-    def _resources_per_worker_not_none(self) -> dict[str, float]:
-        # As Ray Train: a GPU worker asks for no CPU by default (nodes have more CPUs than
-        # GPUs), a CPU worker for one CPU; resources given as 0 are dropped.
-        if self.resources_per_worker is None:
-            resources: dict[str, float] = {"GPU": 1} if self.use_gpu else {"CPU": 1}
-        else:
-            resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
-        if self.use_gpu:
-            resources.setdefault("GPU", 1)
-        if self.accelerator_type:
-            resources[f"accelerator_type:{self.accelerator_type}"] = 0.001
-        return resources
-
-    @property
-    def total_resources(self) -> dict[str, float]:
-        """What the whole worker group asks for: per-worker resources times the number of
-        workers (``max_workers`` for an elastic range: an upper bound)."""
-        return {k: v * self.max_workers for k, v in self._resources_per_worker_not_none.items()}
-
-
 UploadFailurePolicy = Literal["fail", "skip"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class CheckpointConfig:
     """Which checkpoints to keep, and how uploads behave.
 
@@ -268,19 +88,25 @@ class CheckpointConfig:
     * ``local_tier_dir``: where that copy lives on each node (``None``:
       ``CAIRN_LOCAL_TIER_DIR``, else ``cairn-local-tier`` in the temp directory; a
       directory on ``/dev/shm`` keeps it in RAM).
+
+    The positional arguments are Ray Train 2.60's, in its order: ``num_to_keep``,
+    ``checkpoint_score_attribute``, ``checkpoint_score_order``, then the removed
+    ``checkpoint_frequency`` and ``checkpoint_at_end`` (given, by position or by keyword:
+    :class:`ConfigDeprecationError`, as Ray raises). The rest are Cairn's, keyword-only.
     """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: Literal["max", "min"] = "max"
+    checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
+    _: KW_ONLY
     max_pending_uploads: int = 2
     upload_failure_policy: UploadFailurePolicy = "fail"
     delete_unmanaged_checkpoints: bool = False
     verify_on_resume: Literal["sizes", "full"] = "sizes"
     local_tier_bytes: int = 0
     local_tier_dir: str | None = None
-    checkpoint_frequency: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
-    checkpoint_at_end: Any = field(default=migration.DEPRECATED, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for removed in ("checkpoint_frequency", "checkpoint_at_end"):
@@ -334,7 +160,7 @@ def default_storage_path() -> str:
     return from_env if from_env.strip() else os.path.expanduser("~/cairn_results")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class RunConfig:
     """Where the run lives and how it behaves.
 
@@ -361,21 +187,33 @@ class RunConfig:
     the run index are fsynced before and after their rename, so a committed checkpoint
     survives a power loss. ``False`` skips the fsyncs, for tmpfs or scratch disks: a
     commit then survives a killed process but not a crashed machine (``docs/storage.md``).
+
+    The positional arguments are Ray Train 2.60's, in its order: ``name``,
+    ``storage_path``, ``storage_filesystem``, ``failure_config``, ``checkpoint_config``,
+    ``callbacks``, ``worker_runtime_env``. The rest are keyword-only: Cairn's own, and Ray's
+    removed ``sync_config``, ``verbose``, ``stop``, ``progress_reporter`` and
+    ``log_to_file``, which come after ``logging_config`` (not supported) in Ray's order.
+    ``callbacks`` is a list, as in Ray (``run_config.callbacks.append(cb)`` works; a
+    callback appended after the config was built is not checked); it takes no part in the
+    hash of a RunConfig, so a config without ``worker_env`` stays hashable.
     """
 
     name: str | None = None
     storage_path: str | os.PathLike[str] | None = None
     storage_filesystem: Any = None
-    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     failure_config: FailureConfig = field(default_factory=FailureConfig)
-    callbacks: Sequence[Any] = ()
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    callbacks: Sequence[Any] = field(default_factory=list, hash=False)
+    # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
+    # the driver's Python environment, so pip/conda/working_dir are refused.
+    worker_runtime_env: dict[str, Any] | None = None
+    # Ray's next argument, logging_config, is not supported: an 8th positional argument
+    # is a TypeError rather than a value taken for one of Cairn's own fields.
+    _: KW_ONLY
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     storage_transfer: TransferConfig | None = None
     storage_fsync: bool = True
     worker_env: dict[str, str] | None = None
-    # Ray Train's name: only its "env_vars" apply (merged into worker_env); workers run in
-    # the driver's Python environment, so pip/conda/working_dir are refused.
-    worker_runtime_env: dict[str, Any] | None = None
     log_to_driver: bool = True
     startup_retry: RetryPolicy | None = None
     # The driver's live view: 0 off, 1 one status line, 2 also a line per event; None: the
@@ -393,10 +231,12 @@ class RunConfig:
                 raise ConfigDeprecationError(migration.run_config_message(removed))
         # Ray Train's RunConfig takes None for these and fills in the defaults.
         defaults = {"checkpoint_config": CheckpointConfig, "failure_config": FailureConfig,
-                    "callbacks": tuple, "storage_retry": RetryPolicy}
+                    "callbacks": list, "storage_retry": RetryPolicy}
         for name, default in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default())
+        if self.callbacks == ():  # as Ray's `callbacks or []`: a list to append to
+            object.__setattr__(self, "callbacks", [])
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name:
                 raise ConfigError(f"RunConfig.name={self.name!r} must be a non-empty string.")
