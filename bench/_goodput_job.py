@@ -33,9 +33,10 @@ class GoodputJob:
     ``duration_s`` of useful work in all. Every ``checkpoint_every_steps`` steps, and
     after the last step, every rank calls ``report()`` with the step in its metrics;
     rank 0 passes a checkpoint (``state.json`` with the step, plus ``checkpoint_mib`` of
-    payload) and the other ranks pass ``None``. Rank ``crash_rank`` calls ``os._exit(1)``
-    at the start of each step in :attr:`crash_steps`, the first time it reaches it
-    (marker files in the work directory remember it across restarts). ``crash_at`` is
+    payload; SYNC, or ASYNC with ``async_upload``) and the other ranks pass ``None``.
+    Rank ``crash_rank`` calls ``os._exit(1)`` at the start of each step in
+    :attr:`crash_steps`, the first time it reaches it (marker files in the work directory
+    remember it across restarts). ``crash_at`` is
     in seconds of useful progress and is placed between checkpoints, so each crash loses
     work unless recovery is exact.
     """
@@ -50,6 +51,9 @@ class GoodputJob:
     # Every rank waits for the others at the end of each step (``<api>.collective.barrier``),
     # as a data-parallel step's gradient all-reduce makes it wait.
     step_barrier: bool = False
+    # Rank 0's checkpoints upload in the background (``CheckpointUploadMode.ASYNC``; the
+    # library deletes the scratch directory once uploaded) instead of blocking the step.
+    async_upload: bool = False
 
     def __post_init__(self) -> None:
         for name in ("duration_s", "step_s", "checkpoint_every_s"):
@@ -214,6 +218,12 @@ def goodput_train_loop(config: Mapping[str, Any]) -> None:
                 Path(scratch, "state.json").write_text(json.dumps({"step": step}), encoding="utf-8")
                 if job.checkpoint_mib > 0:
                     make_checkpoint_dir(scratch, job.checkpoint_mib, num_files=1)
+                if job.async_upload:
+                    api.report(metrics, checkpoint=api.Checkpoint.from_directory(scratch),
+                               checkpoint_upload_mode=api.CheckpointUploadMode.ASYNC)
+                    continue  # deleted once uploaded
                 api.report(metrics, checkpoint=api.Checkpoint.from_directory(scratch))
-            finally:
+            except BaseException:
                 shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            shutil.rmtree(scratch, ignore_errors=True)

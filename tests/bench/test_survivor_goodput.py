@@ -50,3 +50,20 @@ def test_the_job_with_a_barrier_each_step_completes(tmp_path: Path) -> None:
                               crash_at=(0.35,), checkpoint_mib=0.0, step_barrier=True)
     summary, _ = survivor_goodput.measure(job, tmp_path, {"keep_survivors": True})
     assert summary["completed"] and summary["attempts"] == 2
+
+
+def test_the_cadence_and_the_upload_mode_come_from_the_command_line() -> None:
+    job = survivor_goodput.job_of(survivor_goodput.parse_args(
+        ["--checkpoint-every-s", "0.25", "--async-upload"]))
+    assert (job.checkpoint_every_steps, job.async_upload) == (1, True)
+    assert job.crash_at == survivor_goodput.JOB.crash_at
+    assert survivor_goodput.job_of(survivor_goodput.parse_args([])) == survivor_goodput.JOB
+
+
+def test_the_job_with_async_checkpoints_resumes_from_the_latest_upload(tmp_path: Path) -> None:
+    job = _harness.GoodputJob(duration_s=1.0, step_s=0.1, checkpoint_every_s=0.1,
+                              crash_at=(0.55,), checkpoint_mib=0.5, step_barrier=True,
+                              async_upload=True)
+    summary, _ = survivor_goodput.measure(job, tmp_path, {"keep_survivors": True})
+    assert summary["completed"] and summary["attempts"] == 2
+    assert not list(tmp_path.glob("goodput_step[0-9]*")), "each scratch directory went once uploaded"
