@@ -66,4 +66,5 @@ def test_the_job_with_async_checkpoints_resumes_from_the_latest_upload(tmp_path:
                               async_upload=True)
     summary, _ = survivor_goodput.measure(job, tmp_path, {"keep_survivors": True})
     assert summary["completed"] and summary["attempts"] == 2
-    assert not list(tmp_path.glob("goodput_step[0-9]*")), "each scratch directory went once uploaded"
+    scratch = list(tmp_path.glob("goodput_step[0-9]*"))
+    assert not scratch, "each scratch directory went once uploaded"
