@@ -8,7 +8,8 @@ Resolution order for a URI ``<scheme>://...``: a scheme registered in code or by
 point, then pyarrow's native backends (``s3``, ``gs``/``gcs``, ``hdfs``, ``viewfs``),
 then any fsspec protocol. ``file://`` URIs and plain paths are the local file system. A
 string that is a known scheme followed by ``:`` and fewer than two slashes (``s3:/b/x``,
-``s3:b/x``, ``file:/x``) is refused with the corrected URI: it is a typo, not a local path.
+``s3:b/x``, ``file:/x``), or by ``//`` (``s3//b/x``), is refused with the corrected URI:
+it is a typo, not a local path (:mod:`.location_checks`, which also refuses non-UTF-8).
 
 Storage objects (a filesystem, an ``ObjectStore``, a factory) travel to other processes
 with cloudpickle, so a ``FileSystemHandler`` whose class is defined in the driver's
@@ -37,6 +38,13 @@ from pyarrow.fs import FSSpecHandler
 
 from cairn._src.errors import ConfigError, StorageError, UnknownSchemeError
 from cairn._src.storage import registry
+from cairn._src.storage.location_checks import (
+    PYARROW_SCHEMES,
+    check_uri_typo,
+    check_utf8,
+    known_scheme_set,
+    known_schemes,
+)
 from cairn._src.storage.object_store import is_object_store, object_store_filesystem
 from cairn._src.storage.paths import check_relative_path
 from cairn._src.storage.uris import (
@@ -53,7 +61,6 @@ from cairn._src.storage.uris import (
     scheme_of,
     strip_uri,
     supports_atomic_rename,
-    typo_correction,
     without_userinfo,
 )
 
@@ -62,7 +69,7 @@ __all__ = ["StorageLocation", "check_picklable", "check_uri_typo", "local_root",
 
 logger = logging.getLogger(__name__)
 
-_PYARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs"})
+_PYARROW_SCHEMES = PYARROW_SCHEMES
 _PERCENT_DECODED_SCHEMES = frozenset({"file"}) | _PYARROW_SCHEMES
 # fsspec protocols that hold data in this process only.
 _IN_PROCESS_PROTOCOLS = frozenset({"memory"})
@@ -383,26 +390,8 @@ def check_picklable(value: object, *, argument: str) -> None:
         ) from exc
 
 
-def _known_scheme_set() -> frozenset[str]:
-    return frozenset(_known_schemes())
-
-
-def check_uri_typo(text: str, *, argument: str = "location") -> None:
-    """Raise :class:`ConfigError` when ``text`` is a known scheme with a malformed
-    separator (``s3:/bucket/x``, ``gs:bucket``, ``file:/x``), showing the corrected URI.
-
-    Without this, such a string would be taken for a relative local path and create a
-    directory named ``s3:``.
-    """
-    if ":" not in text.partition("/")[0]:
-        return  # no "word:" at the start: a plain path (and no scheme scan per path)
-    corrected = typo_correction(text, _known_scheme_set())
-    if corrected is not None:
-        raise ConfigError(
-            f"{argument}={public_uri(text)!r} is not a valid URI: a scheme is followed by "
-            f"'://'; did you mean {public_uri(corrected)!r}? (A local path that starts with "
-            "'<word>:' can be written as './' followed by it.)"
-        )
+_known_scheme_set = known_scheme_set
+_known_schemes = known_schemes
 
 
 def _local(path: str) -> StorageLocation:
@@ -423,13 +412,15 @@ def resolve(location: str | os.PathLike[str], filesystem: Any = None) -> Storage
     ``location`` is then a path inside it.
 
     Does not check that the path exists. Raises :class:`UnknownSchemeError` for a scheme
-    nothing handles and :class:`ConfigError` for malformed arguments. pyarrow itself
+    nothing handles and :class:`ConfigError` for malformed arguments (a mistyped URI such
+    as ``s3:/bucket`` or ``s3//bucket``, a path that is not valid UTF-8). pyarrow itself
     contacts S3 to find a bucket's region when the URI gives neither ``region`` nor
     ``endpoint_override``, and connects to HDFS at once.
     """
     if isinstance(location, StorageLocation) and filesystem is None:
         return location
     text = _location_string(location)
+    check_utf8(text)
     if filesystem is not None:
         return _resolve_in_filesystem(text, filesystem)
     scheme = scheme_of(text)
@@ -492,12 +483,6 @@ def _resolve_pyarrow(text: str, scheme: str) -> StorageLocation | None:
     uri = normalize_uri(text)
     _check_remote_path(text, fs, path)
     return StorageLocation(fs, normalize_path(path), uri, ("uri", uri))
-
-
-def _known_schemes() -> list[str]:
-    names = {"file"} | _PYARROW_SCHEMES | set(known_implementations)
-    names.update(registry.registered_schemes())
-    return sorted(names)
 
 
 def _resolve_fsspec(text: str, scheme: str) -> StorageLocation:

@@ -9,6 +9,12 @@ show where a secret was) or :func:`public_uri` (secrets removed, so the result s
 resolves with credentials from the environment). A URI Cairn must persist (a NO_UPLOAD
 reference, the checkpoint a ``checkpoint_upload_fn`` returns) must not carry credentials
 at all: :func:`credentials_in` names what it carries, and ``report()`` refuses it.
+
+A near-URI, a URI mistyped as ``scheme:`` followed by fewer than two slashes
+(``s3:/KEY:SECRET@bucket``, ``s3:KEY:SECRET@bucket``) or as ``scheme//`` without the colon
+(``s3//KEY:SECRET@bucket``), resolves nowhere, but carries the same user info: these
+helpers mask it as a URI's. A user info without a password (``https://TOKEN@host``) may
+be a token given as the user name, so shown text masks it whole (``***@host``).
 """
 
 from __future__ import annotations
@@ -24,27 +30,40 @@ SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _ALMOST_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(?!//)(.*)$", re.DOTALL)
 # "scheme//" with the colon left out: read as a path, it is a directory named "scheme".
 _NO_COLON_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)//(.*)$", re.DOTALL)
+# The head of a near-URI (tried after SCHEME_RE): "scheme:" with no slash or one
+# ("s3:", "s3:/"), or "scheme//". What follows it is read as a URI's authority and path.
+_NEAR_URI_HEAD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(?::/?|//)")
 # Query parameters whose values are credentials. Matched as substrings of the lower-cased
 # name, so 'aws_secret_access_key' and 'x-amz-security-token' are caught too.
 _SECRET_WORDS = (
     "secret", "password", "passwd", "token", "access_key", "key_id", "credential",
     "signature", "sas", "sig", "auth", "private", "apikey", "api_key", "account_key",
 )
+# A user info without a password this long is masked wherever a backend's message quotes
+# it (a token); a shorter one is a user name ('git', 'hdfs') that other words may hold.
+_TOKEN_LENGTH = 8
 # Parameter names that are credentials as a whole (not as a part: 'keyfile' is none).
 _SECRET_NAMES = frozenset({"key"})
 
 
+def _uri_head(uri: str) -> str | None:
+    """``scheme://`` of a URI, the head of a near-URI (``s3:``, ``s3:/``, ``s3//``), or
+    None for a plain path."""
+    match = SCHEME_RE.match(uri) or _NEAR_URI_HEAD_RE.match(uri)
+    return match.group(0) if match else None
+
+
 def _split_authority(uri: str) -> tuple[str, str, str, str] | None:
-    """``(head, authority, rest_after_authority, query)`` of a URI with a scheme, else None.
+    """``(head, authority, rest_after_authority, query)`` of a URI with a scheme (or of a
+    near-URI, see :func:`_uri_head`), else None.
 
     The authority ends at the first ``/``, except where what comes before the last ``@``
     (before ``?``) is a user info whose password holds a ``/``
     (:func:`_is_slashed_userinfo`): an AWS secret key may, and the user info is then
     everything up to that ``@``."""
-    match = SCHEME_RE.match(uri)
-    if match is None:
+    head = _uri_head(uri)
+    if head is None:
         return None
-    head = match.group(0)
     rest, question, query = uri[len(head):].partition("?")
     authority, slash, tail = rest.partition("/")
     if "@" not in authority and "@" in rest:
@@ -66,13 +85,13 @@ def _is_slashed_userinfo(text: str) -> bool:
 
 
 def _loose_userinfo(uri: str) -> str | None:
-    """For redaction: everything between ``scheme://`` and the last ``@`` before ``?``,
-    or None when there is no ``@`` there. A path may hold ``@`` (then more is masked
-    than needed); a password may hold ``/`` (then it is masked whole)."""
-    match = SCHEME_RE.match(uri)
-    if match is None:
+    """For redaction: everything between ``scheme://`` (or a near-URI's head) and the last
+    ``@`` before ``?``, or None when there is no ``@`` there. A path may hold ``@`` (then
+    more is masked than needed); a password may hold ``/`` (then it is masked whole)."""
+    head = _uri_head(uri)
+    if head is None:
         return None
-    rest = uri[len(match.group(0)):].partition("?")[0]
+    rest = uri[len(head):].partition("?")[0]
     return rest.rpartition("@")[0] if "@" in rest else None
 
 
@@ -129,11 +148,15 @@ def public_uri(uri: str) -> str:
     secret-looking query parameters, are dropped whole.
 
     The result names the same place and still resolves when the credentials come from the
-    environment or a credential chain. Plain paths come back unchanged.
+    environment or a credential chain. Plain paths come back unchanged. A near-URI
+    (``s3:/KEY:SECRET@bucket``) names no place to resolve again: it comes back as
+    :func:`redact` shows it, its user info masked whole or to ``user:***@``.
     """
     parts = _split_authority(uri)
     if parts is None:
         return uri
+    if SCHEME_RE.match(uri) is None:
+        return redact(uri)
     head, authority, tail, query = parts
     if "@" in authority:
         userinfo, _, host = authority.rpartition("@")
@@ -176,9 +199,12 @@ def missing_colon_correction(text: str,
 
 
 def redact(uri: str) -> str:
-    """``uri`` with its password (``user:password@``) and secret query values hidden.
+    """``uri`` with its password (``user:password@`` shows as ``user:***@``), a user info
+    without a password (a token given as the user name: ``***@``) and secret query values
+    hidden.
 
-    Plain paths come back unchanged. Meant for logs and error messages.
+    Plain paths come back unchanged; a near-URI (``s3:/KEY:SECRET@bucket``, see
+    :func:`_uri_head`) is masked as a URI is. Meant for logs and error messages.
     An ``@`` after the first ``/`` with a ``:`` before it is taken for the end of a user
     info whose password holds ``/`` (an AWS secret key may): all before it is masked.
     """
@@ -189,8 +215,9 @@ def redact(uri: str) -> str:
     loose = _loose_userinfo(uri)
     if "@" in authority:
         userinfo, _, host = authority.rpartition("@")
-        user = userinfo.partition(":")[0]
-        authority = f"{user}:***@{host}" if user and "/" not in user else f"***@{host}"
+        user, colon, _ = userinfo.partition(":")
+        shown = bool(colon and user) and "/" not in user
+        authority = f"{user}:***@{host}" if shown else f"***@{host}"
     elif loose is not None and ":" in loose:
         user = loose.partition(":")[0]
         rest = uri[len(head):].partition("?")[0][len(loose) + 1:]
@@ -305,12 +332,18 @@ def normalize_uri(text: str) -> str:
     return f"{head}{body}{question}{query}"
 
 
-_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# A URI anywhere; or a near-URI word (see _uri_head) with an "@" that something follows (a
+# host), where it starts a word: not after a character of a path or a URI
+# ('/runs/x:alice@corp' is a local path; "('user:password@')" names a form).
+_URI_IN_TEXT = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+"
+    r"|(?<![\w/\\.+\-@:%~])[A-Za-z][A-Za-z0-9+.\-]*(?::/?|//)[^\s'\"<>]*@[^\s'\"<>]+")
 
 
 def redact_text(text: str) -> str:
-    """``text`` with every URI in it redacted (:func:`redact`): for free text, such as an
-    exception message, that is written to storage."""
+    """``text`` with every URI in it redacted (:func:`redact`), near-URIs
+    (``s3:/KEY:SECRET@bucket``) included: for free text, such as an exception message,
+    that is written to storage or printed."""
     return _URI_IN_TEXT.sub(lambda match: redact(match.group(0)), text)
 
 
@@ -329,6 +362,9 @@ def _secret_values(uri: str) -> list[str]:
         return []
     _, authority, _, query = parts
     values = []
+    user_only = authority.rpartition("@")[0]
+    if user_only and ":" not in user_only and len(user_only) >= _TOKEN_LENGTH:
+        values.append(user_only)  # a token given as the user name
     for userinfo in (authority.rpartition("@")[0], _loose_userinfo(uri) or ""):
         if ":" in userinfo:
             password = userinfo.partition(":")[2]
