@@ -22,6 +22,12 @@ class ConfigError(CairnError, ValueError):
     """A configuration or argument value is not accepted."""
 
 
+class MetadataTypeError(ConfigError, TypeError):
+    """``Checkpoint.set_metadata`` / ``update_metadata`` got metadata that is not a dict of
+    JSON values with str keys. A ``TypeError`` too, as Ray Train raises for a value JSON
+    cannot encode, so that a ported ``except TypeError`` catches it."""
+
+
 class StorageError(CairnError, OSError):
     """A storage operation failed (after retries, where the error was transient)."""
 
@@ -79,6 +85,13 @@ class ManifestError(CheckpointDamagedError):
 
 class ReportError(CairnError, ValueError):
     """A ``report()`` call was made with arguments Cairn cannot accept."""
+
+
+class OutsideWorkerError(ReportError, RuntimeError):
+    """``report()``, ``get_checkpoint()``, ``get_context()`` (or another call that needs a
+    worker) was made where no worker session answers: the driver, or one of its threads
+    that run callbacks or validation functions. A ``RuntimeError`` too, as Ray Train
+    raises there, so that a ported ``except RuntimeError`` catches it."""
 
 
 # What a ReportError about a checkpoint file removed before its upload read it tells.

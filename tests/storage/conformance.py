@@ -215,7 +215,9 @@ class StorageConformance:
         assert manifest is not None and manifest.metrics == {"loss": 0.5}
 
         target = checkpoint.to_directory(str(tmp_path / "restored"))
-        assert read_tree(Path(target)) == files  # Manifest and .metadata.json not copied.
+        # The manifest is not copied; its metadata comes as .metadata.json, as Ray's copy has it.
+        assert read_tree(Path(target)) == {**files, ".metadata.json": b'{"epoch": 2, "note": "y"}'}
+        assert Checkpoint.from_directory(target).get_metadata() == {"epoch": 2, "note": "y"}
         with checkpoint.as_directory() as directory:
             assert read_tree(Path(directory))["nested/deeper/c.txt"] == b"hello"
             assert os.path.exists(os.path.join(directory, "a.bin"))

@@ -16,7 +16,8 @@ def test_exported_members() -> None:
         "CheckpointConsistencyMode", "CheckpointNotFoundError", "CheckpointUploadMode",
         "ChecksumMismatchError", "CollectiveTimeoutError", "ConfigDeprecationError", "ConfigError",
         "ControllerError", "DataConfig", "FailureConfig", "GoodputSummary", "ManifestError",
-        "PlacementTimeoutError", "PreemptionError", "PreemptionInfo", "ReportError",
+        "MetadataTypeError", "OutsideWorkerError", "PlacementTimeoutError", "PreemptionError",
+        "PreemptionInfo", "ReportError",
         "ReportHandle", "ReportedCheckpoint",
         "ReportedCheckpointStatus", "Result", "RetryPolicy", "RunConfig", "RunFailedError",
         "RunLeaseError", "RunNotFoundError", "ScalingConfig", "StorageError",
@@ -54,3 +55,7 @@ def test_errors_share_one_root_and_builtins() -> None:
     assert issubclass(cairn.ConfigDeprecationError, DeprecationWarning)
     assert issubclass(cairn.RunNotFoundError, RuntimeError)
     assert issubclass(cairn.RunNotFoundError, FileNotFoundError)
+    assert issubclass(cairn.OutsideWorkerError, RuntimeError)
+    assert issubclass(cairn.OutsideWorkerError, cairn.ReportError)
+    assert issubclass(cairn.MetadataTypeError, TypeError)
+    assert issubclass(cairn.MetadataTypeError, cairn.ConfigError)

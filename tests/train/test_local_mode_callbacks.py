@@ -128,7 +128,7 @@ def test_report_in_a_validation_function_fails_that_validation_with_a_clear_erro
     ]
     assert result.metrics == {"step": 1}
     messages = [r.getMessage() for r in caplog.records]
-    assert any("ReportError: cairn.report() was called outside a Cairn worker: on the "
+    assert any("OutsideWorkerError: cairn.report() was called outside a Cairn worker: on the "
                "driver's thread 'cairn-validate-checkpoint_000001', which runs a validation "
                "function" in m and DRIVER in m for m in messages), messages
 

@@ -4,7 +4,11 @@ A checkpoint is a reference (a storage location), not data: constructing one tou
 storage. It is *committed* when it has a manifest (:mod:`.manifest`); committed
 checkpoints carry their metadata in the manifest and can be verified against it.
 Uncommitted ones (a local directory a training loop just wrote) keep metadata in a
-``.metadata.json`` file, as Ray Train does.
+``.metadata.json`` file, as Ray Train does. A local copy of a committed checkpoint
+(``to_directory``, ``as_directory``) gets the manifest's metadata as that file, so the
+metadata travels with the copy, as Ray Train's file does: ``from_directory(copy)`` reads
+it and a report of the copy keeps it. The file is never stored as a checkpoint's data:
+a report takes it into the manifest.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from cairn._src.errors import (
     CheckpointNotFoundError,
     ConfigError,
     ManifestError,
+    MetadataTypeError,
     NotADirectoryCheckpointError,
 )
 from cairn._src.run.layout import INDEX_NAME, nearest_marked
@@ -41,6 +46,7 @@ from cairn._src.storage.checksum import WrittenFile
 from cairn._src.storage.fileio import file_type, read_bytes, write_bytes_atomic
 from cairn._src.storage.location import StorageLocation, _known_scheme_set, local_root, resolve
 from cairn._src.storage.options import StorageOptions
+from cairn._src.storage.retry import RetryPolicy
 from cairn._src.storage.scratch import make_directory
 from cairn._src.storage.transfer import download_directory, verify_directory
 from cairn._src.storage.uris import (
@@ -184,10 +190,13 @@ class Checkpoint:
         ``path`` defaults to a new temporary directory; a directory that does not exist is
         created, one that exists (empty or not) is copied into. A committed checkpoint is
         copied as its manifest lists it and every file is verified; the manifest itself is
-        not copied, so the directory can be reported as a new checkpoint. A checkpoint a
-        worker got from ``get_checkpoint()`` (or its reported checkpoints) in a run with a
-        local tier (``CheckpointConfig(local_tier_bytes=...)``) comes from this node's copy
-        when it holds all the files, verified the same way (:mod:`.local_tier`).
+        not copied, so the directory can be reported as a new checkpoint, and its metadata
+        (when it has any) is written as ``.metadata.json``, so that
+        ``Checkpoint.from_directory(copy).get_metadata()`` and a report of the copy keep
+        it, as with Ray Train's copy. A checkpoint a worker got from ``get_checkpoint()``
+        (or its reported checkpoints) in a run with a local tier
+        (``CheckpointConfig(local_tier_bytes=...)``) comes from this node's copy when it
+        holds all the files, verified the same way (:mod:`.local_tier`).
 
         Raises :class:`ConfigError`, before anything is read or written, for a ``path``
         that is not a local directory: not a non-empty ``str`` or ``os.PathLike``, a URI
@@ -218,6 +227,8 @@ class Checkpoint:
                     retry=self._retry,
                     transfer=self._options.transfer,
                 )
+            if manifest is not None:
+                _write_metadata_file(target, manifest, self._retry)
         except BaseException:
             if path is None:
                 shutil.rmtree(target, ignore_errors=True)
@@ -297,7 +308,10 @@ class Checkpoint:
         time or inode changed). A remote one is downloaded (and verified when committed)
         to a temporary directory that is deleted when the block exits; so is a checkpoint
         that a rank kept after a failure (``keep_survivors``) restores from its own or a
-        peer's memory copy (verified against the manifest). Damage raises a
+        peer's memory copy (verified against the manifest). Such a copy holds the
+        checkpoint's metadata as ``.metadata.json``, as :meth:`to_directory` writes it; a
+        local committed one yields its own directory, whose manifest holds the metadata
+        that ``from_directory`` reads. Damage raises a
         :class:`~cairn._src.errors.CheckpointDamagedError` before the block runs.
         """
         local = self._local_path()
@@ -361,6 +375,7 @@ class Checkpoint:
                                 if scratch else None)
         try:
             if copies.restore(self._manifest_location, manifest, target, self._retry):
+                _write_metadata_file(target, manifest, self._retry)
                 return target
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
@@ -412,14 +427,17 @@ class Checkpoint:
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Replace the metadata. ``metadata`` must be a JSON-serializable dict.
 
-        On a committed checkpoint the manifest is rewritten atomically.
+        On a committed checkpoint the manifest is rewritten atomically. Raises
+        :class:`MetadataTypeError` (a ``ConfigError`` and a ``TypeError``, as Ray Train
+        raises) for metadata that is not a dict with str keys that JSON can encode.
         """
-        check_json_value(metadata, argument="metadata")
+        check_json_value(metadata, argument="metadata", error=MetadataTypeError)
         self._write_metadata(dict(metadata))
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
-        """Merge ``metadata`` into the existing metadata (its keys win)."""
-        check_json_value(metadata, argument="metadata")
+        """Merge ``metadata`` into the existing metadata (its keys win); raises as
+        :meth:`set_metadata` does."""
+        check_json_value(metadata, argument="metadata", error=MetadataTypeError)
         merged = self.get_metadata()
         merged.update(metadata)
         self._write_metadata(merged)
@@ -432,8 +450,8 @@ class Checkpoint:
             )
             return
         self._require_directory()
-        data = json.dumps(metadata, sort_keys=True).encode("utf-8")
-        write_bytes_atomic(self._location.join(METADATA_FILE_NAME), data, self._retry)
+        write_bytes_atomic(self._location.join(METADATA_FILE_NAME), _metadata_bytes(metadata),
+                           self._retry)
 
     def _key(self) -> tuple[str, str]:
         if self.uri is not None:
@@ -470,6 +488,19 @@ class Checkpoint:
         self._options = StorageOptions()
         self._retry = self._options.retry
         self._written = {}
+
+
+def _metadata_bytes(metadata: dict[str, Any]) -> bytes:
+    return json.dumps(metadata, sort_keys=True).encode("utf-8")
+
+
+def _write_metadata_file(target: str, manifest: Manifest, retry: RetryPolicy) -> None:
+    """Write ``manifest``'s metadata, when it has any, as ``.metadata.json`` in the local
+    directory ``target`` that a committed checkpoint was just copied into: the copy is an
+    uncommitted checkpoint, whose metadata lives in that file (replaced atomically)."""
+    if manifest.metadata:
+        write_bytes_atomic(resolve(os.path.join(target, METADATA_FILE_NAME)),
+                           _metadata_bytes(dict(manifest.metadata)), retry)
 
 
 def _path_text(path: object, *, call: str) -> str:

@@ -1,7 +1,8 @@
 """The functions a training function calls: ``report``, ``get_checkpoint``, ``get_context``.
 
 Thin: they find the worker's session and hand off to it. Called outside a worker they
-raise :class:`ReportError` saying where to call them.
+raise :class:`OutsideWorkerError` (a :class:`ReportError` and a ``RuntimeError``) saying
+where to call them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 
-from cairn._src.errors import ReportError
+from cairn._src.errors import OutsideWorkerError
 
 # The names of the driver's threads that run user code (see the module docstring).
 CONTROLLER_THREAD = "cairn-controller"
@@ -42,7 +42,7 @@ def driver_thread_runs() -> str | None:
     return None
 
 
-def outside_worker(function: str) -> ReportError:
+def outside_worker(function: str) -> OutsideWorkerError:
     """The error of ``cairn.<function>()`` called where no worker session answers: in a
     process that has none (the driver's, in a run with workers), or on one of the driver's
     threads that run user code (:func:`driver_thread_runs`)."""
@@ -53,7 +53,7 @@ def outside_worker(function: str) -> ReportError:
         "mode (ScalingConfig(num_workers=0)) too, where the train function runs in the "
         "driver's process"
     )
-    return ReportError(
+    return OutsideWorkerError(
         f"cairn.{function}() was called outside a Cairn worker{where}. Call it inside the "
         "train_loop_per_worker function that Trainer(...).fit() runs."
     )

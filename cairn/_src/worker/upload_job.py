@@ -409,10 +409,13 @@ def validation_task(validation: object, checkpoint: Checkpoint | None, *,
 
 def checkpoint_files(checkpoint: Checkpoint,
                      retry: RetryPolicy) -> tuple[dict[str, int], bool]:
-    """The files to upload, and whether the directory holds checkpoint metadata (set
-    before the report, it travels in the manifest, not as a file). A committed
-    checkpoint's manifest is not copied: the copy commits with its own. A checkpoint on a
-    store is listed there (it is copied from there)."""
+    """The files to upload, and whether ``checkpoint`` may carry metadata to read with
+    ``get_metadata()``: a ``.metadata.json`` file (set before the report, or written by
+    ``to_directory()`` of a committed checkpoint), or a manifest (a committed checkpoint
+    reported again; one registered by reference keeps its manifest elsewhere). Metadata
+    travels in the manifest, never as a file. A committed checkpoint's manifest is not
+    copied: the copy commits with its own. A checkpoint on a store is listed there (it is
+    copied from there)."""
     if not is_local_source(checkpoint):
         files = list_stored_source(checkpoint, retry, what=f"report(checkpoint={checkpoint!r})")
     else:
@@ -420,5 +423,6 @@ def checkpoint_files(checkpoint: Checkpoint,
             files = list_local_files(checkpoint.path)
         except CairnError as exc:
             raise ReportError(f"report(checkpoint=...): {exc}") from exc
-    files.pop(MANIFEST_NAME, None)
-    return files, files.pop(METADATA_FILE_NAME, None) is not None
+    committed = files.pop(MANIFEST_NAME, None) is not None or checkpoint._committed
+    has_file = files.pop(METADATA_FILE_NAME, None) is not None
+    return files, committed or has_file
