@@ -33,18 +33,18 @@ from cairn._src.errors import (
 from cairn._src.observe.callbacks import call_hooks
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR, nearest_marked
 from cairn._src.run.lease import RunLease
+from cairn._src.run.ray_train_dir import refuse_ray_train_run
 from cairn._src.run.segment_log import SegmentLog, read_log
 from cairn._src.storage.durability import fsync_path
 from cairn._src.storage.location import (
     StorageLocation,
-    _known_scheme_set,
     check_picklable,
     check_uri_typo,
     resolve,
 )
 from cairn._src.storage.reader import local_os_path
 from cairn._src.storage.retry import RetryPolicy
-from cairn._src.storage.uris import missing_colon_correction, public_uri, scheme_of
+from cairn._src.storage.uris import scheme_of
 from cairn._src.train.local_mode import DriverRun, in_process_backend, local_run_config
 from cairn._src.train.pickling import check_config_picklable, check_train_fn_picklable
 from cairn._src.train.result import Result, build_result
@@ -227,6 +227,11 @@ class Trainer:
         # The start-up has a budget of its own (RunConfig.startup_retry): a driver started
         # during a storage outage may wait for it longer than any later call would.
         startup = self.run_config.startup_retry or retry
+        try:
+            # Before the lease: a run directory Ray Train wrote gets nothing written.
+            refuse_ray_train_run(run, startup, name=self._run_name)
+        except StorageError as exc:
+            _raise_startup_error(run, exc)
         lease = RunLease(run, startup)
         try:
             lease.acquire()
@@ -351,13 +356,6 @@ def _absolute_storage_path(path: str | os.PathLike[str], filesystem: Any) -> str
     if filesystem is not None or scheme_of(text) is not None:
         return text
     check_uri_typo(text, argument="RunConfig.storage_path")
-    corrected = missing_colon_correction(text.partition("?")[0], _known_scheme_set())
-    if corrected is not None:
-        raise ConfigError(
-            f"RunConfig.storage_path={public_uri(text)!r} is not a valid URI: a scheme is "
-            f"followed by '://'; did you mean {public_uri(corrected)!r}? (A local directory "
-            "with that name can be written as './' followed by it.)"
-        )
     return os.path.abspath(os.path.expanduser(text))
 
 
