@@ -124,3 +124,31 @@ def test_a_users_distributed_sampler_with_a_seed_torch_cannot_take_is_refused() 
                                     seed=2**64 - 1)
     loader = prepare_data_loader(DataLoader(dataset, batch_size=2, sampler=unshuffled))
     assert _order(loader) == list(range(8))
+
+
+def test_a_stored_position_past_the_largest_epoch_is_refused_at_load() -> None:
+    # The position comes back from a checkpoint's rank_state.pt (read from storage).
+    loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2))
+    with pytest.raises(cairn.ConfigError, match=re.escape(
+            "load_state_dict(state={'epoch': 9223372036854775808, 'batch': 0}) must be "
+            "{'epoch': int from 0 to 2**63 - 1, 'batch': int >= 0}, as state_dict() "
+            "returns.")):
+        loader.load_state_dict({"epoch": 2**63, "batch": 0})
+    loader.load_state_dict({"epoch": 2**63 - 1, "batch": 1})
+    assert loader.state_dict() == {"epoch": 2**63 - 1, "batch": 1}
+
+
+def test_a_kept_loader_prepared_again_draws_the_same_order() -> None:
+    # The generator Cairn set on the user's loader the first time is Cairn's: preparing
+    # the loader again (local mode hands the driver's own objects to each attempt) keeps
+    # reseeding it, so the same seed gives the same order.
+    loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)
+    orders = [[b.tolist() for b in prepare_data_loader(loader, add_dist_sampler=False,
+                                                       move_to_device=False, seed=3)]
+              for _ in range(3)]
+    assert orders[0] == orders[1] == orders[2]
+    # A generator of the user's own is still theirs: not reseeded.
+    own = torch.Generator()
+    mine = DataLoader(list(range(8)), batch_size=2, shuffle=True, generator=own)
+    prepare_data_loader(mine, add_dist_sampler=False, move_to_device=False)
+    assert mine.generator is own

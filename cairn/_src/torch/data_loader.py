@@ -214,15 +214,14 @@ class PreparedDataLoader:
         if not isinstance(state, dict) or set(state) != set(POSITION_KEYS) or any(
             isinstance(state[k], bool) or not isinstance(state[k], int) or state[k] < 0
             for k in POSITION_KEYS
-        ):
+        ) or state["epoch"] > MAX_SEED:
             raise ConfigError(
-                f"load_state_dict(state={state!r}) must be {{'epoch': int >= 0, "
-                "'batch': int >= 0}, as state_dict() returns."
+                f"load_state_dict(state={state!r}) must be {{'epoch': int from 0 to "
+                "2**63 - 1, 'batch': int >= 0}, as state_dict() returns."
             )
         self._take_requested_epoch()
-        if self._active:
-            self._pass += 1
-        self._epoch, self._batch, self._active = state["epoch"], state["batch"], False
+        self._set_epoch(state["epoch"])
+        self._batch = state["batch"]
 
     def __len__(self) -> int:
         """Batches per pass on this rank (a full epoch, whatever the position)."""
@@ -371,11 +370,14 @@ def _kept_loaders_generator(loader: DataLoader[Any]) -> torch.Generator | None:
     (the seed of its worker processes, drawn at every ``iter()``) and as that of its
     random sampler without one, so that a pass draws from it, reseeded from ``(seed,
     epoch, rank)``, and not from the global torch RNG, which the resume restores as of
-    the checkpoint and not as of the start of the pass."""
+    the checkpoint and not as of the start of the pass. A loader prepared again keeps the
+    generator set the first time (it is Cairn's, not the user's)."""
+    ours = getattr(loader, "_cairn_generator", None)
     if loader.generator is not None:
-        return None
+        return ours if loader.generator is ours else None
     generator = torch.Generator()
     loader.generator = generator
+    loader._cairn_generator = generator  # type: ignore[attr-defined]
     batch_sampler = loader.batch_sampler
     for sampler in (loader.sampler, getattr(batch_sampler, "sampler", None)):
         if (isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler))
