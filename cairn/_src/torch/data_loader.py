@@ -377,7 +377,7 @@ def _kept_loaders_generator(loader: DataLoader[Any]) -> torch.Generator | None:
         return ours if loader.generator is ours else None
     generator = torch.Generator()
     loader.generator = generator
-    loader._cairn_generator = generator  # type: ignore[attr-defined]
+    loader._cairn_generator = generator
     batch_sampler = loader.batch_sampler
     for sampler in (loader.sampler, getattr(batch_sampler, "sampler", None)):
         if (isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler))
