@@ -116,3 +116,11 @@ def test_a_local_directory_named_like_a_scheme_is_reached_with_dot_slash(
     monkeypatch.chdir(tmp_path)
     assert resolve("./s3//bucket/runs").path == str(tmp_path / "s3" / "bucket" / "runs")
     assert resolve("runs//today").path == str(tmp_path / "runs" / "today")
+
+
+def test_long_words_without_a_uri_pass_through_the_text_filter_whole() -> None:
+    # A worker's traceback goes through redact_text whole; words that cannot hold a URI
+    # are not searched (the search of '=a:' * 100000 took minutes: it is quadratic).
+    for text in ("lr:0.1,bs:32," * 20000, "=a:" * 100000, "a" * 100000):
+        assert redact_text(f"{text} s3:/KEY:SECRET@bucket/x") == (
+            f"{text} s3:/KEY:***@bucket/x")

@@ -344,6 +344,18 @@ def redact_text(text: str) -> str:
     """``text`` with every URI in it redacted (:func:`redact`), near-URIs
     (``s3:/KEY:SECRET@bucket``) included: for free text, such as an exception message,
     that is written to storage or printed."""
+    return _WORD.sub(_redact_word, text)
+
+
+# What _URI_IN_TEXT can match lies inside one such word; only words that may hold a URI
+# are searched (the search is quadratic on a long word: a traceback holds many).
+_WORD = re.compile(r"[^\s'\"<>]+")
+
+
+def _redact_word(word: re.Match[str]) -> str:
+    text = word.group(0)
+    if "@" not in text and "://" not in text:
+        return text
     return _URI_IN_TEXT.sub(lambda match: redact(match.group(0)), text)
 
 
