@@ -179,3 +179,8 @@ def test_a_cairn_run_beside_ray_train_files_is_continued(tmp_path: Path) -> None
     _write(resolve(str(storage / "run")), _ray2_files())
     result = _fit(storage, "run", tmp_path / "second")
     assert result.metrics == {"epoch": 4, "start": 1}
+
+
+def test_a_state_file_name_with_a_control_character_is_not_taken_for_rays() -> None:
+    # The marker is quoted in the refusal: a planted name must not send ESC to a terminal.
+    assert ray_train_marker(["experiment_state-\x1b[2J.json", TRIAL]) is None

@@ -37,7 +37,7 @@ SNAPSHOT_NAME = "checkpoint_manager_snapshot.json"
 _MAX_SNAPSHOT_BYTES = 16 << 20
 # In the order a message names the one it found: the most telling first.
 _RAY_FILES = (SNAPSHOT_NAME, "tuner.pkl", "trainer.pkl")
-_RAY_STATE_FILE = re.compile(r"(experiment_state|basic-variant-state)-[^/]+\.json")
+_RAY_STATE_FILE = re.compile(r"(experiment_state|basic-variant-state)-[\w.:-]+\.json")
 
 
 def ray_train_marker(names: Iterable[str]) -> str | None:
