@@ -74,3 +74,22 @@ def test_a_stall_that_ends_after_a_commit_keeps_its_part_before_it() -> None:
     logged = summarize([*log, SessionEnd(t=20.0)])
     assert live.checkpoint_blocked_s == pytest.approx(logged.checkpoint_blocked_s)
     assert live.checkpoint_blocked_s == pytest.approx(2.0)
+
+
+def test_a_long_run_of_stalls_across_commits_agrees_with_the_summary() -> None:
+    # Hundreds of commits: the live view folds its stretches together now and then, not
+    # at every commit, and still counts what the summary counts (overlapping ranks once,
+    # a stall that began before the last commit included).
+    state, log = _both(ranks=3)
+    _attempt(state, log, 0, 0.0, 0.5)
+    t = 1.0
+    for index in range(1, 400):
+        for rank in range(3):
+            _stall(state, log, rank, t - 0.3 + 0.1 * rank, t + 0.2 + 0.05 * rank)
+        _commit(state, log, index, t + 0.1)
+        t += 1.0
+    _fail(state, log, 0, t, t - 0.9)
+    live = state.goodput(t + 1.0)
+    logged = summarize([*log, SessionEnd(t=t + 1.0)])
+    assert live.checkpoint_blocked_s == pytest.approx(logged.checkpoint_blocked_s)
+    assert live.lost_work_s == pytest.approx(logged.lost_work_s)

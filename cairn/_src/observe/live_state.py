@@ -139,13 +139,15 @@ class LiveState:
         earlier = as_events(earlier_events)
         self._earlier = summarize(earlier) if earlier else None
         # This session's events, in the form summary.py reads; blocked time and bytes are
-        # kept as running totals so the list stays short however long the run.
+        # kept apart so the list holds no event per report.
         self._events: list[Event] = [SessionStart(t=started_at)]
         # The stretches in which some rank was blocked in report(): up to the last commit
-        # (kept, merged at each commit: one a report however many ranks blocked), and
-        # since (lost work, not a stall, if the attempt fails before the next commit; as
-        # summary.py counts it).
+        # (kept, merged again whenever the list has doubled since its last merge: about one
+        # a report however many ranks blocked, at a cost per commit that does not grow with
+        # the run), and since (lost work, not a stall, if the attempt fails before the next
+        # commit; as summary.py counts it).
         self._stalls: list[tuple[float, float]] = []
+        self._merged_stalls = 0
         self._stalls_since_commit: list[tuple[float, float]] = []
         self._last_commit_at = started_at
         self._uploaded = 0
@@ -222,8 +224,14 @@ class LiveState:
                    and pending.uploaded_seconds > 0 else commit_seconds)
         self.last_commit = LastCommit(dir_name, index, bytes_uploaded, seconds, at)
         self.commits += 1
-        self._stalls = merged_stretches([*self._stalls, *self._stalls_since_commit])
-        self._stalls_since_commit.clear()
+        # What a rank was blocked after the commit (its report returns once committed)
+        # stays since-commit: lost work if the attempt fails before the next one.
+        self._stalls += [(a, min(b, at)) for a, b in self._stalls_since_commit if a < at]
+        self._stalls_since_commit = [(max(a, at), b) for a, b in self._stalls_since_commit
+                                     if b > at]
+        if len(self._stalls) > 2 * self._merged_stalls + 64:
+            self._stalls = merged_stretches(self._stalls)
+            self._merged_stalls = len(self._stalls)
         self._last_commit_at = max(self._last_commit_at, at)
         self._uploaded += bytes_uploaded
         if validation:
