@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from cairn._src.checkpoint.deletion_log import DeletionLog
@@ -22,7 +22,7 @@ from cairn._src.checkpoint.index import (
 )
 from cairn._src.checkpoint.manager import CheckpointManager, checkpoint_view
 from cairn._src.checkpoint.manifest import read_manifest
-from cairn._src.checkpoint.ownership import could_have_created, registered_references
+from cairn._src.checkpoint.ownership import registered_references
 from cairn._src.checkpoint.retention import resume_protection, retention_reasons
 from cairn._src.checkpoint.views import CheckpointView
 from cairn._src.cli.common import (
@@ -37,11 +37,11 @@ from cairn._src.cli.common import (
     read_lease,
     refuse_live_run,
 )
-from cairn._src.cli.show import checkpoint_statuses
+from cairn._src.cli.show import checkpoint_statuses, dropped_on_storage
 from cairn._src.config.run import CheckpointConfig
 from cairn._src.errors import CairnError, CheckpointDamagedError
 from cairn._src.observe.observer import EventLogWriter, EventStream
-from cairn._src.run.events import CheckpointDropped, read_events
+from cairn._src.run.events import read_events
 from cairn._src.run.layout import EVENTS_DIR, INDEX_NAME, METRICS_DIR
 from cairn._src.run.lease import LeaseChangedError, break_lease, is_live, lease_state
 from cairn._src.run.report_checks import score_present
@@ -59,8 +59,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     run, index = open_run(args.run)
     records = [r for r in index.checkpoints if not args.checkpoint or r.dir_name in args.checkpoint]
     unknown = set(args.checkpoint or ()) - {r.dir_name for r in records}
+    on_storage = dropped_on_storage(run) if unknown else None  # read once, used below
     if unknown:  # A checkpoint a resume dropped as damaged may be named: listed below.
-        known = {r.dir_name for r in index.checkpoints}.union(dropped_on_storage(run, ()))
+        known = {r.dir_name for r in index.checkpoints}.union(on_storage or ())
         if unknown - known:
             raise CairnError(f"--checkpoint {sorted(unknown - known)} not in the run; known: "
                              f"{sorted(known)}")
@@ -105,7 +106,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             entry.update(files=len(manifest.files), size_bytes=int(manifest.total_bytes))
             say(f"ok      {record.dir_name} ({plural(len(manifest.files), 'file')}, "
                 f"{manifest.total_bytes / 2**20:.2f} MiB)")
-    dropped = dropped_on_storage(run, {r.dir_name for r in index.checkpoints} - gone)
+    indexed = {r.dir_name for r in index.checkpoints} - gone
+    dropped = {name: reason for name, reason in (
+        dropped_on_storage(run) if on_storage is None else on_storage).items()
+        if name not in indexed}
     for name in [n for n in dropped if not args.checkpoint or n in args.checkpoint]:
         results.append({"dir_name": name, "report_index": None, "status": "dropped",
                         "files": None, "size_bytes": None, "error": dropped[name]})
@@ -120,17 +124,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{counts['ok']} verified, {counts['failed']} failed"
               + (f", {counts['dropped']} dropped as damaged" if counts["dropped"] else ""))
     return 1 if counts["failed"] or counts["dropped"] else 0
-
-
-def dropped_on_storage(run: StorageLocation, indexed: Collection[str]) -> dict[str, str]:
-    """The checkpoints a resume dropped as damaged, not in ``indexed``, on storage: why."""
-    dropped: dict[str, str] = {}
-    for event in read_events(run.join(EVENTS_DIR), RETRY):
-        if (isinstance(event, CheckpointDropped) and (name := event.dir_name) is not None
-                and name not in indexed and name not in dropped and could_have_created(name)
-                and is_dir(run.join(name), RETRY)):
-            dropped[name] = redact_text(event.reason)[:200]
-    return dropped
 
 
 def no_longer_indexed(run: StorageLocation, record: CheckpointRecord) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cairn._src.checkpoint.index import CheckpointRecord, Retention, RunIndex
+from cairn._src.checkpoint.ownership import could_have_created
 from cairn._src.checkpoint.retention import resume_protection, retention_reasons, score_of
 from cairn._src.cli.common import (
     RETRY,
@@ -37,6 +38,7 @@ from cairn._src.run.events import (
 from cairn._src.run.layout import EVENTS_DIR
 from cairn._src.run.lease import LeaseInfo
 from cairn._src.run.status import FailureInfo, run_history
+from cairn._src.storage.fileio import is_dir
 from cairn._src.storage.location import StorageLocation
 from cairn._src.storage.uris import redact, redact_text
 from cairn._src.text import plural, printable
@@ -80,6 +82,20 @@ def _dropped_as_damaged(events: Iterable[Event], indexed: set[str]) -> list[dict
                 and event.dir_name not in indexed):
             dropped[event.dir_name] = redact_text(event.reason)[:2000]
     return [{"dir_name": name, "reason": reason} for name, reason in dropped.items()]
+
+
+def dropped_on_storage(run: StorageLocation) -> dict[str, str]:
+    """The checkpoints a resume dropped as damaged that are on storage: why. Each name is
+    looked up once, however often a (damaged) log repeats it."""
+    dropped: dict[str, str] = {}
+    looked: set[str] = set()
+    for event in read_events(run.join(EVENTS_DIR), RETRY):
+        if (isinstance(event, CheckpointDropped) and (name := event.dir_name) is not None
+                and name not in looked and could_have_created(name)):
+            looked.add(name)
+            if is_dir(run.join(name), RETRY):
+                dropped[name] = redact_text(event.reason)[:200]
+    return dropped
 
 
 def _target(record: CheckpointRecord) -> str | None:
