@@ -75,6 +75,17 @@ def test_a_run_steps_from_initializing_to_finished(make) -> None:
         harness.controller.step()
 
 
+def test_a_repeated_done_message_ends_training_once(make) -> None:
+    harness = make()
+    workers = _start_and_connect(harness)
+    harness.done(workers[0])
+    harness.done(workers[1])
+    harness.done(workers[1])  # a worker's message read twice
+    assert harness.controller.step() == Transition(S.RUNNING, S.FINISHING,
+                                                   "all workers finished")
+    assert harness.event_types().count("train_end") == 1
+
+
 def test_a_worker_that_dies_restarts_the_group_until_the_budget_is_spent(make) -> None:
     harness = make(max_failures=1)
     workers = _start_and_connect(harness)

@@ -443,8 +443,8 @@ class AttemptLoop:
         elif isinstance(message, UploadFailedMessage):
             self._on_upload_failed(message)
         elif isinstance(message, DoneMessage):
-            attempt.done[message.rank] = message
-            if len(attempt.done) == len(attempt.workers):  # every train function returned
+            again, attempt.done[message.rank] = message.rank in attempt.done, message
+            if not again and len(attempt.done) == len(attempt.workers):  # all returned
                 parts.events.emit(TrainEnd(t=self._clock.time(), attempt=attempt.number))
         elif isinstance(message, StoppedMessage):
             if message.attempt == attempt.number:
