@@ -46,15 +46,13 @@ class CheckpointUploadMode(enum.Enum):
     NO_UPLOAD = "NO_UPLOAD"
 
     @classmethod
-    def parse(
-        cls, value: object, *, argument: str = "checkpoint_upload_mode"
-    ) -> CheckpointUploadMode:
+    def parse(cls, value: object) -> CheckpointUploadMode:
         if isinstance(value, cls):
             return value
         if isinstance(value, str) and value.upper() in cls.__members__:
             return cls[value.upper()]
         accepted = ", ".join(repr(m.value) for m in cls)
-        raise ConfigError(f"{argument}={value!r} is not one of {accepted}.")
+        raise ConfigError(f"checkpoint_upload_mode={value!r} is not one of {accepted}.")
 
 
 UploadFailurePolicy = Literal["fail", "skip"]
