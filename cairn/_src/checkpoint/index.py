@@ -418,20 +418,23 @@ def copy_reasons(records: list[CheckpointRecord], announced: Collection[str], *,
     return reasons
 
 
-def without_copies(records: list[CheckpointRecord],
-                   announced: Collection[str]) -> list[CheckpointRecord]:
-    """``records``, read from the manifests under the run for a rebuilt index, without the
-    copies of a checkpoint (:func:`copy_reasons`), each left in place, neither taken in nor
-    deleted, with a warning: taken in, retention would delete it with whatever the user
-    added to it."""
-    reasons = copy_reasons(records, announced)
+def without_copies(records: list[CheckpointRecord], announced: Collection[str], *,
+                   indexed: Mapping[int, str] | None = None,
+                   skipping: str = "Skipping {} while rebuilding the index",
+                   ) -> list[CheckpointRecord]:
+    """``records``, read from the manifests under the run (for a rebuilt index, or to be
+    adopted into ``indexed``, the index's report index -> directory), without the copies
+    of a checkpoint (:func:`copy_reasons`), each left in place, neither taken in nor
+    deleted, with a warning that begins with ``skipping`` (``{}``: its name): taken in,
+    retention would delete it with whatever the user added to it."""
+    reasons = copy_reasons(records, announced, indexed=indexed)
     for record in records:
         if record.dir_name in reasons:
             logger.warning(
-                "Skipping %s while rebuilding the index: its manifest is of report %d, but "
-                "%s. It is taken for a copy of a checkpoint, and a run deletes only the "
-                "checkpoint directories it created; it is left in place.",
-                record.dir_name, record.report_index, reasons[record.dir_name])
+                "%s: its manifest is of report %d, but %s. It is taken for a copy of a "
+                "checkpoint, and a run deletes only the checkpoint directories it created; "
+                "it is left in place.", skipping.format(record.dir_name),
+                record.report_index, reasons[record.dir_name])
     return [r for r in records if r.dir_name not in reasons]
 
 

@@ -18,9 +18,9 @@ from cairn._src.checkpoint.index import (
     RunIndex,
     adopt_records,
     adoption_record,
-    copy_reasons,
     reports_made,
     within_reports_made,
+    without_copies,
     write_index,
 )
 from cairn._src.checkpoint.manifest import Manifest, read_manifest
@@ -159,24 +159,6 @@ def names_holding_references(run: StorageLocation, index: RunIndex) -> set[str]:
     return names
 
 
-def without_copies(index: RunIndex, adopted: list[CheckpointRecord],
-                   announced: Collection[str]) -> list[CheckpointRecord]:
-    """``adopted`` without the manifests that are copies of a checkpoint
-    (:func:`~.index.copy_reasons`; ``announced``: the names the run's event log announced
-    before an upload or registered a reference under). Those are left in place, neither
-    adopted nor deleted, with a warning each."""
-    reasons = copy_reasons(adopted, announced,
-                           indexed={r.report_index: r.dir_name for r in index.checkpoints})
-    for record in adopted:
-        if record.dir_name in reasons:
-            logger.warning(
-                "Not adopting %s: its manifest is of report %d, but %s. It is taken for a "
-                "copy of a checkpoint, and a run deletes only the checkpoint directories it "
-                "created; it is left in place.", record.dir_name, record.report_index,
-                reasons[record.dir_name])
-    return [r for r in adopted if r.dir_name not in reasons]
-
-
 def adopt(run: StorageLocation, index: RunIndex, adopted: list[CheckpointRecord],
           retry: RetryPolicy, fence: Callable[[], None] | None = None, *,
           durable: bool = True) -> RunIndex:
@@ -307,7 +289,9 @@ def reconcile(run: StorageLocation, index: RunIndex, retry: RetryPolicy,
     if adopted:
         # A NO_UPLOAD report announces no directory before its commit; its registered
         # reference names it (flushed after the manifest, before the index).
-        adopted = without_copies(index, adopted, {*started, *registered()})
+        adopted = without_copies(
+            adopted, {*started, *registered()}, skipping="Not adopting {}",
+            indexed={r.report_index: r.dir_name for r in index.checkpoints})
     if adopted:
         logger.warning("Adopting %d committed checkpoints the index did not name: %s",
                        len(adopted), [r.dir_name for r in adopted])
