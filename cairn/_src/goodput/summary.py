@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cairn._src.goodput.timeline import AttemptSpan, ordered_events, walk
+from cairn._src.goodput.timeline import AttemptSpan, ordered_events, stall_seconds, walk
 from cairn._src.run.events import (
     AttemptStart,
     Commit,
@@ -139,19 +139,11 @@ def summarize(events: Iterable[object]) -> GoodputSummary:
 
 
 def _stalled(spans: Iterable[AttemptSpan]) -> float:
-    """The seconds during which at least one rank was blocked in ``report()``: the union
-    of the ranks' stalls, each within its attempt's training (:meth:`AttemptSpan.phases`)
-    and outside its validation wait, as the timeline paints them. Within start-up or
-    lost work, or in the validation wait (which a rank whose train function returned
-    cannot be blocked in), a stall is counted as that, once."""
-    pieces: list[tuple[float, float]] = []
-    for span in spans:
-        _, trained, lost_from, _ = span.phases()
-        wait_from, wait_until = span.validation_wait()
-        for _rank, start, stop in span.stalls:
-            pieces += [(max(a, trained), min(b, lost_from)) for a, b in
-                       ((start, min(stop, wait_from)), (max(start, wait_until), stop))]
-    return sum(b - a for a, b in merged_stretches(pieces))
+    """The seconds during which at least one rank was blocked in ``report()``, as the
+    timeline paints them (:func:`~.timeline.stall_seconds`). Within start-up or lost work,
+    or in the validation wait (which a rank whose train function returned cannot be
+    blocked in), a stall is counted as that, once."""
+    return sum(stall_seconds(span) for span in spans)
 
 
 def merged_stretches(pieces: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

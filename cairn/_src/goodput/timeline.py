@@ -351,6 +351,15 @@ def _restore_source(event: Restored) -> str:
     return "+".join(peer if part == "peer" else part for part in str(event.kind).split("+"))
 
 
+def stall_seconds(span: AttemptSpan) -> float:
+    """The seconds of ``span`` during which at least one rank was blocked in ``report()``
+    and that the timeline paints as a stall: all ranks' stalls painted in one lane, where
+    start-up, recovery, lost work and the validation wait win over a stall."""
+    stalls = [(start, stop) for _rank, start, stop in span.stalls]
+    return sum(i.end - i.start for i in _paint(_paints(span, stalls), 0.0)
+               if i.category == "checkpoint_stall")
+
+
 def _paints(span: AttemptSpan,
             stalls: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
     begin, trained, lost, end = span.phases()
