@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import weakref
 from typing import Any
 
 import torch
@@ -14,13 +13,6 @@ from cairn._src.errors import ConfigError, ReportError
 from cairn._src.worker.session import get_session
 
 logger = logging.getLogger(__name__)
-
-# (the attempt it was set in, the seed), set by a call in a train function: the attempt is
-# a weak reference to that function's worker session (a new one every attempt, also in a
-# process kept for the next attempt or in a local-mode driver), so a seed never outlives
-# the attempt that set it.
-_seed: tuple[weakref.ref[Any], int] | None = None
-
 
 def _attempt() -> Any:
     """The session of the train function running here, or None outside one."""
@@ -44,11 +36,11 @@ def enable_reproducibility(seed: int = 0) -> None:
     Results can still differ across machines and library versions (see PyTorch's notes
     on randomness).
     """
-    global _seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"enable_reproducibility(seed={seed!r}): the seed must be an integer.")
     attempt = _attempt()
-    _seed = (weakref.ref(attempt), seed) if attempt is not None else None
+    if attempt is not None:  # its worker session: a new one every attempt
+        attempt.reproducibility_seed = seed
     random.seed(seed)
     try:
         import numpy
@@ -70,9 +62,7 @@ def reproducibility_seed() -> int | None:
     here, in this attempt; None outside a train function or when it gave none. A seed set
     in an earlier attempt, which a process kept for the next attempt
     (``FailureConfig(keep_survivors=True)``) or a local-mode driver still holds, does not
-    count: a fresh process would not have it."""
-    if _seed is None:
-        return None
-    attempt, seed = _seed
-    current = _attempt()
-    return seed if current is not None and attempt() is current else None
+    count: a fresh process would not have it (each attempt has its own session)."""
+    attempt = _attempt()
+    seed: int | None = getattr(attempt, "reproducibility_seed", None)
+    return seed

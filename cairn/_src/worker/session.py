@@ -131,6 +131,7 @@ class WorkerSession:
         self._rejoining = threading.Event()
         self.collectives = WorkerCollectives(self.rank, self.send, lambda: self.report_count)
         self.preemption = WorkerPreemption()  # what get_preemption_info() hands out
+        self.reproducibility_seed: int | None = None  # enable_reproducibility's, this attempt
         self._reported = ReportedCheckpointsClient(self.rank, self.send,
                                                    lambda: self._next_index - 1,
                                                    self.storage_options)
